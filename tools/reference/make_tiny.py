@@ -153,7 +153,7 @@ def generate(out_dir: str, seed: int = 0, config: dict | None = None) -> str:
             g.bf16(p + "norm.weight", g.normal(D, 0.1, 1.0))
             g.bf16(p + "markov_head.embed.weight", g.normal((V, R), 1.0))
             g.bf16(p + "markov_head.head.weight", g.normal((V, R), R ** -0.5))
-            g.bf16(p + "confidence_head.proj.weight", g.normal((1, D + R), (D + R) ** -0.5))
+            g.bf16(p + "confidence_head.proj.weight", g.normal((1, D + R), 0.02))
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfgd, f, indent=2)
