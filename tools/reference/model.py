@@ -306,6 +306,8 @@ class Model:
     def layer(self, l, X, pre_prev, pos, st):
         c = self.cfg
         p = f"layers.{l}."
+        if l == c.cand:
+            st["encoder_out"] = X.copy()  # residual streams leaving layer cand-1 (all rows)
         if l in c.engram_layer_ids:
             X = self.engram(l, X, st["hash"][l][pos], st["image"][pos])
         if l in c.dspark_targets:
@@ -314,11 +316,8 @@ class Model:
         if l in c.kv_src:
             st["caches"][l] = self.compressor(l, a, pos)
         if st["production"] and l == c.cand:
-            st["encoder_out"] = X.copy()
             R = pos >= st["floor"]
             X, a, pos, pre_prev = X[R], a[R], pos[R], pre_prev[R]
-        elif l == c.cand:
-            st["encoder_out"] = X.copy()
         pre_a, post_a, C_a = self.mixes(X, p + "hc_attn")
         ratio = c.ratios[l]
         freqs = self.freqs_comp if ratio > 0 else self.freqs_main
