@@ -49,7 +49,9 @@ def yarn_correction_range(beta_fast, beta_slow, dim, base, orig):
 
 
 def rope_freqs(rd, theta, yarn=None):
-    """f_i = theta^(-2i/rd), i < rd/2; YaRN blend per spec §2.2 (no mscale)."""
+    """f_i = theta^(-2i/rd), i < rd/2; YaRN blend per spec §2.2 (no mscale).
+    NOTE: YaRN is applied whenever rope_scaling is given (compress rope only); the V4 reference
+    gates it on max_seq_len > original_max_position_embeddings, true for both full and tiny."""
     f = 1.0 / (theta ** (np.arange(0, rd, 2, dtype=np.float64) / rd))
     if yarn:
         factor = float(yarn.get("factor", 1.0))
@@ -84,8 +86,8 @@ def apply_rope(x, pos, freqs, inverse=False):
 
 
 def topk_mask(scores, allowed, k):
-    """Exact top-k per row over `allowed` entries.  Tie rule: higher score first, then LOWER
-    index (stable sort).  Returns a bool mask of the same shape.  k_row = min(k, n_allowed)."""
+    """Exact top-k per row over `allowed` entries.  NOTE tie rule (ReLU makes exact zeros
+    common): higher score first, then LOWER index (stable sort); -0.0 == +0.0.  Returns a bool mask of the same shape.  k_row = min(k, n_allowed)."""
     T, N = scores.shape
     out = np.zeros((T, N), dtype=bool)
     if N == 0 or k <= 0:
@@ -174,6 +176,7 @@ class Model:
 
     # ------------------------------------------------------------------ MoE (§5)
     def expert(self, p, x, weight=None):
+        # NOTE: the swiglu clamp is applied to the shared expert too (spec §5 `Expert(x)`).
         lim = self.cfg.swiglu_limit
         g = self.lin(x, p + ".w1")
         u = self.lin(x, p + ".w3")
