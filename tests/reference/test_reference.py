@@ -356,3 +356,42 @@ def test_cli_dump(tiny, tmp_path):
     z = np.load(out)
     assert z["logits"].shape == (8, 256) and z["draft_d"].shape == (5,)
     assert z["image_mask"][3] == 1
+
+
+def test_swa_window_is_exactly_W(tiny):
+    m, _ = tiny
+    W = m.cfg.W
+    ids = np.random.default_rng(10).integers(3, 255, 30)
+    t = 25
+    base = m.forward(ids, "oracle")["layer_out"][0][1][t]
+    out_win = ids.copy()
+    out_win[t - W] = (out_win[t - W] + 1) % 256
+    assert np.array_equal(m.forward(out_win, "oracle")["layer_out"][0][1][t], base)
+    in_win = ids.copy()
+    in_win[t - W + 1] = (in_win[t - W + 1] + 1) % 256
+    assert not np.array_equal(m.forward(in_win, "oracle")["layer_out"][0][1][t], base)
+
+
+def test_global_visibility_and_selection(tiny):
+    m, _ = tiny
+    T = 40
+    st = m.forward(np.random.default_rng(11).integers(3, 255, T), "oracle")
+    for l, r in ((2, 2), (4, 2), (6, 1), (8, 1)):
+        sel = st["sel"][l]
+        for t in range(T):
+            nv = (t + 1) // r
+            assert not sel[t, nv:].any()
+            assert sel[t].sum() == min(m.cfg.topk, nv if l != 8 else (st["cand_mask"][t, :nv]).sum())
+    # Reindex selections stay inside the candidate pool
+    assert not (st["sel"][8] & ~st["cand_mask"]).any()
+
+
+def test_cli_layers(tiny, tmp_path):
+    _, d = tiny
+    from tools.reference.cli import main
+    out = tmp_path / "o.safetensors"
+    main(["dump", "--model", d, "--ids", ",".join(str(i) for i in range(3, 23)), "--mode", "production",
+          "--layers", "--out", str(out)])
+    z = read_file(str(out))
+    assert z["layer_out.5"].array.shape == (20, 4, 64) and z["layer_out.6"].array.shape == (8, 4, 64)
+    assert list(z["layer_rows.11"].array) == list(range(12, 20))

@@ -58,6 +58,11 @@ def dump(a) -> dict:
         out[f"experts.{l}"] = e.astype(np.int64)
     for l, h in st["hash"].items():
         out[f"engram_ids.{l}"] = h
+    if a.layers:
+        for l, (rows, X) in st["layer_out"].items():
+            out[f"layer_rows.{l}"] = rows.astype(np.int64)
+            out[f"layer_out.{l}"] = X
+            out[f"attn_in.{l}"] = st["attn_in"][l][1]
     if "main_hidden" in st:
         out["main_hidden"] = st["main_hidden"]
         out["main_hidden_pos"] = st["main_hidden_pos"].astype(np.int64)
@@ -97,6 +102,8 @@ def main(argv=None):
     d.add_argument("--cmap", default=None, help=".npy int array [vocab] Engram compressed map (-1 DEAD)")
     d.add_argument("--moe-norm-top1", choices=["always", "skip"], default="always",
                    help="normalize routing weights when top-k == 1 (default always; spec §5)")
+    d.add_argument("--layers", action="store_true",
+                   help="also dump per-layer attn_in.{l} [rows,D], layer_out.{l} [rows,HC,D], layer_rows.{l}")
     d.add_argument("--float32", action="store_true", help="store float arrays as float32")
     g = sub.add_parser("gen-tiny", help="write the spec §9 tiny checkpoint")
     g.add_argument("out_dir")

@@ -343,6 +343,8 @@ class Model:
         X = self.expand(y, X, post_f, C_f)
         st["info"][l] = info
         st["experts"][l] = idx
+        st["attn_in"][l] = (pos.copy(), a)
+        st["layer_out"][l] = (pos.copy(), X)
         return X, pre_f, pos
 
     # ------------------------------------------------------------------ whole model
@@ -359,7 +361,7 @@ class Model:
             image = image | (ids == c.image_token_id)
         st = {"production": mode == "production", "floor": max(0, T - c.W) if mode == "production" else 0,
               "image": image, "caches": {}, "sel": {}, "scores": {}, "taps": {}, "info": {},
-              "experts": {}, "hash": {}}
+              "experts": {}, "hash": {}, "attn_in": {}, "layer_out": {}}
         if mode not in ("oracle", "production"):
             raise ValueError(mode)
         if self.hasher is not None:
