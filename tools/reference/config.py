@@ -19,7 +19,8 @@ class Config:
         self.W = tc["sliding_window"]
         self.nextn = g("num_nextn_predict_layers", 0)
         self.ratios = list(tc["compress_ratios"])
-        assert len(self.ratios) >= self.L + self.nextn, "compress_ratios too short"
+        assert len(self.ratios) >= self.L, "compress_ratios too short"
+        self.ratios += [0] * max(0, self.L + self.nextn - len(self.ratios))
         self.kv_src = list(g("kv_source_layer_ids", []))
         self.idx_src = list(g("index_source_layer_ids", []))
         self.cand = g("candidate_source_layer_id", None)
