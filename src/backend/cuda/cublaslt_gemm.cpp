@@ -1,0 +1,117 @@
+#include "backend/cuda/cublaslt_gemm.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <map>
+#include <tuple>
+
+#include "backend/cuda/cuda_util.cuh"
+#include "common/check.h"
+
+#define MS_CUBLAS_CHECK(expr)                                                      \
+  do {                                                                             \
+    const cublasStatus_t ms_st_ = (expr);                                          \
+    if (ms_st_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                              \
+      ::moeserve::cuda::detail::cuda_call_failed(__FILE__, __LINE__, #expr,        \
+                                                 cublasLtGetStatusName(ms_st_),    \
+                                                 cublasLtGetStatusString(ms_st_)); \
+  } while (0)
+
+namespace moeserve::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+using ShapeKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
+
+// Descriptors of one call (destroyed with it).
+struct Descs {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  ~Descs() {
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+}  // namespace
+
+struct CublasLtGemm::Impl {
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::map<ShapeKey, cublasLtMatmulAlgo_t> algos;
+};
+
+CublasLtGemm::CublasLtGemm(void* stream) : impl_(std::make_unique<Impl>()) {
+  impl_->stream = as_cuda_stream(stream);
+  MS_CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
+  MS_CUDA_CHECK(cudaMalloc(&impl_->workspace, kWorkspaceBytes));
+}
+
+CublasLtGemm::~CublasLtGemm() {
+  if (impl_->workspace) cudaFree(impl_->workspace);
+  if (impl_->handle) cublasLtDestroy(impl_->handle);
+}
+
+// Row-major C[M,N] = A[M,K] op(B) is column-major C^T[N,M] = op(B)^T[N,K] A^T[K,M]: cuBLASLt's A is
+// our B (transposed when b_transposed: stored [K,N] column-major), its B is our A ([K,M]).
+void CublasLtGemm::run(const LtGemmParams& p) {
+  if (p.m == 0 || p.n == 0) return;
+  MS_CHECK(p.k > 0);
+  const bool bf16 = p.precision == GemmPrecision::kBf16;
+  const cudaDataType_t data_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cublasComputeType_t compute =
+      p.precision == GemmPrecision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+
+  Descs d;
+  MS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F));
+  const cublasOperation_t trans_a = p.b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t trans_b = CUBLAS_OP_N;
+  MS_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
+  MS_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
+  const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
+  if (p.b_transposed) {
+    MS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, data_type, u(p.k), u(p.n), p.ldb));
+  } else {
+    MS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, data_type, u(p.n), u(p.k), p.ldb));
+  }
+  MS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, data_type, u(p.k), u(p.m), p.lda));
+  MS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, data_type, u(p.n), u(p.m), p.ldc));
+
+  const ShapeKey key{static_cast<int>(p.precision),
+                     p.m,
+                     p.n,
+                     p.k,
+                     p.lda,
+                     p.ldb,
+                     p.ldc,
+                     p.b_transposed,
+                     p.beta != 0.0f};
+  auto it = impl_->algos.find(key);
+  if (it == impl_->algos.end()) {
+    cublasLtMatmulPreference_t pref = nullptr;
+    MS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = kWorkspaceBytes;
+    MS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int returned = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(impl_->handle, d.op, d.a, d.b, d.c,
+                                                             d.c, pref, 1, &result, &returned);
+    cublasLtMatmulPreferenceDestroy(pref);
+    MS_CUBLAS_CHECK(st);
+    MS_CHECK_MSG(returned > 0, "cuBLASLt has no algorithm for M={} N={} K={}", p.m, p.n, p.k);
+    it = impl_->algos.emplace(key, result.algo).first;
+  }
+  MS_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, d.op, &p.alpha, p.b, d.a, p.a, d.b, &p.beta, p.c,
+                                 d.c, p.c, d.c, &it->second, impl_->workspace, kWorkspaceBytes,
+                                 impl_->stream));
+}
+
+}  // namespace moeserve::cuda

@@ -1,0 +1,284 @@
+// cuda_ops_bench <out_dir>: times every CUDA op on V4.1 shapes with CUDA events (median of 20
+// after 3 warm-ups, weights rotated over several copies so repeated runs do not live in L2) and
+// sets each against its floor: max(bytes / HBM bandwidth, FLOPs / matrix rate), both ceilings
+// measured in the same run (a 2 GiB device-to-device copy; cuBLASLt 8192^3 products on random
+// data). Writes <out_dir>/cuda_ops_bench.{md,json} and prints the table. Not a test: a device tool.
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_bench.h"
+#include "backend/cuda/kernels.h"
+
+namespace moeserve {
+namespace {
+
+enum class Rate { kNone, kF32, kBf16 };
+
+struct Result {
+  std::string op;
+  std::string shape;
+  double bytes = 0;
+  double flops = 0;
+  Rate rate = Rate::kNone;
+  cuda::Timing timing;
+};
+
+class Bench {
+ public:
+  Bench() : backend_(make_cuda_backend(0)), stream_(cuda_backend_stream(*backend_)) {}
+
+  // Device buffer filled with random data (never zeros).
+  TensorView buffer(DType dtype, Shape shape, float lo = -1.0f, float hi = 1.0f) {
+    buffers_.push_back(backend_->allocate(dtype, shape));
+    const TensorView v = buffers_.back()->view();
+    cuda::launch_fill_random({v.data(), dtype, v.numel(), ++seed_, lo, hi}, stream_);
+    return v;
+  }
+  // Copies of a weight so that together they are >= 3x the L2 (at most 8).
+  std::vector<TensorView> weights(DType dtype, Shape shape, float lo = -1.0f, float hi = 1.0f) {
+    const double bytes = static_cast<double>(dtype_bytes(dtype, shape.numel()));
+    const int copies = std::clamp(static_cast<int>(3.0 * 60e6 / bytes) + 1, 1, 8);
+    std::vector<TensorView> out;
+    for (int i = 0; i < copies; ++i) out.push_back(buffer(dtype, shape, lo, hi));
+    return out;
+  }
+  void release() {
+    backend_->synchronize();
+    buffers_.clear();
+  }
+
+  Result run(std::string op, std::string shape, double bytes, double flops, Rate rate,
+             const std::function<void(int)>& fn) {
+    backend_->synchronize();
+    Result r{std::move(op), std::move(shape),
+             bytes,         flops,
+             rate,          cuda::time_on_stream(fn, stream_, 3, 20)};
+    std::printf("  %-28s %-24s %10.1f us\n", r.op.c_str(), r.shape.c_str(),
+                r.timing.median_ms * 1e3);
+    std::fflush(stdout);
+    return r;
+  }
+
+  Backend& backend() { return *backend_; }
+  void* stream() { return stream_; }
+
+ private:
+  std::unique_ptr<Backend> backend_;
+  void* stream_;
+  std::vector<std::unique_ptr<DeviceBuffer>> buffers_;
+  uint64_t seed_ = 100;
+};
+
+std::string dims(std::initializer_list<int64_t> d) {
+  std::string s;
+  for (int64_t v : d) {
+    if (!s.empty()) s.push_back('x');
+    s.append(std::to_string(v));
+  }
+  return s;
+}
+
+int run_bench(const std::string& out_dir) {
+  const cuda::DeviceInfo info = cuda::device_info(0);
+  std::printf("device: %s (sm_%d%d, %d SMs, L2 %lld MB, %lld GiB), driver %d, runtime %d\n",
+              info.name.c_str(), info.compute_major, info.compute_minor, info.sm_count,
+              static_cast<long long>(info.l2_bytes >> 20),
+              static_cast<long long>(info.memory_bytes >> 30), info.driver_version,
+              info.runtime_version);
+  Bench b;
+  const double hbm_gbs = cuda::measure_copy_bandwidth_gbs(size_t{2} << 30, b.stream());
+  const double f32_tflops = cuda::measure_gemm_tflops(cuda::GemmPrecision::kF32, 8192, b.stream());
+  const double tf32_tflops =
+      cuda::measure_gemm_tflops(cuda::GemmPrecision::kTf32, 8192, b.stream());
+  const double bf16_tflops =
+      cuda::measure_gemm_tflops(cuda::GemmPrecision::kBf16, 8192, b.stream());
+  std::printf(
+      "ceilings: HBM copy %.0f GB/s (read+write); cuBLASLt 8192^3 fp32 %.1f, tf32 %.1f, bf16 %.1f "
+      "TFLOP/s\n",
+      hbm_gbs, f32_tflops, tf32_tflops, bf16_tflops);
+
+  std::vector<Result> results;
+  auto* stream = b.stream();
+
+  // Backend GEMM (cuBLASLt fp32).
+  for (int64_t m : {64, 4096}) {
+    const int64_t n = 5120, k = 5120;
+    auto a = b.buffer(DType::kF32, {m, k});
+    auto ws = b.weights(DType::kF32, {n, k});
+    auto c = b.buffer(DType::kF32, {m, n});
+    results.push_back(
+        b.run("gemm fp32 (cuBLASLt)", dims({m, n, k}), 4.0 * (m * k + n * k + m * n),
+              2.0 * m * n * k, Rate::kF32, [&](int i) {
+                b.backend().gemm({a, ws[static_cast<size_t>(i) % ws.size()], c, true});
+              }));
+    b.release();
+  }
+  {
+    const int64_t rows = 4096, cols = 5120;
+    auto x = b.buffer(DType::kF32, {rows, cols});
+    auto w = b.buffer(DType::kF32, {cols});
+    auto o = b.buffer(DType::kF32, {rows, cols});
+    const double bytes = 8.0 * rows * cols;
+    results.push_back(b.run("rms_norm", dims({rows, cols}), bytes, 0, Rate::kNone,
+                            [&](int) { b.backend().rms_norm(x, w, 1e-6f, o); }));
+    results.push_back(b.run("silu", dims({rows, cols}), bytes, 0, Rate::kNone,
+                            [&](int) { b.backend().unary(UnaryOp::kSilu, x, o); }));
+    results.push_back(b.run("add (row broadcast)", dims({rows, cols}), bytes, 0, Rate::kNone,
+                            [&](int) { b.backend().binary(BinaryOp::kAdd, x, w, o); }));
+    b.release();
+  }
+  {
+    const int64_t rows = 64, cols = 129280;
+    auto x = b.buffer(DType::kF32, {rows, cols}, -10, 10);
+    auto o = b.buffer(DType::kF32, {rows, cols});
+    results.push_back(b.run("softmax", dims({rows, cols}), 8.0 * rows * cols, 0, Rate::kNone,
+                            [&](int) { b.backend().softmax(x, o); }));
+    b.release();
+  }
+
+  // FP8 block-scaled GEMM (wq_b, wo_b at decode; a prefill-sized square).
+  struct QCase {
+    int64_t m, n, k;
+    bool bf16;
+  };
+  for (QCase q : {QCase{64, 32768, 1280, true}, QCase{64, 5120, 8192, true},
+                  QCase{4096, 5120, 5120, true}, QCase{4096, 5120, 5120, false}}) {
+    auto x = b.buffer(q.bf16 ? DType::kBF16 : DType::kF32, {q.m, q.k});
+    auto ws = b.weights(DType::kF8E4M3, {q.n, q.k});
+    auto ss = b.weights(DType::kF8E8M0, {(q.n + 31) / 32, q.k / 32}, 120, 130);
+    auto y = b.buffer(DType::kF32, {q.m, q.n});
+    const double bytes =
+        (q.bf16 ? 2.0 : 4.0) * q.m * q.k + 1.0 * q.n * q.k + q.n * q.k / 1024.0 + 4.0 * q.m * q.n;
+    results.push_back(
+        b.run(std::string("fp8 block gemm x") + (q.bf16 ? "bf16" : "f32"), dims({q.m, q.n, q.k}),
+              bytes, 2.0 * q.m * q.n * q.k, Rate::kBf16, [&](int i) {
+                const size_t r = static_cast<size_t>(i) % ws.size();
+                cuda::launch_fp8_block_gemm(
+                    {x.data(), q.bf16 ? cuda::ActivationType::kBF16 : cuda::ActivationType::kF32,
+                     q.k, ws[r].data_as<uint8_t>(), ss[r % ss.size()].data_as<uint8_t>(),
+                     y.data_as<float>(), q.n, q.m, q.n, q.k},
+                    stream);
+              }));
+    b.release();
+  }
+  // MXFP4 expert GEMM (w1 of one expert: N=2304, K=5120).
+  for (int64_t m : {32, 512, 4096}) {
+    const int64_t n = 2304, k = 5120;
+    auto x = b.buffer(DType::kBF16, {m, k});
+    auto ws = b.weights(DType::kFp4E2m1, {n, k});
+    auto ss = b.weights(DType::kF8E8M0, {n, k / 32}, 120, 130);
+    auto y = b.buffer(DType::kF32, {m, n});
+    const double bytes = 2.0 * m * k + n * k / 2.0 + n * k / 32.0 + 4.0 * m * n;
+    results.push_back(
+        b.run("mxfp4 gemm xbf16", dims({m, n, k}), bytes, 2.0 * m * n * k, Rate::kBf16, [&](int i) {
+          const size_t r = static_cast<size_t>(i) % ws.size();
+          cuda::launch_mxfp4_gemm(
+              {x.data(), cuda::ActivationType::kBF16, k, ws[r].data_as<uint8_t>(),
+               ss[r % ss.size()].data_as<uint8_t>(), y.data_as<float>(), n, m, n, k},
+              stream);
+        }));
+    b.release();
+  }
+  // Router (fused scores + top-6).
+  for (int64_t t : {64, 512}) {
+    const int64_t h = 5120, e = 384;
+    auto x = b.buffer(DType::kF32, {t, h});
+    auto w = b.buffer(DType::kF32, {e, h}, -0.05f, 0.05f);
+    auto bias = b.buffer(DType::kF32, {e}, -0.1f, 0.1f);
+    auto ids = b.buffer(DType::kI32, {t, 6}, 0, 0);
+    auto wts = b.buffer(DType::kF32, {t, 6});
+    results.push_back(b.run("moe router top6", dims({t, e, h}), 4.0 * (t * h + e * h + e + 12 * t),
+                            2.0 * t * e * h, Rate::kF32, [&](int) {
+                              cuda::launch_moe_router(
+                                  {x.data_as<float>(), h, w.data_as<float>(), bias.data_as<float>(),
+                                   t, h, e, 6, 1.0f, 1.5f, ids.data_as<int32_t>(),
+                                   wts.data_as<float>()},
+                                  stream);
+                            }));
+    b.release();
+  }
+  // Greedy sampling.
+  for (int64_t rows : {64, 384}) {
+    const int64_t v = 129280;
+    auto logits = b.buffer(DType::kF32, {rows, v}, -10, 10);
+    auto out = b.buffer(DType::kI32, {rows}, 0, 0);
+    auto scratch = b.buffer(DType::kI64, {rows}, 0, 0);
+    results.push_back(
+        b.run("argmax (greedy)", dims({rows, v}), 4.0 * rows * v, 0, Rate::kNone, [&](int) {
+          cuda::launch_argmax_rows({logits.data_as<float>(), rows, v, v, out.data_as<int32_t>(),
+                                    static_cast<uint64_t*>(scratch.data())},
+                                   stream);
+        }));
+    b.release();
+  }
+
+  // Table.
+  std::string md = fmt::format(
+      "device: {} (sm_{}{}, {} SMs, L2 {} MB), driver {}, runtime {}\n\n"
+      "ceilings (measured in this run): HBM {:.0f} GB/s (2 GiB device-to-device copy, read+write); "
+      "cuBLASLt 8192^3 on random data: fp32 {:.1f}, tf32 {:.1f}, bf16 {:.1f} TFLOP/s\n\n"
+      "| op | shape | median us | GB/s | TFLOP/s | floor us | bound by | floor / measured |\n"
+      "|---|---|---:|---:|---:|---:|---|---:|\n",
+      info.name, info.compute_major, info.compute_minor, info.sm_count, info.l2_bytes >> 20,
+      info.driver_version, info.runtime_version, hbm_gbs, f32_tflops, tf32_tflops, bf16_tflops);
+  std::string json = fmt::format(
+      "{{\n  \"device\": \"{}\", \"sm_count\": {}, \"driver\": {}, \"runtime\": {},\n"
+      "  \"ceilings\": {{\"hbm_gbs\": {:.1f}, \"fp32_tflops\": {:.2f}, \"tf32_tflops\": {:.2f}, "
+      "\"bf16_tflops\": {:.2f}}},\n"
+      "  \"ops\": [\n",
+      info.name, info.sm_count, info.driver_version, info.runtime_version, hbm_gbs, f32_tflops,
+      tf32_tflops, bf16_tflops);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    const double s = r.timing.median_ms * 1e-3;
+    const double mem_floor = r.bytes / (hbm_gbs * 1e9);
+    const double rate = r.rate == Rate::kBf16 ? bf16_tflops : f32_tflops;
+    const double flop_floor = r.rate == Rate::kNone ? 0.0 : r.flops / (rate * 1e12);
+    const double floor = std::max(mem_floor, flop_floor);
+    const char* bound =
+        flop_floor > mem_floor ? (r.rate == Rate::kBf16 ? "bf16 MMA" : "fp32") : "HBM";
+    md += fmt::format("| {} | {} | {:.1f} | {:.0f} | {:.2f} | {:.1f} | {} | {:.0f}% |\n", r.op,
+                      r.shape, s * 1e6, r.bytes / s / 1e9, r.flops / s / 1e12, floor * 1e6, bound,
+                      100.0 * floor / s);
+    json += fmt::format(
+        "    {{\"op\": \"{}\", \"shape\": \"{}\", \"median_us\": {:.2f}, \"min_us\": {:.2f}, "
+        "\"bytes\": {:.0f}, "
+        "\"flops\": {:.0f}, \"floor_us\": {:.2f}, \"bound\": \"{}\", \"fraction_of_floor\": "
+        "{:.3f}}}{}\n",
+        r.op, r.shape, s * 1e6, r.timing.min_ms * 1e3, r.bytes, r.flops, floor * 1e6, bound,
+        floor / s, i + 1 < results.size() ? "," : "");
+  }
+  json += "  ]\n}\n";
+  std::printf("\n%s", md.c_str());
+  for (auto [name, text] :
+       {std::pair{"cuda_ops_bench.md", &md}, std::pair{"cuda_ops_bench.json", &json}}) {
+    const std::string path = out_dir + "/" + name;
+    if (FILE* f = std::fopen(path.c_str(), "w")) {
+      std::fputs(text->c_str(), f);
+      std::fclose(f);
+    } else {
+      std::fprintf(stderr, "cannot write %s\n", path.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace moeserve
+
+int main(int argc, char** argv) {
+  if (moeserve::cuda_device_count() == 0) {
+    std::fprintf(stderr, "cuda_ops_bench: no CUDA device visible\n");
+    return 2;
+  }
+  return moeserve::run_bench(argc > 1 ? argv[1] : ".");
+}

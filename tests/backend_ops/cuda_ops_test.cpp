@@ -1,0 +1,411 @@
+// The V4.1-specific CUDA ops (backend/cuda/kernels.h) against their CPU references
+// (backend/cpu/quant_ops.h) on random inputs, never zeros; outputs are poisoned with NaN first so
+// an unwritten element fails. Tolerances are max|got - ref| / max|ref| and are stated per case.
+// Every case skips (not fails) without a CUDA device; the CPU-only cases check the references.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/quant_ops.h"
+#include "common/fake_quant.h"
+#include "common/numeric.h"
+
+#ifdef MOESERVE_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
+#endif
+
+namespace moeserve {
+namespace {
+
+std::vector<float> random_floats(int64_t n, std::mt19937& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) {
+    do {
+      x = dist(rng);
+    } while (x == 0.0f);
+  }
+  return v;
+}
+
+// Weights spread over many binades (subnormal e4m3 included): u * 2^e, u in [-1,1), e in [-8,8].
+std::vector<uint8_t> random_e4m3(int64_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> e(-8, 8);
+  std::vector<uint8_t> codes(static_cast<size_t>(n));
+  for (auto& c : codes) {
+    do {
+      c = float_to_e4m3(std::ldexp(u(rng), e(rng)));
+    } while ((c & 0x7F) == 0);
+  }
+  return codes;
+}
+
+std::vector<uint8_t> random_bytes(int64_t n, std::mt19937& rng, int lo, int hi) {
+  std::uniform_int_distribution<int> d(lo, hi);
+  std::vector<uint8_t> v(static_cast<size_t>(n));
+  for (auto& b : v) b = static_cast<uint8_t>(d(rng));
+  return v;
+}
+
+// max|got - ref| / max|ref|; +inf when any output is not finite (poisoned or broken).
+double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0.0, den = 1e-30;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
+    num = std::max(num, std::abs(static_cast<double>(got[i]) - ref[i]));
+    den = std::max(den, std::abs(static_cast<double>(ref[i])));
+  }
+  return num / den;
+}
+
+template <typename T>
+TensorView host_view(std::vector<T>& v, DType dtype, Shape shape) {
+  return TensorView(v.data(), dtype, shape);
+}
+
+struct GemmCase {
+  int64_t m, n, k;
+  bool bf16_x;
+};
+
+std::string gemm_name(const testing::TestParamInfo<GemmCase>& info) {
+  const GemmCase& c = info.param;
+  return std::to_string(c.m) + "x" + std::to_string(c.n) + "x" + std::to_string(c.k) +
+         (c.bf16_x ? "_bf16" : "_f32");
+}
+
+const std::vector<GemmCase> kGemmCases = {
+    {1, 64, 64, false},   {1, 64, 64, true},      {7, 100, 160, false},  {7, 100, 160, true},
+    {64, 128, 256, true}, {130, 200, 512, false}, {130, 200, 512, true}, {3, 2304, 5120, true}};
+
+// Activations for a case: fp32 values, plus their bf16 bits when the case uses bf16.
+struct Activations {
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+};
+
+Activations make_activations(const GemmCase& c, std::mt19937& rng) {
+  Activations a{random_floats(c.m * c.k, rng, -1.0f, 1.0f), {}};
+  if (c.bf16_x) {
+    a.bf16.resize(a.f32.size());
+    float_to_bf16(a.f32, a.bf16);
+    bf16_to_float(a.bf16, a.f32);  // the CPU sees exactly the GPU's operands
+  }
+  return a;
+}
+
+// ---- CPU references checked against common/fake_quant.h's weight dequantisers
+// --------------------
+
+TEST(QuantOpsCpu, Fp8BlockGemmMatchesDequantisedWeights) {
+  std::mt19937 rng(5);
+  const int64_t m = 3, n = 70, k = 96;
+  auto x = random_floats(m * k, rng, -1, 1);
+  auto w = random_e4m3(n * k, rng);
+  auto s = random_bytes((n + 31) / 32 * (k / 32), rng, 118, 134);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  cpu::fp8_block_gemm(host_view(x, DType::kF32, {m, k}), host_view(w, DType::kF8E4M3, {n, k}),
+                      host_view(s, DType::kF8E8M0, {(n + 31) / 32, k / 32}),
+                      host_view(y, DType::kF32, {m, n}));
+  std::vector<float> wd(static_cast<size_t>(n * k));
+  dequantize_fp8_block_weight_rows(w, s, {n, k}, 0, n, wd);
+  std::vector<float> ref(y.size());
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t kk = 0; kk < k; ++kk) acc += static_cast<double>(x[i * k + kk]) * wd[j * k + kk];
+      ref[i * n + j] = static_cast<float>(acc);
+    }
+  EXPECT_LE(rel_err(y, ref), 1e-6);
+}
+
+TEST(QuantOpsCpu, Mxfp4GemmMatchesDequantisedWeights) {
+  std::mt19937 rng(6);
+  const int64_t m = 3, n = 40, k = 128;
+  auto x = random_floats(m * k, rng, -1, 1);
+  auto w = random_bytes(n * k / 2, rng, 0, 255);
+  auto s = random_bytes(n * k / 32, rng, 118, 134);
+  std::vector<float> y(static_cast<size_t>(m * n));
+  cpu::mxfp4_gemm(host_view(x, DType::kF32, {m, k}), host_view(w, DType::kFp4E2m1, {n, k}),
+                  host_view(s, DType::kF8E8M0, {n, k / 32}), host_view(y, DType::kF32, {m, n}));
+  std::vector<float> wd(static_cast<size_t>(n * k));
+  dequantize_mxfp4_weight_rows(w, s, {n, k}, 0, n, wd);
+  std::vector<float> ref(y.size());
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t kk = 0; kk < k; ++kk) acc += static_cast<double>(x[i * k + kk]) * wd[j * k + kk];
+      ref[i * n + j] = static_cast<float>(acc);
+    }
+  EXPECT_LE(rel_err(y, ref), 1e-6);
+}
+
+TEST(QuantOpsCpu, RouterTiesGoToTheLowestExpert) {
+  const int64_t h = 8, e = 6;
+  std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8};
+  std::vector<float> w(static_cast<size_t>(e * h), 0.01f);
+  std::vector<float> bias(static_cast<size_t>(e), 0.0f);
+  bias[4] = bias[1] = 0.5f;  // experts 1 and 4 tie on top, then 0, 2, 3, 5 tie
+  std::vector<int32_t> ids(2);
+  std::vector<float> wts(2);
+  cpu::moe_router(host_view(x, DType::kF32, {1, h}), host_view(w, DType::kF32, {e, h}),
+                  host_view(bias, DType::kF32, {e}), {2, 1.0f, 1.5f},
+                  host_view(ids, DType::kI32, {1, 2}), host_view(wts, DType::kF32, {1, 2}));
+  EXPECT_EQ(ids, (std::vector<int32_t>{1, 4}));
+  EXPECT_FLOAT_EQ(wts[0], 0.75f);
+}
+
+#ifdef MOESERVE_HAVE_CUDA
+
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0)
+      GTEST_SKIP() << "no CUDA device visible: the CUDA op tests need a GPU";
+    backend_ = make_cuda_backend(0);
+    stream_ = cuda_backend_stream(*backend_);
+  }
+
+  // A device copy of host bytes.
+  template <typename T>
+  std::unique_ptr<DeviceBuffer> upload(const std::vector<T>& host) {
+    auto buf = backend_->allocate(DType::kU8, {static_cast<int64_t>(host.size() * sizeof(T))});
+    std::vector<T> copy = host;
+    backend_->copy_from_host(
+        buf->view(),
+        TensorView(copy.data(), DType::kU8, {static_cast<int64_t>(host.size() * sizeof(T))}));
+    return buf;
+  }
+  template <typename T>
+  std::vector<T> download(const DeviceBuffer& buf) {
+    std::vector<T> host(static_cast<size_t>(buf.view().nbytes() / sizeof(T)));
+    backend_->copy_to_host(
+        TensorView(host.data(), DType::kU8, {static_cast<int64_t>(buf.view().nbytes())}),
+        buf.view());
+    backend_->synchronize();
+    return host;
+  }
+  std::unique_ptr<DeviceBuffer> poisoned_floats(int64_t n) {
+    return upload(
+        std::vector<float>(static_cast<size_t>(n), std::numeric_limits<float>::quiet_NaN()));
+  }
+
+  std::unique_ptr<Backend> backend_;
+  void* stream_ = nullptr;
+};
+
+class CudaGemm : public CudaOps, public ::testing::WithParamInterface<GemmCase> {};
+
+// bf16 activations: the GPU multiplies exactly the CPU's operands (weights are exact in bf16), so
+// only the fp32 accumulation order differs: 1e-4. fp32 activations are rounded to bf16 on the GPU:
+// 1e-2 (bf16-operand error, METHOD.md).
+double gemm_tolerance(const GemmCase& c) { return c.bf16_x ? 1e-4 : 1e-2; }
+
+TEST_P(CudaGemm, Fp8BlockScaledMatchesCpu) {
+  const GemmCase c = GetParam();
+  for (uint32_t seed : {1u, 2u}) {
+    std::mt19937 rng(seed);
+    const Activations x = make_activations(c, rng);
+    const auto w = random_e4m3(c.n * c.k, rng);
+    const auto s = random_bytes((c.n + 31) / 32 * (c.k / 32), rng, 118, 134);
+    std::vector<float> ref(static_cast<size_t>(c.m * c.n));
+    std::vector<float> xf = x.f32;
+    std::vector<uint8_t> wc = w, sc = s;
+    cpu::fp8_block_gemm(host_view(xf, DType::kF32, {c.m, c.k}),
+                        host_view(wc, DType::kF8E4M3, {c.n, c.k}),
+                        host_view(sc, DType::kF8E8M0, {(c.n + 31) / 32, c.k / 32}),
+                        host_view(ref, DType::kF32, {c.m, c.n}));
+    auto dx = c.bf16_x ? upload(x.bf16) : upload(x.f32);
+    auto dw = upload(w);
+    auto ds = upload(s);
+    auto dy = poisoned_floats(c.m * c.n);
+    cuda::launch_fp8_block_gemm(
+        {dx->view().data(), c.bf16_x ? cuda::ActivationType::kBF16 : cuda::ActivationType::kF32,
+         c.k, dw->view().data_as<uint8_t>(), ds->view().data_as<uint8_t>(),
+         dy->view().data_as<float>(), c.n, c.m, c.n, c.k},
+        stream_);
+    EXPECT_LE(rel_err(download<float>(*dy), ref), gemm_tolerance(c)) << "seed " << seed;
+  }
+}
+
+TEST_P(CudaGemm, Mxfp4MatchesCpu) {
+  const GemmCase c = GetParam();
+  for (uint32_t seed : {3u, 4u}) {
+    std::mt19937 rng(seed);
+    const Activations x = make_activations(c, rng);
+    const auto w = random_bytes(c.n * c.k / 2, rng, 0, 255);
+    const auto s = random_bytes(c.n * c.k / 32, rng, 118, 134);
+    std::vector<float> ref(static_cast<size_t>(c.m * c.n));
+    std::vector<float> xf = x.f32;
+    std::vector<uint8_t> wc = w, sc = s;
+    cpu::mxfp4_gemm(
+        host_view(xf, DType::kF32, {c.m, c.k}), host_view(wc, DType::kFp4E2m1, {c.n, c.k}),
+        host_view(sc, DType::kF8E8M0, {c.n, c.k / 32}), host_view(ref, DType::kF32, {c.m, c.n}));
+    auto dx = c.bf16_x ? upload(x.bf16) : upload(x.f32);
+    auto dw = upload(w);
+    auto ds = upload(s);
+    auto dy = poisoned_floats(c.m * c.n);
+    cuda::launch_mxfp4_gemm(
+        {dx->view().data(), c.bf16_x ? cuda::ActivationType::kBF16 : cuda::ActivationType::kF32,
+         c.k, dw->view().data_as<uint8_t>(), ds->view().data_as<uint8_t>(),
+         dy->view().data_as<float>(), c.n, c.m, c.n, c.k},
+        stream_);
+    EXPECT_LE(rel_err(download<float>(*dy), ref), gemm_tolerance(c)) << "seed " << seed;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaGemm, ::testing::ValuesIn(kGemmCases), gemm_name);
+
+struct RouterCase {
+  int64_t tokens, hidden, experts;
+  int top_k;
+  float temperature;
+};
+
+class CudaRouter : public CudaOps, public ::testing::WithParamInterface<RouterCase> {};
+
+// Ids must match except where the two selection scores are within 1e-5 (a near tie that fp32
+// and double order differently); weights within 1e-5 relative where the ids match.
+TEST_P(CudaRouter, MatchesCpu) {
+  const RouterCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.hidden + c.experts));
+  auto x = random_floats(c.tokens * c.hidden, rng, -1, 1);
+  auto w = random_floats(c.experts * c.hidden, rng, -0.1f, 0.1f);
+  auto bias = random_floats(c.experts, rng, -0.1f, 0.1f);
+  std::vector<int32_t> ref_ids(static_cast<size_t>(c.tokens * c.top_k));
+  std::vector<float> ref_w(ref_ids.size());
+  const cpu::MoeRouterConfig cfg{c.top_k, c.temperature, 1.5f};
+  cpu::moe_router(host_view(x, DType::kF32, {c.tokens, c.hidden}),
+                  host_view(w, DType::kF32, {c.experts, c.hidden}),
+                  host_view(bias, DType::kF32, {c.experts}), cfg,
+                  host_view(ref_ids, DType::kI32, {c.tokens, c.top_k}),
+                  host_view(ref_w, DType::kF32, {c.tokens, c.top_k}));
+  auto dx = upload(x);
+  auto dw = upload(w);
+  auto db = upload(bias);
+  auto dids = upload(std::vector<int32_t>(ref_ids.size(), -1));
+  auto dwts = poisoned_floats(static_cast<int64_t>(ref_w.size()));
+  cuda::launch_moe_router(
+      {dx->view().data_as<float>(), c.hidden, dw->view().data_as<float>(),
+       db->view().data_as<float>(), c.tokens, c.hidden, c.experts, c.top_k, c.temperature, 1.5f,
+       dids->view().data_as<int32_t>(), dwts->view().data_as<float>()},
+      stream_);
+  const auto ids = download<int32_t>(*dids);
+  const auto wts = download<float>(*dwts);
+  // Selection scores on the CPU in double, to judge near ties.
+  auto select = [&](int64_t t, int32_t e) {
+    double dot = 0;
+    for (int64_t i = 0; i < c.hidden; ++i)
+      dot += static_cast<double>(x[t * c.hidden + i]) * w[e * c.hidden + i];
+    const double z = dot / c.temperature;
+    return std::sqrt(z > 20 ? z : std::log1p(std::exp(z))) + bias[static_cast<size_t>(e)];
+  };
+  int mismatches = 0;
+  for (int64_t t = 0; t < c.tokens; ++t) {
+    for (int j = 0; j < c.top_k; ++j) {
+      const size_t i = static_cast<size_t>(t * c.top_k + j);
+      ASSERT_GE(ids[i], 0) << "unwritten id";
+      ASSERT_LT(ids[i], c.experts);
+      if (ids[i] != ref_ids[i]) {
+        ++mismatches;
+        EXPECT_LE(std::abs(select(t, ids[i]) - select(t, ref_ids[i])), 1e-5)
+            << "token " << t << " rank " << j;
+      } else {
+        EXPECT_NEAR(wts[i], ref_w[i], 1e-5 * std::abs(ref_w[i])) << "token " << t << " rank " << j;
+      }
+    }
+  }
+  EXPECT_LE(mismatches, c.tokens / 16 + 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaRouter,
+    ::testing::Values(RouterCase{1, 64, 16, 6, 1.0f}, RouterCase{33, 5120, 384, 6, 1.0f},
+                      RouterCase{70, 1000, 384, 8, 0.7f}, RouterCase{5, 5120, 1024, 16, 1.3f}),
+    [](const auto& info) {
+      return "t" + std::to_string(info.param.tokens) + "_h" + std::to_string(info.param.hidden) +
+             "_e" + std::to_string(info.param.experts) + "_k" + std::to_string(info.param.top_k);
+    });
+
+TEST_F(CudaOps, RouterTiesGoToTheLowestExpert) {
+  const int64_t h = 256, e = 64;
+  std::mt19937 rng(9);
+  auto x = random_floats(h, rng, -1, 1);
+  auto w = random_floats(e * h, rng, -0.1f, 0.1f);
+  // Experts 40 and 7 get identical rows and the largest bias: an exact tie for first place.
+  std::copy(w.begin() + 40 * h, w.begin() + 41 * h, w.begin() + 7 * h);
+  std::vector<float> bias(static_cast<size_t>(e), 0.0f);
+  bias[7] = bias[40] = 10.0f;
+  auto dx = upload(x);
+  auto dw = upload(w);
+  auto db = upload(bias);
+  auto dids = upload(std::vector<int32_t>(2, -1));
+  auto dwts = poisoned_floats(2);
+  cuda::launch_moe_router(
+      {dx->view().data_as<float>(), h, dw->view().data_as<float>(), db->view().data_as<float>(), 1,
+       h, e, 2, 1.0f, 1.5f, dids->view().data_as<int32_t>(), dwts->view().data_as<float>()},
+      stream_);
+  EXPECT_EQ(download<int32_t>(*dids), (std::vector<int32_t>{7, 40}));
+  const auto wts = download<float>(*dwts);
+  EXPECT_FLOAT_EQ(wts[0], 0.75f);
+  EXPECT_FLOAT_EQ(wts[1], 0.75f);
+}
+
+struct ArgmaxCase {
+  int64_t rows, cols, ld;
+};
+
+class CudaArgmax : public CudaOps, public ::testing::WithParamInterface<ArgmaxCase> {};
+
+// Exact: the winning index per row, with planted ties (the lowest must win).
+TEST_P(CudaArgmax, MatchesCpuWithTies) {
+  const ArgmaxCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.cols));
+  auto logits = random_floats(c.rows * c.ld, rng, -10, 10);
+  std::uniform_int_distribution<int64_t> col(0, c.cols - 1);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    if (r % 2 == 0) {  // a tie for the maximum at two random columns
+      const int64_t a = col(rng), b = col(rng);
+      logits[static_cast<size_t>(r * c.ld + a)] = 11.0f;
+      logits[static_cast<size_t>(r * c.ld + b)] = 11.0f;
+    }
+  }
+  std::vector<int32_t> ref(static_cast<size_t>(c.rows));
+  auto lv = logits;
+  cpu::argmax_rows(
+      TensorView(lv.data(), DType::kF32, Shape{c.rows, c.cols}, std::vector<int64_t>{c.ld, 1}),
+      host_view(ref, DType::kI32, {c.rows}));
+  auto dl = upload(logits);
+  auto dout = upload(std::vector<int32_t>(static_cast<size_t>(c.rows), -1));
+  auto scratch = backend_->allocate(DType::kI64, {c.rows});
+  cuda::launch_argmax_rows(
+      {dl->view().data_as<float>(), c.rows, c.cols, c.ld, dout->view().data_as<int32_t>(),
+       static_cast<uint64_t*>(scratch->view().data())},
+      stream_);
+  EXPECT_EQ(download<int32_t>(*dout), ref);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaArgmax,
+                         ::testing::Values(ArgmaxCase{1, 129280, 129280},
+                                           ArgmaxCase{64, 129280, 129280},
+                                           ArgmaxCase{3, 1001, 1003}, ArgmaxCase{300, 5000, 5000},
+                                           ArgmaxCase{2, 7, 7}),
+                         [](const auto& info) {
+                           return "r" + std::to_string(info.param.rows) + "_c" +
+                                  std::to_string(info.param.cols) + "_ld" +
+                                  std::to_string(info.param.ld);
+                         });
+
+#endif  // MOESERVE_HAVE_CUDA
+
+}  // namespace
+}  // namespace moeserve

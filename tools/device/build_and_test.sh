@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Runs ON THE DEVICE machine, from the repo root: builds moeserve with CUDA (cuda-release preset,
+# sm_90a) against the sysroot that tools/device/stage.sh staged into .device/sysroot, runs the GPU
+# tests and the op benchmark, and writes logs + JSON into OUT_DIR. See docs/device.md.
+#
+#   usage: tools/device/build_and_test.sh OUT_DIR
+#   env:   STEPS (default "env unpack gtest configure build test bench"), JOBS (default nproc)
+#
+# Everything is compiled on the device with its own compiler (googletest too); from the sysroot
+# only headers and C libraries are used (fmt and spdlog header-only), so no C++ ABI crosses
+# machines. A failing step is recorded and the later steps still run; summary.json has each rc.
+set -uo pipefail
+
+out=${1:?usage: build_and_test.sh OUT_DIR}
+mkdir -p "$out"
+root=$(pwd)
+sysroot="$root/.device/sysroot"
+build="$root/build/cuda-release"
+jobs=${JOBS:-$(nproc)}
+steps=${STEPS:-env unpack gtest configure build test bench}
+log="$out/build_and_test.log"
+exec > >(tee -a "$log") 2>&1
+
+[[ -d "$sysroot/usr/include" ]] || { echo "no $sysroot: run tools/device/stage.sh here and carry .device"; exit 2; }
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+libdir="$sysroot/usr/lib/x86_64-linux-gnu"
+export LD_LIBRARY_PATH="$libdir:$libdir/blas${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# pkg-config sees only the sysroot's .pc files, with their /usr prefix mapped into it.
+export PKG_CONFIG_LIBDIR="$libdir/pkgconfig:$sysroot/usr/share/pkgconfig"
+export PKG_CONFIG_SYSROOT_DIR="$sysroot"
+pkg_config=$(command -v pkg-config || echo "$sysroot/usr/bin/pkgconf")
+
+declare -A rc
+run_step() {  # name command...
+  local name=$1
+  shift
+  echo "=== $name: $*"
+  local t0=$SECONDS
+  "$@"
+  rc[$name]=$?
+  echo "=== $name: rc=${rc[$name]} ($((SECONDS - t0)) s)"
+}
+
+step_env() {
+  uname -srm
+  ldd --version | head -1
+  g++ --version | head -1
+  cmake --version | head -1
+  ninja --version
+  nvcc --version | tail -2
+  echo "pkg-config: $pkg_config"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu,power.draw \
+    --format=csv
+  nproc
+  cat .device/COMMIT 2>/dev/null || true
+}
+
+# The .debs kept packed (boost headers), unpacked outside the tree.
+step_unpack() {
+  local deb status=0
+  mkdir -p /tmp/moeserve-packed
+  for deb in .device/debs/*.deb; do
+    [[ -e "$deb" ]] || continue
+    if command -v dpkg >/dev/null; then
+      dpkg -x "$deb" /tmp/moeserve-packed || status=$?
+    else
+      (cd /tmp/moeserve-packed && ar p "$root/$deb" data.tar.xz | tar xJ) || status=$?
+    fi
+  done
+  return $status
+}
+
+step_gtest() {
+  cmake -S "$sysroot/usr/src/googletest" -B /tmp/moeserve-gtest-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_INSTALL_PREFIX=/tmp/moeserve-gtest -DBUILD_GMOCK=ON -DINSTALL_GTEST=ON >/dev/null &&
+    cmake --build /tmp/moeserve-gtest-build -j "$jobs" >/dev/null &&
+    cmake --install /tmp/moeserve-gtest-build >/dev/null
+}
+
+step_configure() {
+  # NOTE: CMake < 3.26 has no CUDA20 flag for nvcc; these give it (newer CMake sets the same).
+  cmake --preset cuda-release \
+    -DCMAKE_CUDA_ARCHITECTURES=90a \
+    -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
+    -DMOESERVE_HEADER_ONLY_DEPS=ON \
+    "-DCMAKE_PREFIX_PATH=/tmp/moeserve-gtest;$sysroot/usr;/tmp/moeserve-packed/usr" \
+    "-DCMAKE_INCLUDE_PATH=$sysroot/usr/include" \
+    "-DCMAKE_LIBRARY_PATH=$libdir;$libdir/blas" \
+    "-DOPENBLAS_INCLUDE_DIR=$sysroot/usr/include/moeserve-cblas" \
+    "-DOPENBLAS_LIBRARY=$libdir/blas/libblas.so.3" \
+    "-DPKG_CONFIG_EXECUTABLE=$pkg_config"
+}
+
+step_build() {
+  # -k 0: keep going, so one broken target elsewhere does not hide the GPU results.
+  cmake --build "$build" -j "$jobs" -- -k 0
+  local status=$?
+  # The targets this script needs, once more, so their errors end the log.
+  cmake --build "$build" -j "$jobs" --target cuda_ops backend_ops cuda_ops_bench || status=$?
+  return $status
+}
+
+step_test() {
+  local status=0
+  "$build/tests/backend_ops/cuda_ops" --gtest_output="json:$out/cuda_ops.json" || status=$?
+  "$build/tests/backend_ops/backend_ops" --gtest_output="json:$out/backend_ops.json" || status=$?
+  ctest --test-dir "$build" -L gpu --output-on-failure || status=$?
+  if command -v compute-sanitizer >/dev/null; then
+    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/backend_ops/cuda_ops" \
+      --gtest_filter='*7x100x160*:*r3_c1001*:*r2_c7*:*t1_h64*:*Ties*' >"$out/memcheck.log" 2>&1 || status=$?
+    tail -5 "$out/memcheck.log"
+  fi
+  return $status
+}
+
+step_bench() {
+  "$build/tests/backend_ops/cuda_ops_bench" "$out"
+}
+
+for s in $steps; do run_step "$s" "step_$s"; done
+
+{
+  echo "{"
+  first=1
+  for s in $steps; do
+    [[ $first == 1 ]] || echo ","
+    first=0
+    printf '  "%s": %s' "$s" "${rc[$s]}"
+  done
+  echo
+  echo "}"
+} >"$out/summary.json"
+cat "$out/summary.json"
+for s in $steps; do [[ ${rc[$s]} == 0 ]] || exit 1; done
