@@ -1,0 +1,19 @@
+// ModelExecutor: runs one scheduled step and returns the sampled tokens. The EngineCore only sees
+// this interface (ModelRunner over a ForwardModel, later multi-rank executors). Steps are executed
+// in the order they are submitted; an executor may keep per-request state between steps and drops
+// it for SchedulerOutput::finished_req_ids / preempted_req_ids.
+#pragma once
+
+#include "common/result.h"
+#include "sched/scheduler_output.h"
+
+namespace moeserve::runtime {
+
+class ModelExecutor {
+ public:
+  virtual ~ModelExecutor() = default;
+  [[nodiscard]] virtual Result<sched::ModelRunnerOutput> execute(
+      const sched::SchedulerOutput& scheduled) = 0;
+};
+
+}  // namespace moeserve::runtime
