@@ -1,0 +1,147 @@
+// C++ forward (fp32) vs the numpy oracle (float64) on the tiny model: per-layer activations,
+// Engram hash ids, routing, global caches and logits, in oracle and production mode.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "common/fake_quant.h"
+#include "integration/model/oracle_util.h"
+#include "model/arch/deepseek_v41.h"
+
+namespace moeserve::test {
+namespace {
+
+using arch::DeepseekV41Model;
+using arch::ForwardMode;
+using arch::ForwardTrace;
+using arch::LogitsRows;
+using arch::SequenceInput;
+
+constexpr double kLogitTol = 1e-4;
+
+double rel_diff(const std::vector<float>& got, const std::vector<double>& ref) {
+  if (got.size() != ref.size()) return INFINITY;
+  double md = 0.0, mr = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    md = std::max(md, std::abs(got[i] - ref[i]));
+    mr = std::max(mr, std::abs(ref[i]));
+  }
+  return md / std::max(mr, 1e-30);
+}
+
+struct Fixture {
+  std::unique_ptr<Backend> backend = make_cpu_backend();
+  std::unique_ptr<DeepseekV41Model> model;
+  Fixture() {
+    auto loaded = DeepseekV41Model::load(tiny_model_dir(), *backend);
+    if (!loaded) throw std::runtime_error(loaded.error().to_string());
+    model = std::move(*loaded);
+  }
+};
+
+Fixture& fixture() {
+  static Fixture f;
+  return f;
+}
+
+// Dequantised main/index entries of KV source `l` from a C++ state.
+std::vector<float> cache_values(arch::SequenceState& state, const ModelConfig& c, int32_t l,
+                                bool main) {
+  std::vector<float> out;
+  const int64_t dim = main ? c.head_dim : c.index_head_dim;
+  std::vector<float> row(static_cast<size_t>(dim));
+  for (int64_t j = 0; j < state.num_global_entries(l); ++j) {
+    if (main) {
+      auto b = state.main_entry(l, j);
+      dequantize_fp4_block16_e4m3scale(b.first(dim / 2), b.subspan(dim / 2), row);
+    } else {
+      auto b = state.index_key(l, j);
+      dequantize_fp4_block32_ue8m0(b.first(dim / 2), b.subspan(dim / 2), row);
+    }
+    out.insert(out.end(), row.begin(), row.end());
+  }
+  return out;
+}
+
+void check_against_oracle(ForwardMode mode, int32_t n, uint32_t seed,
+                          std::vector<int32_t> image_pos = {}) {
+  Fixture& f = fixture();
+  const ModelConfig& c = f.model->config();
+  const std::vector<int32_t> ids = test_prompt(n, seed, c.vocab_size);
+  std::vector<std::string> args = {"--layers", "--mode",
+                                   mode == ForwardMode::kOracle ? "oracle" : "production"};
+  std::vector<uint8_t> image(ids.size(), 0);
+  if (!image_pos.empty()) {
+    args.push_back("--image-pos");
+    args.push_back(fmt::format("{}", fmt::join(image_pos, ",")));
+    for (int32_t p : image_pos) image[static_cast<size_t>(p)] = 1;
+  }
+  const OracleDump ref = run_oracle(tiny_model_dir(), ids, args);
+
+  auto state = f.model->new_state();
+  ForwardTrace trace;
+  SequenceInput in;
+  in.state = state.get();
+  in.tokens = ids;
+  if (!image_pos.empty()) in.is_image = image;
+  in.logits = LogitsRows::kAll;
+  in.trace = &trace;
+  auto out = f.model->forward({&in, 1}, mode);
+  ASSERT_TRUE(out.has_value()) << out.error().to_string();
+
+  for (const auto& el : c.engram_layers) {
+    const auto want = ref.i64(fmt::format("engram_ids.{}", el.layer_id));
+    EXPECT_EQ(trace.engram_ids.at(el.layer_id), want) << "engram ids of layer " << el.layer_id;
+  }
+  int32_t first_bad = -1;
+  for (int32_t l = 0; l < c.num_hidden_layers; ++l) {
+    const auto pos = ref.i64(fmt::format("layer_rows.{}", l));
+    const auto& got_pos = trace.layer_positions.at(l);
+    ASSERT_EQ(std::vector<int64_t>(got_pos.begin(), got_pos.end()), pos) << "rows of layer " << l;
+    const double ra = rel_diff(trace.attn_in.at(l), ref.f64(fmt::format("attn_in.{}", l)));
+    const double ro = rel_diff(trace.layer_out.at(l), ref.f64(fmt::format("layer_out.{}", l)));
+    const auto want_exp = ref.i64(fmt::format("experts.{}", l));
+    const auto& got_exp = trace.experts.at(l);
+    int64_t exp_bad = 0;
+    for (size_t i = 0; i < want_exp.size() && i < got_exp.size(); ++i)
+      exp_bad += want_exp[i] != got_exp[i];
+    std::printf("layer %2d: attn_in rel %.3g  layer_out rel %.3g  expert mismatches %ld\n", l, ra,
+                ro, static_cast<long>(exp_bad));
+    if (first_bad < 0 && (ra > 1e-5 || ro > 1e-5 || exp_bad > 0)) first_bad = l;
+  }
+  EXPECT_EQ(first_bad, -1) << "first layer off the oracle";
+  for (int32_t l : c.kv_source_layer_ids) {
+    const double rm = rel_diff(cache_values(*state, c, l, true), ref.f64(fmt::format("cache.{}.main", l)));
+    const double ri = rel_diff(cache_values(*state, c, l, false), ref.f64(fmt::format("cache.{}.idxk", l)));
+    std::printf("cache %d: main rel %.3g idxk rel %.3g\n", l, rm, ri);
+    EXPECT_LE(rm, 1e-5) << "main cache of layer " << l;
+    EXPECT_LE(ri, 1e-5) << "index keys of layer " << l;
+  }
+  const auto rows = ref.i64("rows");
+  ASSERT_EQ(out->front().logit_positions.size(), rows.size());
+  const LogitCompare cmp = compare_logits(out->front().logits, ref.f64("logits"),
+                                          static_cast<int64_t>(rows.size()), c.vocab_size);
+  std::printf("logits (%s, %d tokens): max|diff| %.3g  max|ref| %.3g  rel %.3g  argmax mismatches %ld/%ld\n",
+              mode == ForwardMode::kOracle ? "oracle" : "production", n, cmp.max_abs_diff,
+              cmp.max_abs_ref, cmp.rel, static_cast<long>(cmp.argmax_mismatches),
+              static_cast<long>(cmp.rows));
+  EXPECT_LE(cmp.rel, kLogitTol);
+  EXPECT_EQ(cmp.argmax_mismatches, 0);
+}
+
+TEST(ForwardOracle, OracleMode90Tokens) { check_against_oracle(ForwardMode::kOracle, 90, 1); }
+
+TEST(ForwardOracle, ProductionMode90Tokens) {
+  check_against_oracle(ForwardMode::kProduction, 90, 2);
+}
+
+TEST(ForwardOracle, OracleModeWithImageTokens) {
+  check_against_oracle(ForwardMode::kOracle, 84, 3, {5, 6, 40});
+}
+
+}  // namespace
+}  // namespace moeserve::test
