@@ -4,7 +4,9 @@
 // measured in the same run (a 2 GiB device-to-device copy; cuBLASLt 8192^3 products on random
 // data). Writes <out_dir>/cuda_ops_bench.{md,json} and prints the table. Not a test: a device tool.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -84,6 +86,256 @@ std::string dims(std::initializer_list<int64_t> d) {
     s.append(std::to_string(v));
   }
   return s;
+}
+
+// Round 2: the V4.1 attention-side ops (kernels.h), decode (1-64 rows) and prefill (4096) shapes.
+void run_v41_ops(Bench& b, std::vector<Result>& results) {
+  auto* stream = b.stream();
+  const auto positions = [&](int64_t n, int32_t first) {
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = first + static_cast<int32_t>(i);
+    auto v = b.buffer(DType::kI32, {n}, 0, 0);
+    b.backend().copy_from_host(v, TensorView(pos.data(), DType::kI32, {n}));
+    return v;
+  };
+  std::vector<double> fr(32);
+  for (int i = 0; i < 32; ++i) fr[static_cast<size_t>(i)] = std::pow(1.6e5, -2.0 * i / 64);
+  auto freqs = b.buffer(DType::kI64, {32}, 0, 0);
+  b.backend().copy_from_host(freqs, TensorView(fr.data(), DType::kI64, {32}));
+  const double* f = static_cast<const double*>(freqs.data());
+  for (int64_t t : {64, 4096}) {
+    auto q = b.buffer(DType::kF32, {t, 64, 512});
+    auto pos = positions(t, 100000);
+    results.push_back(b.run("rope (q, 64 heads, rd 64)", dims({t, 64, 64}), 2.0 * 4 * t * 64 * 64,
+                            0, Rate::kNone, [&](int) {
+                              cuda::launch_rope({q.data_as<float>(), t, 64 * 512, 64, 512, 512, 64,
+                                                 pos.data_as<int32_t>(), f, false},
+                                                stream);
+                            }));
+    auto g = b.buffer(DType::kF32, {t, 2304}, -12, 12);
+    auto u = b.buffer(DType::kF32, {t, 2304}, -12, 12);
+    auto o = b.buffer(DType::kF32, {t, 2304});
+    results.push_back(
+        b.run("swiglu clamped", dims({t, 2304}), 12.0 * t * 2304, 0, Rate::kNone, [&](int) {
+          cuda::launch_swiglu_clamped({g.data_as<float>(), 2304, u.data_as<float>(), 2304,
+                                       o.data_as<float>(), 2304, t, 2304, 10.0f, nullptr},
+                                      stream);
+        }));
+    b.release();
+  }
+  for (int64_t t : {1, 64, 4096}) {
+    const int64_t d = 5120;
+    auto x = b.buffer(DType::kF32, {t, 4 * d});
+    auto fn = b.buffer(DType::kF32, {24, 4 * d}, -0.01f, 0.01f);
+    auto base = b.buffer(DType::kF32, {24});
+    auto scale = b.buffer(DType::kF32, {3});
+    auto pre = b.buffer(DType::kF32, {t, 4});
+    auto post = b.buffer(DType::kF32, {t, 4});
+    auto comb = b.buffer(DType::kF32, {t, 16});
+    auto scratch = b.buffer(DType::kF32, {cuda::hc_mixes_scratch_floats(t, 4, d)});
+    auto y = b.buffer(DType::kF32, {t, d});
+    results.push_back(
+        b.run("hc mixes (+sinkhorn)", dims({t, 24, 4 * d}), 4.0 * (t * 4 * d + 24 * 4 * d),
+              2.0 * t * 24 * 4 * d, Rate::kF32, [&](int) {
+                cuda::launch_hc_mixes(
+                    {x.data_as<float>(), 4 * d, t, 4, d, fn.data_as<float>(), base.data_as<float>(),
+                     scale.data_as<float>(), 1e-20f, 1e-6f, 20, pre.data_as<float>(),
+                     post.data_as<float>(), comb.data_as<float>(), scratch.data_as<float>()},
+                    stream);
+              }));
+    results.push_back(
+        b.run("hc collapse", dims({t, 4, d}), 4.0 * 5 * t * d, 0, Rate::kNone, [&](int) {
+          cuda::launch_hc_collapse(
+              {x.data_as<float>(), t, 4, d, pre.data_as<float>(), y.data_as<float>()}, stream);
+        }));
+    results.push_back(
+        b.run("hc expand (in place)", dims({t, 4, d}), 4.0 * 9 * t * d, 0, Rate::kNone, [&](int) {
+          cuda::launch_hc_expand({x.data_as<float>(), y.data_as<float>(), t, 4, d,
+                                  post.data_as<float>(), comb.data_as<float>()},
+                                 stream);
+        }));
+    b.release();
+  }
+  for (int64_t t : {1, 4096}) {
+    auto kv = b.buffer(DType::kF32, {t, 512});
+    auto pos = positions(t, 7);
+    auto ring = b.buffer(DType::kU8, {128 * 528}, 0, 0);
+    auto cache = b.buffer(DType::kU8, {t * 288}, 0, 0);
+    auto idx = b.buffer(DType::kU8, {t * 68}, 0, 0);
+    auto kvi = b.buffer(DType::kF32, {t, 128});
+    const int64_t written = std::min<int64_t>(t, 128);
+    results.push_back(b.run("swa ring write fp8", dims({t, 512}), 2048.0 * t + 528.0 * written, 0,
+                            Rate::kNone, [&](int) {
+                              cuda::launch_swa_write_fp8(
+                                  {kv.data_as<float>(), 512, t, 512, pos.data_as<int32_t>(),
+                                   ring.data_as<uint8_t>(), 128},
+                                  stream);
+                            }));
+    results.push_back(
+        b.run("fp4 main entry write", dims({t, 512}), (2048.0 + 288) * t, 0, Rate::kNone, [&](int) {
+          cuda::launch_fp4_cache_write(
+              {kv.data_as<float>(), 512, t, 512, cuda::Fp4Record::kMainBlock16E4m3,
+               cache.data_as<uint8_t>(), 0},
+              stream);
+        }));
+    results.push_back(
+        b.run("fp4 index key write", dims({t, 128}), (512.0 + 68) * t, 0, Rate::kNone, [&](int) {
+          cuda::launch_fp4_cache_write(
+              {kvi.data_as<float>(), 128, t, 128, cuda::Fp4Record::kIndexBlock32Ue8m0,
+               idx.data_as<uint8_t>(), 0},
+              stream);
+        }));
+    auto gate = b.buffer(DType::kF32, {t, 512});
+    auto skv = b.buffer(DType::kF32, {512});
+    auto sg = b.buffer(DType::kF32, {512});
+    auto nw = b.buffer(DType::kF32, {512});
+    auto lat = b.buffer(DType::kF32, {t, 512});
+    results.push_back(b.run(
+        "compressor ratio 2", dims({t, 512}), 4.0 * 512 * (2.5 * t + 1), 0, Rate::kNone, [&](int) {
+          cuda::launch_compressor(
+              {kv.data_as<float>(), gate.data_as<float>(), 512, t, 512, 2, 0, skv.data_as<float>(),
+               sg.data_as<float>(), nw.data_as<float>(), 1e-20f, lat.data_as<float>()},
+              stream);
+        }));
+    b.release();
+  }
+  // Indexer: decode over 64K / 512K keys (ratio 1), 64 rows over 16K keys.
+  struct IdxCase {
+    int64_t t, n;
+  };
+  for (IdxCase c : {IdxCase{1, 65536}, IdxCase{1, 524288}, IdxCase{64, 16384}}) {
+    auto q = b.buffer(DType::kF32, {c.t, 32, 128});
+    auto w = b.buffer(DType::kF32, {c.t, 32});
+    auto keys = b.buffer(DType::kU8, {c.n * 68}, 100, 140);
+    auto pos = positions(c.t, static_cast<int32_t>(c.n));
+    auto s = b.buffer(DType::kF32, {c.t, c.n});
+    results.push_back(b.run(
+        "indexer scores (fp4 keys)", dims({c.t, c.n, 32, 128}), 68.0 * c.n + 4.0 * c.t * c.n,
+        2.0 * c.t * c.n * 32 * 128, Rate::kF32, [&](int) {
+          cuda::launch_indexer_scores(
+              {q.data_as<float>(), w.data_as<float>(), c.t, 32, 128, keys.data_as<uint8_t>(), c.n,
+               pos.data_as<int32_t>(), 1, nullptr, 0, 0.0883883f, s.data_as<float>(), c.n},
+              stream);
+        }));
+    b.release();
+  }
+  // Top-k (same shapes as tools/device/topk_torch.py).
+  struct TopkCase {
+    int64_t rows, n;
+    int k;
+  };
+  for (TopkCase c : {TopkCase{1, 65536, 512}, TopkCase{1, 1048576, 512}, TopkCase{64, 16384, 512},
+                     TopkCase{4096, 4096, 512}, TopkCase{1, 131072, 2048}}) {
+    auto s = b.buffer(DType::kF32, {c.rows, c.n}, -10, 10);
+    auto idx = b.buffer(DType::kI32, {c.rows, c.k}, 0, 0);
+    auto val = b.buffer(DType::kF32, {c.rows, c.k});
+    auto scratch =
+        b.buffer(DType::kU8, {static_cast<int64_t>(cuda::topk_scratch_bytes(c.rows, c.n))}, 0, 0);
+    results.push_back(b.run("topk k=" + std::to_string(c.k), dims({c.rows, c.n}),
+                            4.0 * c.rows * c.n, 0, Rate::kNone, [&](int) {
+                              cuda::launch_topk({s.data_as<float>(), c.rows, c.n, c.n, c.k,
+                                                 idx.data_as<int32_t>(), val.data_as<float>(),
+                                                 nullptr, scratch.data()},
+                                                stream);
+                            }));
+    b.release();
+  }
+  // Sparse attention: 128 SWA + 512 global keys per query.
+  for (int64_t t : {1, 64, 512}) {
+    auto q = b.buffer(DType::kF32, {t, 64, 512});
+    auto ring = b.buffer(DType::kU8, {128 * 528}, 100, 140);
+    auto glob = b.buffer(DType::kU8, {65536 * 288}, 100, 140);
+    std::vector<int32_t> gi(static_cast<size_t>(t * 512));
+    for (size_t i = 0; i < gi.size(); ++i) gi[i] = static_cast<int32_t>((i * 2654435761u) % 65536);
+    auto gidx = b.buffer(DType::kI32, {t, 512}, 0, 0);
+    b.backend().copy_from_host(gidx, TensorView(gi.data(), DType::kI32, {t, 512}));
+    auto sink = b.buffer(DType::kF32, {64});
+    auto pos = positions(t, 100000);
+    auto o = b.buffer(DType::kF32, {t, 64, 512});
+    cuda::SparseAttentionParams p;
+    p.q = q.data_as<float>();
+    p.rows = t;
+    p.swa = ring.data_as<uint8_t>();
+    p.glob = glob.data_as<uint8_t>();
+    p.glob_idx = gidx.data_as<int32_t>();
+    p.glob_k = 512;
+    p.sink = sink.data_as<float>();
+    p.pos = pos.data_as<int32_t>();
+    p.freqs = f;
+    p.out = o.data_as<float>();
+    results.push_back(b.run("sparse attention 128+512", dims({t, 64, 640, 512}),
+                            t * (128.0 * 528 + 512.0 * 288 + 2.0 * 4 * 64 * 512),
+                            4.0 * t * 64 * 640 * 512, Rate::kF32,
+                            [&](int) { cuda::launch_sparse_attention(p, stream); }));
+    b.release();
+  }
+  // Engram: 48 rows per token from pinned host memory (PCIe-bound: the HBM floor does not apply).
+  {
+    const int64_t rows = 1 << 22, t = 512, n = t * 48;
+    cuda::PinnedHostBuffer codes = cuda::allocate_pinned_host(rows * 256, true);
+    cuda::PinnedHostBuffer scales = cuda::allocate_pinned_host(rows * 8, true);
+    std::memset(codes.host, 0x35, rows * 256);
+    std::memset(scales.host, 127, rows * 8);
+    std::printf("engram table memory: %s, granule %zu B\n",
+                codes.cumem ? "cuMem HOST" : "cudaHostAlloc", codes.granule);
+    std::vector<int64_t> ids(static_cast<size_t>(n));
+    for (size_t i = 0; i < ids.size(); ++i)
+      ids[i] = static_cast<int64_t>((i * 2654435761ull) % rows);
+    auto dids = b.buffer(DType::kI64, {n}, 0, 0);
+    b.backend().copy_from_host(dids, TensorView(ids.data(), DType::kI64, {n}));
+    auto oc = b.buffer(DType::kU8, {n * 256}, 0, 0);
+    auto os = b.buffer(DType::kU8, {n * 8}, 0, 0);
+    auto e = b.buffer(DType::kF32, {n, 256});
+    results.push_back(
+        b.run(std::string("engram gather (host, ") + (codes.cumem ? "cuMem)" : "pinned)"),
+              dims({t, 48, 264}), 264.0 * n, 0, Rate::kNone, [&](int) {
+                cuda::launch_engram_gather(
+                    {static_cast<const uint8_t*>(codes.device),
+                     static_cast<const uint8_t*>(scales.device), 256, dids.data_as<int64_t>(), n,
+                     oc.data_as<uint8_t>(), os.data_as<uint8_t>()},
+                    stream);
+              }));
+    results.push_back(
+        b.run("engram dequant", dims({n, 256}), (264.0 + 1024) * n, 0, Rate::kNone, [&](int) {
+          cuda::launch_engram_dequant(
+              {oc.data_as<uint8_t>(), os.data_as<uint8_t>(), 256, n, e.data_as<float>()}, stream);
+        }));
+    b.release();
+    cuda::free_pinned_host(codes);
+    cuda::free_pinned_host(scales);
+    const int64_t d = 5120, tg = 64;
+    auto x = b.buffer(DType::kF32, {tg, 4, d});
+    auto kv = b.buffer(DType::kF32, {tg, 5 * d});
+    auto wp = b.buffer(DType::kF32, {4, d});
+    results.push_back(b.run("engram gate", dims({tg, 4, d}), 4.0 * tg * (4 * d * 3 + d) + 16.0 * d,
+                            0, Rate::kNone, [&](int) {
+                              cuda::launch_engram_gate(
+                                  {x.data_as<float>(), kv.data_as<float>(), 5 * d,
+                                   kv.data_as<float>() + 4 * d, 5 * d, wp.data_as<float>(), nullptr,
+                                   tg, 4, d, 1e-20f, nullptr},
+                                  stream);
+                            }));
+    b.release();
+  }
+  // Sampling (top-k 50, top-p 0.9) over the vocabulary.
+  for (int64_t rows : {1, 64}) {
+    const int64_t v = 129280;
+    auto l = b.buffer(DType::kF32, {rows, v}, -10, 10);
+    std::vector<uint64_t> sd(static_cast<size_t>(rows), 42);
+    auto seeds = b.buffer(DType::kI64, {rows}, 0, 0);
+    b.backend().copy_from_host(seeds, TensorView(sd.data(), DType::kI64, {rows}));
+    auto out = b.buffer(DType::kI32, {rows}, 0, 0);
+    auto scratch =
+        b.buffer(DType::kU8, {static_cast<int64_t>(cuda::sample_scratch_bytes(rows, v, 50))}, 0, 0);
+    results.push_back(b.run(
+        "sample top-k 50 top-p 0.9", dims({rows, v}), 4.0 * rows * v, 0, Rate::kNone, [&](int) {
+          cuda::launch_sample(
+              {l.data_as<float>(), rows, v, v, 1.0f, 50, 0.9f,
+               static_cast<const uint64_t*>(seeds.data()), out.data_as<int32_t>(), scratch.data()},
+              stream);
+        }));
+    b.release();
+  }
 }
 
 int run_bench(const std::string& out_dir) {
@@ -219,6 +471,8 @@ int run_bench(const std::string& out_dir) {
         }));
     b.release();
   }
+
+  run_v41_ops(b, results);
 
   // Table.
   std::string md = fmt::format(

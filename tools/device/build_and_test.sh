@@ -4,7 +4,7 @@
 # tests and the op benchmark, and writes logs + JSON into OUT_DIR. See docs/device.md.
 #
 #   usage: tools/device/build_and_test.sh OUT_DIR
-#   env:   STEPS (default "env unpack gtest configure build test bench"), JOBS (default nproc)
+#   env:   STEPS (default "env unpack gtest configure build test bench torch"), JOBS (default nproc)
 #
 # Everything is compiled on the device with its own compiler (googletest too); from the sysroot
 # only headers and C libraries are used (fmt and spdlog header-only), so no C++ ABI crosses
@@ -17,7 +17,7 @@ root=$(pwd)
 sysroot="$root/.device/sysroot"
 build="$root/build/cuda-release"
 jobs=${JOBS:-$(nproc)}
-steps=${STEPS:-env unpack gtest configure build test bench}
+steps=${STEPS:-env unpack gtest configure build test bench torch}
 log="$out/build_and_test.log"
 exec > >(tee -a "$log") 2>&1
 
@@ -96,25 +96,35 @@ step_build() {
   cmake --build "$build" -j "$jobs" -- -k 0
   local status=$?
   # The targets this script needs, once more, so their errors end the log.
-  cmake --build "$build" -j "$jobs" --target cuda_ops backend_ops cuda_ops_bench || status=$?
+  cmake --build "$build" -j "$jobs" --target cuda_ops cuda_v41_ops backend_ops cuda_ops_bench || status=$?
   return $status
 }
 
 step_test() {
   local status=0
   "$build/tests/backend_ops/cuda_ops" --gtest_output="json:$out/cuda_ops.json" || status=$?
+  "$build/tests/backend_ops/cuda_v41_ops" --gtest_output="json:$out/cuda_v41_ops.json" || status=$?
   "$build/tests/backend_ops/backend_ops" --gtest_output="json:$out/backend_ops.json" || status=$?
   ctest --test-dir "$build" -L gpu --output-on-failure || status=$?
   if command -v compute-sanitizer >/dev/null; then
     timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/backend_ops/cuda_ops" \
-      --gtest_filter='*7x100x160*:*r3_c1001*:*r2_c7*:*t1_h64*:*Ties*' >"$out/memcheck.log" 2>&1 || status=$?
-    tail -5 "$out/memcheck.log"
+      --gtest_filter='*7x100x160*:*r3_c1001*:*r2_c7*:*t1_h64*:*Ties*' >/tmp/memcheck.log 2>&1 || status=$?
+    tail -5 /tmp/memcheck.log
+    # The round-2 ops except the large top-k / sampling cases (memcheck is slow on them).
+    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/backend_ops/cuda_v41_ops" \
+      --gtest_filter='CudaV41.*:-*Topk*:*Sampling*:*CandidateBlocks*' >>/tmp/memcheck.log 2>&1 || status=$?
+    tail -5 /tmp/memcheck.log
   fi
   return $status
 }
 
 step_bench() {
   "$build/tests/backend_ops/cuda_ops_bench" "$out"
+}
+
+# torch.topk on the bench's top-k shapes (the device image has PyTorch), for comparison.
+step_torch() {
+  python3 tools/device/topk_torch.py "$out"
 }
 
 for s in $steps; do run_step "$s" "step_$s"; done

@@ -134,6 +134,284 @@ struct ArgmaxParams {
 };
 void launch_argmax_rows(const ArgmaxParams& p, Stream stream);
 
+// ---- V4.1 attention-side ops (round 2; CPU references in backend/cpu/v41_ops.h) -------------
+// fp32 activations; cache records as in v41_ops.h (SWA 528 B, main 288 B, index key 68 B).
+
+// RoPE in place on x[r, h, head_dim - rd ..): pairs (2i, 2i+1) rotated by pos[r] * freqs[i]
+// (angles and sin/cos in double; freqs: device doubles [rd/2] from cpu::rope_frequencies).
+struct RopeParams {
+  float* x = nullptr;
+  int64_t rows = 0;
+  int64_t row_stride = 0;
+  int heads = 1;
+  int64_t head_stride = 0;
+  int head_dim = 0;
+  int rd = 64;
+  const int32_t* pos = nullptr;
+  const double* freqs = nullptr;
+  bool inverse = false;
+};
+void launch_rope(const RopeParams& p, Stream stream);
+
+// out = silu(min(g, limit)) * clamp(u, +-limit) * (row_weight ? row_weight[r] : 1).
+struct SwigluParams {
+  const float* gate = nullptr;
+  int64_t ld_gate = 0;
+  const float* up = nullptr;
+  int64_t ld_up = 0;
+  float* out = nullptr;
+  int64_t ld_out = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  float limit = 10.0f;
+  const float* row_weight = nullptr;
+};
+void launch_swiglu_clamped(const SwigluParams& p, Stream stream);
+
+// mHC mixes (model.md §3): x [rows, hc*dim] (pitch ldx), fn [(2+hc)*hc, hc*dim], base, scale [3]
+// -> pre [rows,hc], post [rows,hc], comb [rows,hc,hc]. hc <= 4. scratch: hc_mixes_scratch_floats.
+struct HcMixesParams {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  int64_t rows = 0;
+  int hc = 4;
+  int64_t dim = 0;
+  const float* fn = nullptr;
+  const float* base = nullptr;
+  const float* scale = nullptr;
+  float rms_eps = 1e-20f;
+  float hc_eps = 1e-6f;
+  int sinkhorn_iters = 20;
+  float* pre = nullptr;
+  float* post = nullptr;
+  float* comb = nullptr;
+  float* scratch = nullptr;
+};
+[[nodiscard]] int64_t hc_mixes_scratch_floats(int64_t rows, int hc, int64_t dim);
+void launch_hc_mixes(const HcMixesParams& p, Stream stream);
+
+// out[r,:] = Σ_k pre[r,k] x[r,k,:]  (x [rows, hc, dim]).
+struct HcCollapseParams {
+  const float* x = nullptr;
+  int64_t rows = 0;
+  int hc = 4;
+  int64_t dim = 0;
+  const float* pre = nullptr;
+  float* out = nullptr;
+};
+void launch_hc_collapse(const HcCollapseParams& p, Stream stream);
+
+// In place: x'[r,k,:] = post[r,k] y[r,:] + Σ_j comb[r,j,k] x[r,j,:].
+struct HcExpandParams {
+  float* x = nullptr;
+  const float* y = nullptr;
+  int64_t rows = 0;
+  int hc = 4;
+  int64_t dim = 0;
+  const float* post = nullptr;
+  const float* comb = nullptr;
+};
+void launch_hc_expand(const HcExpandParams& p, Stream stream);
+
+// SWA ring write: ring[pos[r] % ring_size] = FP8 record (block-32 pow2 ue8m0) of kv[r, :dim];
+// rows overwritten later in the same call are skipped (positions increasing). dim % 32 == 0.
+struct SwaWriteParams {
+  const float* kv = nullptr;
+  int64_t ld_kv = 0;
+  int64_t rows = 0;
+  int dim = 512;
+  const int32_t* pos = nullptr;
+  uint8_t* ring = nullptr;
+  int ring_size = 128;
+};
+void launch_swa_write_fp8(const SwaWriteParams& p, Stream stream);
+
+enum class Fp4Record : uint8_t { kMainBlock16E4m3, kIndexBlock32Ue8m0 };
+// cache[first_entry + r] = FP4 record of x[r, :dim] (main: block 16 e4m3 scales, 288 B at 512;
+// index key: block 32 ue8m0, 68 B at 128).
+struct Fp4CacheWriteParams {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  int64_t rows = 0;
+  int dim = 512;
+  Fp4Record format = Fp4Record::kMainBlock16E4m3;
+  uint8_t* cache = nullptr;
+  int64_t first_entry = 0;
+};
+void launch_fp4_cache_write(const Fp4CacheWriteParams& p, Stream stream);
+
+// Compressor (model.md §2.3) for rows at consecutive positions [start_pos, start_pos + rows):
+// out [compressor_groups, dim] = norm(bf16(gated pool over each completed group of `ratio`)),
+// partial groups carried in state_kv/state_gate [ratio-1, dim] (slot = pos % ratio). gate is
+// unused for ratio 1. dim <= 1024.
+struct CompressorParams {
+  const float* kv = nullptr;
+  const float* gate = nullptr;
+  int64_t ld = 0;
+  int64_t rows = 0;
+  int dim = 512;
+  int ratio = 2;
+  int64_t start_pos = 0;
+  float* state_kv = nullptr;
+  float* state_gate = nullptr;
+  const float* norm_weight = nullptr;
+  float eps = 1e-20f;
+  float* out = nullptr;
+};
+void launch_compressor(const CompressorParams& p, Stream stream);
+
+// Indexer scores (model.md §2.4) over FP4 index-key records; see cpu::indexer_scores.
+// heads <= 64, head_dim == 128.
+struct IndexerScoreParams {
+  const float* q = nullptr;  // [rows, heads, head_dim]
+  const float* w = nullptr;  // [rows, heads]
+  int64_t rows = 0;
+  int heads = 32;
+  int head_dim = 128;
+  const uint8_t* keys = nullptr;
+  int64_t n_keys = 0;
+  const int32_t* pos = nullptr;
+  int ratio = 1;
+  const int32_t* candidates = nullptr;  // [rows, n_cand] or null
+  int64_t n_cand = 0;
+  float scale = 0.08838834764831845f;  // 128^-0.5
+  float* scores = nullptr;
+  int64_t ld = 0;
+};
+void launch_indexer_scores(const IndexerScoreParams& p, Stream stream);
+
+// Exact row top-k (k <= 2048; -inf dropped; sorted by score desc, ties -> lower index; -1 / -inf
+// padding): a histogram threshold on the top 12 bits over the whole GPU, compaction of the
+// entries at or above it, then a per-row 64-bit radix select on (score, ~index) and a bitonic sort.
+struct TopkParams {
+  const float* scores = nullptr;
+  int64_t rows = 0;
+  int64_t n = 0;
+  int64_t ld = 0;
+  int k = 512;
+  int32_t* out_idx = nullptr;
+  float* out_val = nullptr;      // nullable
+  int32_t* out_count = nullptr;  // nullable
+  void* scratch = nullptr;       // topk_scratch_bytes
+};
+[[nodiscard]] size_t topk_scratch_bytes(int64_t rows, int64_t n);
+void launch_topk(const TopkParams& p, Stream stream);
+
+// Candidate-source block scores: see cpu::block_max_scores; out [rows, ceil(n/block)].
+struct BlockMaxParams {
+  const float* scores = nullptr;
+  int64_t rows = 0;
+  int64_t n = 0;
+  int64_t ld = 0;
+  int block = 8;
+  const int32_t* pos = nullptr;
+  int ratio = 1;
+  float* out = nullptr;
+};
+void launch_block_max_scores(const BlockMaxParams& p, Stream stream);
+// cand[t, i*block + e] = block_ids[t,i]*block + e (or -1): see cpu::blocks_to_candidates.
+struct BlocksToCandidatesParams {
+  const int32_t* block_ids = nullptr;
+  int64_t rows = 0;
+  int kb = 0;
+  int block = 8;
+  int64_t n_keys = 0;
+  int32_t* cand = nullptr;
+};
+void launch_blocks_to_candidates(const BlocksToCandidatesParams& p, Stream stream);
+
+// Sparse attention (model.md §2.5): see cpu::sparse_attention. head_dim == 512, heads % 16 == 0.
+// swa_idx null: the decode window (cpu::swa_window_indices with swa_window, ring_size, swa_floor).
+struct SparseAttentionParams {
+  const float* q = nullptr;  // [rows, heads, head_dim]
+  int64_t rows = 0;
+  int heads = 64;
+  int head_dim = 512;
+  const uint8_t* swa = nullptr;
+  const int32_t* swa_idx = nullptr;
+  int swa_k = 128;
+  int ring_size = 128;
+  int64_t swa_floor = 0;
+  const uint8_t* glob = nullptr;
+  const int32_t* glob_idx = nullptr;
+  int glob_k = 0;
+  const float* sink = nullptr;
+  float scale = 0.04419417382415922f;  // 512^-0.5
+  const int32_t* pos = nullptr;
+  const double* freqs = nullptr;  // null: no inverse RoPE
+  int rd = 64;
+  float* out = nullptr;
+};
+void launch_sparse_attention(const SparseAttentionParams& p, Stream stream);
+
+// Host memory the GPU reads directly (Engram tables): cuMem host allocation with 2 MB granules
+// mapped into the device's address space when the driver offers it, else cudaHostAlloc(mapped).
+struct PinnedHostBuffer {
+  void* host = nullptr;    // CPU address
+  void* device = nullptr;  // the same memory as the GPU addresses it
+  size_t bytes = 0;
+  bool cumem = false;  // true: cuMemCreate(HOST) path (granule below)
+  size_t granule = 0;
+  uint64_t handle = 0;
+};
+[[nodiscard]] PinnedHostBuffer allocate_pinned_host(size_t bytes, bool try_cumem);
+void free_pinned_host(PinnedHostBuffer& b);
+
+// Engram row gather (prefetch): out_codes[i] = codes[ids[i]] (dim bytes), out_scales[i] =
+// scales[ids[i]] (dim/32 bytes), codes/scales device-visible (PinnedHostBuffer::device), 16-byte
+// reads over the bus. dim % 16 == 0.
+struct EngramGatherParams {
+  const uint8_t* codes = nullptr;
+  const uint8_t* scales = nullptr;
+  int dim = 256;
+  const int64_t* ids = nullptr;  // device
+  int64_t n = 0;
+  uint8_t* out_codes = nullptr;
+  uint8_t* out_scales = nullptr;
+};
+void launch_engram_gather(const EngramGatherParams& p, Stream stream);
+// e[i, :] = e4m3 codes[i] * ue8m0 scales[i, c/32] (the gathered rows, device).
+struct EngramDequantParams {
+  const uint8_t* codes = nullptr;
+  const uint8_t* scales = nullptr;
+  int dim = 256;
+  int64_t n = 0;
+  float* out = nullptr;
+};
+void launch_engram_dequant(const EngramDequantParams& p, Stream stream);
+// The gate of model.md §4; see cpu::engram_gate.
+struct EngramGateParams {
+  float* x = nullptr;
+  const float* key = nullptr;
+  int64_t ld_key = 0;
+  const float* val = nullptr;
+  int64_t ld_val = 0;
+  const float* wprod = nullptr;
+  const uint8_t* is_image = nullptr;
+  int64_t rows = 0;
+  int hc = 4;
+  int64_t dim = 0;
+  float eps = 1e-20f;
+  float* gate_out = nullptr;
+};
+void launch_engram_gate(const EngramGateParams& p, Stream stream);
+
+// Top-k / top-p sampling (cpu::sample_rows), deterministic per row seed. seeds: device [rows].
+struct SampleParams {
+  const float* logits = nullptr;
+  int64_t rows = 0;
+  int64_t vocab = 0;
+  int64_t ld = 0;
+  float temperature = 1.0f;
+  int top_k = 50;
+  float top_p = 1.0f;
+  const uint64_t* seeds = nullptr;
+  int32_t* out = nullptr;
+  void* scratch = nullptr;  // sample_scratch_bytes
+};
+[[nodiscard]] size_t sample_scratch_bytes(int64_t rows, int64_t vocab, int top_k);
+void launch_sample(const SampleParams& p, Stream stream);
+
 // ---- test and benchmark data ----------------------------------------------------------------
 
 // Fills device memory with deterministic pseudo-random values from `seed` (never all zeros):

@@ -1,0 +1,84 @@
+// Device-side encoders/decoders of common/numeric.h and the block-quantisation rules of
+// common/fake_quant.h, bit-exact with the host versions (tests/backend_ops/cuda_v41_ops_test.cpp
+// compares the cache records byte for byte). Include only from src/backend/cuda/*.cu.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+namespace moeserve::cuda::v41 {
+
+__device__ __forceinline__ float e4m3_decode(uint32_t code) {
+  const uint32_t sign = (code & 0x80u) << 24;
+  const uint32_t exp = (code >> 3) & 0xFu;
+  const uint32_t man = code & 0x7u;
+  if (exp == 0) {
+    const float mag = static_cast<float>(man) * 0x1p-9f;
+    return sign ? -mag : mag;
+  }
+  if (exp == 0xF && man == 0x7) return __uint_as_float(sign | 0x7FC00000u);
+  return __uint_as_float(sign | ((exp + 120u) << 23) | (man << 20));
+}
+
+__device__ __forceinline__ float e2m1_decode(uint32_t nibble) {
+  const uint32_t exp = (nibble >> 1) & 0x3u;
+  const uint32_t man = nibble & 0x1u;
+  const float mag = exp == 0 ? 0.5f * static_cast<float>(man)
+                             : __uint_as_float(((exp + 126u) << 23) | (man << 22));
+  return (nibble & 0x8u) ? -mag : mag;
+}
+
+__device__ __forceinline__ float ue8m0_decode(uint32_t code) {
+  if (code == 0) return __uint_as_float(0x00400000u);
+  if (code == 0xFF) return __uint_as_float(0x7FC00000u);
+  return __uint_as_float(code << 23);
+}
+
+// Saturating round-to-nearest-even e4m3 (numeric.h float_to_e4m3).
+__device__ __forceinline__ uint32_t e4m3_encode(float x) {
+  return static_cast<uint32_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+}
+
+// numeric.h float_to_e2m1: ties .25/1.25/2.5/5 down, .75/1.75/3.5 up, saturating, NaN -> +6.
+__device__ __forceinline__ uint32_t e2m1_encode(float x) {
+  const uint32_t bits = __float_as_uint(x);
+  const uint32_t abs_bits = bits & 0x7FFFFFFFu;
+  if (abs_bits > 0x7F800000u) return 0x7u;
+  const float a = __uint_as_float(abs_bits);
+  const uint32_t code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
+                        (a >= 3.5f) + (a > 5.0f);
+  return ((bits >> 28) & 0x8u) | code;
+}
+
+// numeric.h float_to_ue8m0_ceil.
+__device__ __forceinline__ uint32_t ue8m0_ceil_encode(float x) {
+  const uint32_t abs_bits = __float_as_uint(x) & 0x7FFFFFFFu;
+  if (abs_bits > 0x7F800000u) return 0xFFu;
+  const uint32_t exp = abs_bits >> 23;
+  if (exp == 0) return abs_bits > 0x00400000u ? 1u : 0u;
+  const uint32_t up = exp + ((abs_bits & 0x7FFFFFu) != 0 ? 1u : 0u);
+  return up >= 0xFFu ? 0xFEu : up;
+}
+
+// Scale codes of the three block rules (amax = max |x| of the block, NaN ignored by fmaxf).
+__device__ __forceinline__ uint32_t fp8_block_scale_code(float amax) {
+  return ue8m0_ceil_encode(__fdiv_rn(fmaxf(amax, 1e-4f), 448.0f));
+}
+__device__ __forceinline__ uint32_t fp4_e4m3_scale_code(float amax) {
+  return e4m3_encode(__fdiv_rn(fmaxf(amax, 6.0f * 0x1p-9f), 6.0f));
+}
+__device__ __forceinline__ uint32_t fp4_ue8m0_scale_code(float amax) {
+  return ue8m0_ceil_encode(__fdiv_rn(fmaxf(amax, 6.0f * 0x1p-126f), 6.0f));
+}
+
+// splitmix64 -> 24-bit uniform in [0, 1) (cpu::sample_uniform).
+__device__ __forceinline__ float sample_uniform(uint64_t seed) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * 0x1p-24f;
+}
+
+}  // namespace moeserve::cuda::v41

@@ -1,0 +1,564 @@
+// The V4.1 attention-side CUDA ops (round 2, backend/cuda/kernels.h) against their CPU references
+// (backend/cpu/v41_ops.h) on random inputs, never zeros; outputs poisoned (NaN / 0xAA bytes) first.
+// Tolerances: max|got - ref| / max|ref| unless stated; cache records and selections are exact.
+// GPU cases skip without a device; the CPU-only cases check properties of the references.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/v41_ops.h"
+#include "common/fake_quant.h"
+#include "common/numeric.h"
+
+#ifdef MOESERVE_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/kernels.h"
+#endif
+
+namespace moeserve {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+std::vector<float> rnd(int64_t n, std::mt19937& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) do
+      x = d(rng);
+    while (x == 0.0f);
+  return v;
+}
+
+double rel_err(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0.0, den = 1e-30;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isinf(ref[i]) && got[i] == ref[i]) continue;
+    if (!std::isfinite(got[i])) return kInf;
+    num = std::max(num, std::abs(static_cast<double>(got[i]) - ref[i]));
+    den = std::max(den, std::abs(static_cast<double>(ref[i])));
+  }
+  return num / den;
+}
+
+cpu::YarnParams yarn() { return {}; }
+std::vector<double> main_freqs() { return cpu::rope_frequencies(1e4, 64, nullptr); }
+std::vector<double> compress_freqs() {
+  const cpu::YarnParams y = yarn();
+  return cpu::rope_frequencies(1.6e5, 64, &y);
+}
+
+// FP8 SWA records / FP4 main entries / index keys of random latents.
+std::vector<uint8_t> swa_records(int64_t n, std::mt19937& rng) {
+  auto x = rnd(n * 512, rng, -3, 3);
+  std::vector<uint8_t> out(static_cast<size_t>(n * cpu::swa_row_bytes(512)));
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  std::iota(pos.begin(), pos.end(), 0);
+  cpu::swa_write_fp8(x.data(), 512, n, 512, pos.data(), out.data(), static_cast<int>(n));
+  return out;
+}
+std::vector<uint8_t> fp4_records(int64_t n, int dim, cpu::Fp4Record f, std::mt19937& rng) {
+  auto x = rnd(n * dim, rng, -2, 2);
+  std::vector<uint8_t> out(static_cast<size_t>(n * cpu::fp4_record_bytes(f, dim)));
+  cpu::fp4_cache_write(x.data(), dim, n, dim, f, out.data(), 0);
+  return out;
+}
+
+// ---- CPU reference properties -------------------------------------------------------------------
+
+TEST(V41OpsCpu, YarnFrequencies) {
+  const auto f = compress_freqs();
+  const auto m = main_freqs();
+  ASSERT_EQ(f.size(), 32u);
+  EXPECT_DOUBLE_EQ(f[0], 1.0);                                  // i <= low (15): unchanged
+  EXPECT_DOUBLE_EQ(f[31], std::pow(1.6e5, -62.0 / 64) / 16.0);  // i >= high (25): / 16
+  EXPECT_DOUBLE_EQ(m[31], std::pow(1e4, -62.0 / 64));
+}
+
+TEST(V41OpsCpu, RopeInverseUndoesForward) {
+  std::mt19937 rng(1);
+  auto x = rnd(3 * 4 * 128, rng, -1, 1);
+  auto y = x;
+  std::vector<int32_t> pos = {0, 77, 1048575};
+  const auto f = compress_freqs();
+  cpu::rope(y.data(), 3, 512, 4, 128, 128, 64, pos.data(), f.data(), false);
+  cpu::rope(y.data(), 3, 512, 4, 128, 128, 64, pos.data(), f.data(), true);
+  EXPECT_LE(rel_err(y, x), 1e-6);
+}
+
+TEST(V41OpsCpu, SinkhornIsDoublyStochastic) {
+  std::mt19937 rng(2);
+  const int64_t t = 2, dim = 64;
+  auto x = rnd(t * 4 * dim, rng, -1, 1), fn = rnd(24 * 4 * dim, rng, -0.1f, 0.1f);
+  auto base = rnd(24, rng, -1, 1), scale = rnd(3, rng, 0.5f, 1.5f);
+  std::vector<float> pre(8), post(8), comb(32);
+  cpu::hc_mixes(x.data(), 4 * dim, t, 4, dim, fn.data(), base.data(), scale.data(), 1e-20f, 1e-6f,
+                20, pre.data(), post.data(), comb.data());
+  for (int r = 0; r < t; ++r)
+    for (int k = 0; k < 4; ++k) {
+      double row = 0, col = 0;
+      for (int j = 0; j < 4; ++j) row += comb[r * 16 + k * 4 + j], col += comb[r * 16 + j * 4 + k];
+      EXPECT_NEAR(col, 1.0, 1e-5);
+      EXPECT_NEAR(row, 1.0, 1e-3);
+      EXPECT_GT(pre[r * 4 + k], 0.0f);
+      EXPECT_LT(post[r * 4 + k], 2.0f);
+    }
+}
+
+TEST(V41OpsCpu, CompressorChunkedEqualsOneShot) {
+  std::mt19937 rng(3);
+  const int dim = 64;
+  const int64_t n = 11;
+  auto kv = rnd(n * dim, rng, -2, 2), g = rnd(n * dim, rng, -2, 2), w = rnd(dim, rng, 0.5f, 1.5f);
+  std::vector<float> skv(dim), sg(dim);
+  std::vector<float> one(static_cast<size_t>(cpu::compressor_groups(0, n, 2) * dim));
+  cpu::compressor(kv.data(), g.data(), dim, n, dim, 2, 0, skv.data(), sg.data(), w.data(), 1e-20f,
+                  one.data());
+  std::vector<float> chunked;
+  std::vector<float> skv2(dim), sg2(dim);
+  int64_t s = 0;
+  for (int64_t len : {3, 1, 1, 4, 2}) {
+    std::vector<float> o(static_cast<size_t>(cpu::compressor_groups(s, len, 2) * dim));
+    cpu::compressor(kv.data() + s * dim, g.data() + s * dim, dim, len, dim, 2, s, skv2.data(),
+                    sg2.data(), w.data(), 1e-20f, o.data());
+    chunked.insert(chunked.end(), o.begin(), o.end());
+    s += len;
+  }
+  EXPECT_EQ(chunked, one);
+  EXPECT_EQ(one.size(), 5u * dim);
+}
+
+TEST(V41OpsCpu, SwaRecordRoundTripsFakeQuant) {
+  std::mt19937 rng(4);
+  auto x = rnd(512, rng, -5, 5);
+  std::vector<uint8_t> ring(528);
+  const int32_t pos = 0;
+  cpu::swa_write_fp8(x.data(), 512, 1, 512, &pos, ring.data(), 1);
+  std::vector<float> back(512), fq(512);
+  cpu::swa_record_to_float(ring.data(), 512, back.data());
+  fq_fp8_block32_pow2(x, fq);
+  EXPECT_EQ(back, fq);
+}
+
+TEST(V41OpsCpu, TopkTiesGoToTheLowerIndex) {
+  std::vector<float> s = {1, 3, 3, -kInf, 0, 3, 0};
+  std::vector<int32_t> idx(4), cnt(1);
+  std::vector<float> val(4);
+  cpu::topk_rows(s.data(), 1, 7, 7, 4, idx.data(), val.data(), cnt.data());
+  EXPECT_EQ(idx, (std::vector<int32_t>{1, 2, 5, 0}));
+  std::vector<int32_t> idx8(8);
+  cpu::topk_rows(s.data(), 1, 7, 7, 8, idx8.data(), nullptr, cnt.data());
+  EXPECT_EQ(cnt[0], 6);
+  EXPECT_EQ(idx8[6], -1);
+}
+
+TEST(V41OpsCpu, GreedySamplingIsArgmax) {
+  std::mt19937 rng(5);
+  auto l = rnd(1000, rng, -5, 5);
+  const uint64_t seed = 9;
+  int32_t out = -1;
+  cpu::sample_rows(l.data(), 1, 1000, 1000, 0.0f, 50, 0.9f, &seed, &out);
+  EXPECT_EQ(out, std::max_element(l.begin(), l.end()) - l.begin());
+}
+
+#ifdef MOESERVE_HAVE_CUDA
+
+class CudaV41 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible";
+    backend_ = make_cuda_backend(0);
+    stream_ = cuda_backend_stream(*backend_);
+  }
+  template <typename T>
+  T* up(const std::vector<T>& host) {
+    const int64_t bytes = static_cast<int64_t>(std::max<size_t>(host.size(), 1) * sizeof(T));
+    bufs_.push_back(backend_->allocate(DType::kU8, {bytes}));
+    if (!host.empty()) {
+      std::vector<T> copy = host;
+      backend_->copy_from_host(bufs_.back()->view(), TensorView(copy.data(), DType::kU8, {bytes}));
+    }
+    return static_cast<T*>(bufs_.back()->view().data());
+  }
+  template <typename T>
+  std::vector<T> down(const T* dev, size_t n) {
+    std::vector<T> host(n);
+    for (auto& b : bufs_)
+      if (b->view().data() == dev) {
+        backend_->copy_to_host(
+            TensorView(host.data(), DType::kU8, {static_cast<int64_t>(n * sizeof(T))}),
+            TensorView(const_cast<T*>(dev), DType::kU8, {static_cast<int64_t>(n * sizeof(T))},
+                       b->view().device()));
+      }
+    backend_->synchronize();
+    return host;
+  }
+  float* nans(size_t n) { return up(std::vector<float>(n, kNaN)); }
+  std::unique_ptr<Backend> backend_;
+  void* stream_ = nullptr;
+  std::vector<std::unique_ptr<DeviceBuffer>> bufs_;
+};
+
+// Angles in double on both sides: 1e-5.
+TEST_F(CudaV41, RopeForwardAndInverse) {
+  std::mt19937 rng(10);
+  const int64_t t = 5;
+  const int heads = 64, hd = 512;
+  auto x = rnd(t * heads * hd, rng, -2, 2);
+  std::vector<int32_t> pos = {0, 1, 127, 65537, 1048575};
+  for (bool compress : {false, true})
+    for (bool inverse : {false, true}) {
+      const auto f = compress ? compress_freqs() : main_freqs();
+      auto ref = x;
+      cpu::rope(ref.data(), t, heads * hd, heads, hd, hd, 64, pos.data(), f.data(), inverse);
+      float* dx = up(x);
+      cuda::launch_rope({dx, t, heads * hd, heads, hd, hd, 64, up(pos), up(f), inverse}, stream_);
+      EXPECT_LE(rel_err(down(dx, x.size()), ref), 1e-5) << compress << inverse;
+    }
+}
+
+TEST_F(CudaV41, SwigluClamped) {
+  std::mt19937 rng(11);
+  const int64_t t = 7, c = 2304;
+  auto g = rnd(t * c, rng, -15, 15), u = rnd(t * c, rng, -15, 15), w = rnd(t, rng, 0.1f, 2);
+  for (bool weighted : {false, true}) {
+    std::vector<float> ref(static_cast<size_t>(t * c));
+    cpu::swiglu_clamped(g.data(), c, u.data(), c, ref.data(), c, t, c, 10.0f,
+                        weighted ? w.data() : nullptr);
+    float* o = nans(ref.size());
+    cuda::launch_swiglu_clamped({up(g), c, up(u), c, o, c, t, c, 10.0f, weighted ? up(w) : nullptr},
+                                stream_);
+    EXPECT_LE(rel_err(down(o, ref.size()), ref), 1e-5);
+  }
+}
+
+// fp32 split-K dots vs double, then sigmoid/softmax/Sinkhorn in fp32: 1e-4 absolute.
+TEST_F(CudaV41, HcMixesCollapseExpand) {
+  std::mt19937 rng(12);
+  for (int64_t dim : {64, 5120})
+    for (int64_t t : {1, 3, 17}) {
+      const int hc = 4;
+      auto x = rnd(t * hc * dim, rng, -2, 2), fn = rnd(24 * hc * dim, rng, -0.02f, 0.02f);
+      auto base = rnd(24, rng, -1, 1), scale = rnd(3, rng, 0.5f, 1.5f);
+      std::vector<float> pre(t * hc), post(t * hc), comb(t * hc * hc);
+      cpu::hc_mixes(x.data(), hc * dim, t, hc, dim, fn.data(), base.data(), scale.data(), 1e-20f,
+                    1e-6f, 20, pre.data(), post.data(), comb.data());
+      float *dpre = nans(pre.size()), *dpost = nans(post.size()), *dcomb = nans(comb.size());
+      float* scratch = nans(static_cast<size_t>(cuda::hc_mixes_scratch_floats(t, hc, dim)));
+      float* dx = up(x);
+      cuda::launch_hc_mixes({dx, hc * dim, t, hc, dim, up(fn), up(base), up(scale), 1e-20f, 1e-6f,
+                             20, dpre, dpost, dcomb, scratch},
+                            stream_);
+      const auto gpre = down(dpre, pre.size()), gpost = down(dpost, post.size()),
+                 gcomb = down(dcomb, comb.size());
+      for (size_t i = 0; i < pre.size(); ++i) EXPECT_NEAR(gpre[i], pre[i], 1e-4);
+      for (size_t i = 0; i < post.size(); ++i) EXPECT_NEAR(gpost[i], post[i], 1e-4);
+      for (size_t i = 0; i < comb.size(); ++i) EXPECT_NEAR(gcomb[i], comb[i], 1e-4);
+      // collapse / expand with the CPU coefficients.
+      std::vector<float> col(static_cast<size_t>(t * dim));
+      cpu::hc_collapse(x.data(), t, hc, dim, pre.data(), col.data());
+      float* dcol = nans(col.size());
+      cuda::launch_hc_collapse({dx, t, hc, dim, up(pre), dcol}, stream_);
+      EXPECT_LE(rel_err(down(dcol, col.size()), col), 1e-5);
+      auto y = rnd(t * dim, rng, -1, 1);
+      auto ex = x;
+      cpu::hc_expand(ex.data(), y.data(), t, hc, dim, post.data(), comb.data());
+      cuda::launch_hc_expand({dx, up(y), t, hc, dim, up(post), up(comb)}, stream_);
+      EXPECT_LE(rel_err(down(dx, ex.size()), ex), 1e-5);
+    }
+}
+
+// Records byte-exact, including the skipped (overwritten-later) rows of a long chunk.
+TEST_F(CudaV41, SwaRingWriteFp8IsByteExact) {
+  std::mt19937 rng(13);
+  for (int64_t t : {1, 5, 200}) {
+    auto kv = rnd(t * 512, rng, -4, 4);
+    for (size_t i = 0; i < kv.size(); i += 97) kv[i] *= 1e-6f;  // tiny blocks hit the 1e-4 floor
+    std::vector<int32_t> pos(static_cast<size_t>(t));
+    std::iota(pos.begin(), pos.end(), 1000);
+    std::vector<uint8_t> ring(128 * 528, 0xAA);
+    uint8_t* dring = up(ring);
+    cpu::swa_write_fp8(kv.data(), 512, t, 512, pos.data(), ring.data(), 128);
+    cuda::launch_swa_write_fp8({up(kv), 512, t, 512, up(pos), dring, 128}, stream_);
+    EXPECT_EQ(down(dring, ring.size()), ring) << t;
+  }
+}
+
+TEST_F(CudaV41, Fp4CacheRecordsAreByteExact) {
+  std::mt19937 rng(14);
+  for (auto f : {cpu::Fp4Record::kMainBlock16E4m3, cpu::Fp4Record::kIndexBlock32Ue8m0}) {
+    const int dim = f == cpu::Fp4Record::kMainBlock16E4m3 ? 512 : 128;
+    const int64_t t = 37, first = 5;
+    auto x = rnd(t * dim, rng, -3, 3);
+    for (size_t i = 0; i < x.size(); i += 61) x[i] *= 1e-4f;
+    for (size_t i = 7; i < x.size(); i += 113) x[i] *= 1e3f;  // saturating e4m3 scales
+    std::vector<uint8_t> cache(static_cast<size_t>((first + t + 2) * cpu::fp4_record_bytes(f, dim)),
+                               0xAA);
+    uint8_t* dc = up(cache);
+    cpu::fp4_cache_write(x.data(), dim, t, dim, f, cache.data(), first);
+    cuda::launch_fp4_cache_write(
+        {up(x), dim, t, dim,
+         f == cpu::Fp4Record::kMainBlock16E4m3 ? cuda::Fp4Record::kMainBlock16E4m3
+                                               : cuda::Fp4Record::kIndexBlock32Ue8m0,
+         dc, first},
+        stream_);
+    EXPECT_EQ(down(dc, cache.size()), cache);
+  }
+}
+
+// Chunked calls with partial groups carried; bf16 cast before the norm may round differently
+// after fp32-vs-double pooling: 4e-3 (one bf16 ulp is 2^-8 of the element).
+TEST_F(CudaV41, CompressorChunksWithCarry) {
+  std::mt19937 rng(15);
+  const int dim = 512;
+  for (int ratio : {1, 2}) {
+    const int64_t n = 14;
+    auto kv = rnd(n * dim, rng, -2, 2), g = rnd(n * dim, rng, -3, 3), w = rnd(dim, rng, 0.5f, 1.5f);
+    std::vector<float> skv(dim, 0.0f), sg(dim, 0.0f);
+    float *dskv = up(skv), *dsg = up(sg);
+    const float *dkv = up(kv), *dg = up(g), *dw = up(w);
+    int64_t s = 0;
+    for (int64_t len : {5, 1, 1, 6, 1}) {
+      const int64_t groups = cpu::compressor_groups(s, len, ratio);
+      std::vector<float> ref(static_cast<size_t>(std::max<int64_t>(groups, 1) * dim), kNaN);
+      cpu::compressor(kv.data() + s * dim, g.data() + s * dim, dim, len, dim, ratio, s, skv.data(),
+                      sg.data(), w.data(), 1e-20f, ref.data());
+      float* o = nans(ref.size());
+      cuda::launch_compressor(
+          {dkv + s * dim, dg + s * dim, dim, len, dim, ratio, s, dskv, dsg, dw, 1e-20f, o},
+          stream_);
+      auto got = down(o, ref.size());
+      if (groups > 0) {
+        got.resize(static_cast<size_t>(groups * dim));
+        ref.resize(got.size());
+        EXPECT_LE(rel_err(got, ref), 4e-3) << ratio << " at " << s;
+      }
+      if (ratio == 2) {
+        EXPECT_EQ(down(dskv, skv.size()), skv);
+      }
+      s += len;
+    }
+  }
+}
+
+TEST_F(CudaV41, IndexerScores) {
+  std::mt19937 rng(16);
+  const int heads = 32, id = 128;
+  const int64_t n = 1000;
+  auto keys = fp4_records(n, id, cpu::Fp4Record::kIndexBlock32Ue8m0, rng);
+  for (int ratio : {1, 2})
+    for (bool cand : {false, true}) {
+      const int64_t t = 4;
+      auto q = rnd(t * heads * id, rng, -1, 1);
+      fq_fp4_block32_ue8m0(q, q);
+      auto w = rnd(t * heads, rng, -0.3f, 0.3f);
+      std::vector<int32_t> pos = {0, 37, 998, 1999};
+      const int64_t nc = 300;
+      std::vector<int32_t> cids(static_cast<size_t>(t * nc));
+      std::uniform_int_distribution<int> pick(-1, static_cast<int>(n) - 1);
+      for (auto& c : cids) c = pick(rng);
+      const int64_t cols = cand ? nc : n;
+      std::vector<float> ref(static_cast<size_t>(t * cols));
+      cpu::indexer_scores(q.data(), w.data(), t, heads, id, keys.data(), n, pos.data(), ratio,
+                          cand ? cids.data() : nullptr, nc, 0.08838834764831845f, ref.data(), cols);
+      float* o = nans(ref.size());
+      cuda::launch_indexer_scores({up(q), up(w), t, heads, id, up(keys), n, up(pos), ratio,
+                                   cand ? up(cids) : nullptr, nc, 0.08838834764831845f, o, cols},
+                                  stream_);
+      EXPECT_LE(rel_err(down(o, ref.size()), ref), 1e-5) << ratio << cand;
+    }
+}
+
+// Exact: the same indices and values in the same order, ties included.
+TEST_F(CudaV41, TopkIsExactWithTies) {
+  std::mt19937 rng(17);
+  struct Case {
+    int64_t rows, n;
+    int k;
+  };
+  for (Case c : {Case{3, 5000, 512}, Case{2, 200, 512}, Case{1, 300000, 512}, Case{4, 20000, 2048},
+                 Case{2, 70000, 1}}) {
+    std::vector<float> s(static_cast<size_t>(c.rows * c.n));
+    std::uniform_int_distribution<int> coarse(-40, 40);
+    std::uniform_real_distribution<float> u(0, 1);
+    for (auto& v : s) {
+      const float r = u(rng);
+      v = r < 0.3f ? 0.0f : r < 0.4f ? -kInf : r < 0.7f ? coarse(rng) * 0.25f : u(rng) * 10 - 5;
+    }
+    if (c.rows > 1) std::fill(s.begin() + c.n, s.begin() + 2 * c.n, -kInf);  // an all -inf row
+    std::vector<int32_t> idx(static_cast<size_t>(c.rows * c.k)), cnt(static_cast<size_t>(c.rows));
+    std::vector<float> val(idx.size());
+    cpu::topk_rows(s.data(), c.rows, c.n, c.n, c.k, idx.data(), val.data(), cnt.data());
+    int32_t* di = up(std::vector<int32_t>(idx.size(), -7));
+    float* dv = nans(val.size());
+    int32_t* dc = up(std::vector<int32_t>(cnt.size(), -7));
+    void* scratch = up(std::vector<uint8_t>(cuda::topk_scratch_bytes(c.rows, c.n)));
+    cuda::launch_topk({up(s), c.rows, c.n, c.n, c.k, di, dv, dc, scratch}, stream_);
+    EXPECT_EQ(down(di, idx.size()), idx) << c.n;
+    EXPECT_EQ(down(dc, cnt.size()), cnt) << c.n;
+    const auto gv = down(dv, val.size());
+    for (size_t i = 0; i < val.size(); ++i)
+      ASSERT_TRUE(gv[i] == val[i]) << i << " " << gv[i] << " " << val[i];
+  }
+}
+
+TEST_F(CudaV41, CandidateBlocks) {
+  std::mt19937 rng(18);
+  const int64_t t = 3, n = 20001;
+  auto s = rnd(t * n, rng, -1, 1);
+  std::vector<int32_t> pos = {5, 9000, 20000};
+  for (int64_t r = 0; r < t; ++r)
+    for (int64_t j = std::min<int64_t>(n, pos[r] + 1); j < n; ++j) s[r * n + j] = -kInf;
+  const int64_t nb = (n + 7) / 8;
+  std::vector<float> bm(static_cast<size_t>(t * nb));
+  cpu::block_max_scores(s.data(), t, n, n, 8, pos.data(), 1, bm.data());
+  float* dbm = nans(bm.size());
+  cuda::launch_block_max_scores({up(s), t, n, n, 8, up(pos), 1, dbm}, stream_);
+  EXPECT_EQ(down(dbm, bm.size()), bm);
+  const int kb = 2048;
+  std::vector<int32_t> ids(static_cast<size_t>(t * kb));
+  cpu::topk_rows(bm.data(), t, nb, nb, kb, ids.data(), nullptr, nullptr);
+  std::vector<int32_t> cand(static_cast<size_t>(t * kb * 8));
+  cpu::blocks_to_candidates(ids.data(), t, kb, 8, n, cand.data());
+  int32_t* dids = up(std::vector<int32_t>(ids.size(), -7));
+  void* scratch = up(std::vector<uint8_t>(cuda::topk_scratch_bytes(t, nb)));
+  cuda::launch_topk({dbm, t, nb, nb, kb, dids, nullptr, nullptr, scratch}, stream_);
+  EXPECT_EQ(down(dids, ids.size()), ids);
+  int32_t* dcand = up(std::vector<int32_t>(cand.size(), -7));
+  cuda::launch_blocks_to_candidates({dids, t, kb, 8, n, dcand}, stream_);
+  EXPECT_EQ(down(dcand, cand.size()), cand);
+}
+
+// fp32 dots and online softmax vs double: 1e-4.
+TEST_F(CudaV41, SparseAttention) {
+  std::mt19937 rng(19);
+  const int heads = 64, hd = 512;
+  const int64_t t = 3, nglob = 700;
+  auto ring = swa_records(128, rng);
+  auto glob = fp4_records(nglob, hd, cpu::Fp4Record::kMainBlock16E4m3, rng);
+  auto q = rnd(t * heads * hd, rng, -1, 1);
+  auto sink = rnd(heads, rng, -2, 2);
+  std::vector<int32_t> pos = {3, 127, 5000};
+  const int gk = 512;
+  std::vector<int32_t> gidx(static_cast<size_t>(t * gk));
+  std::uniform_int_distribution<int> pick(-1, static_cast<int>(nglob) - 1);
+  for (auto& g : gidx) g = pick(rng);
+  std::vector<int32_t> sidx(static_cast<size_t>(t * 128));
+  cpu::swa_window_indices(pos.data(), t, 128, 128, 0, sidx.data());
+  const auto f = compress_freqs();
+  std::vector<float> ref(q.size());
+  cpu::sparse_attention(q.data(), t, heads, hd, ring.data(), sidx.data(), 128, glob.data(),
+                        gidx.data(), gk, sink.data(), 0.04419417382415922f, pos.data(), f.data(),
+                        64, ref.data());
+  for (bool explicit_swa : {false, true}) {
+    float* o = nans(ref.size());
+    cuda::SparseAttentionParams p;
+    p.q = up(q);
+    p.rows = t;
+    p.swa = up(ring);
+    p.swa_idx = explicit_swa ? up(sidx) : nullptr;
+    p.glob = up(glob);
+    p.glob_idx = up(gidx);
+    p.glob_k = gk;
+    p.sink = up(sink);
+    p.pos = up(pos);
+    p.freqs = up(f);
+    p.out = o;
+    cuda::launch_sparse_attention(p, stream_);
+    EXPECT_LE(rel_err(down(o, ref.size()), ref), 1e-4) << explicit_swa;
+  }
+}
+
+TEST_F(CudaV41, EngramGatherFromPinnedHostAndGate) {
+  std::mt19937 rng(20);
+  const int64_t rows = 10000, dim = 256, n = 48;
+  for (bool cumem : {true, false}) {
+    cuda::PinnedHostBuffer codes = cuda::allocate_pinned_host(rows * dim, cumem);
+    cuda::PinnedHostBuffer scales = cuda::allocate_pinned_host(rows * dim / 32, cumem);
+    std::printf("engram table: %s (granule %zu B)\n", codes.cumem ? "cuMem HOST" : "cudaHostAlloc",
+                codes.granule);
+    auto* c = static_cast<uint8_t*>(codes.host);
+    auto* s = static_cast<uint8_t*>(scales.host);
+    std::uniform_int_distribution<int> byte(1, 0x7E), sc(118, 134);
+    for (int64_t i = 0; i < rows * dim; ++i)
+      c[i] = static_cast<uint8_t>(byte(rng) | (i & 1 ? 0x80 : 0));
+    for (int64_t i = 0; i < rows * dim / 32; ++i) s[i] = static_cast<uint8_t>(sc(rng));
+    std::vector<int64_t> ids(static_cast<size_t>(n));
+    std::uniform_int_distribution<int64_t> pick(0, rows - 1);
+    for (auto& i : ids) i = pick(rng);
+    std::vector<float> ref(static_cast<size_t>(n * dim));
+    cpu::engram_gather(c, s, dim, ids.data(), n, ref.data());
+    uint8_t* oc = up(std::vector<uint8_t>(static_cast<size_t>(n * dim)));
+    uint8_t* os = up(std::vector<uint8_t>(static_cast<size_t>(n * dim / 32)));
+    cuda::launch_engram_gather(
+        {static_cast<const uint8_t*>(codes.device), static_cast<const uint8_t*>(scales.device), dim,
+         up(ids), n, oc, os},
+        stream_);
+    float* e = nans(ref.size());
+    cuda::launch_engram_dequant({oc, os, dim, n, e}, stream_);
+    EXPECT_EQ(down(e, ref.size()), ref);
+    cuda::free_pinned_host(codes);
+    cuda::free_pinned_host(scales);
+  }
+  // Gate: x [t, 4, 5120], kv [t, 25600] (keys first), one image row.
+  const int64_t t = 3, d = 5120;
+  auto x = rnd(t * 4 * d, rng, -2, 2), kv = rnd(t * 5 * d, rng, -2, 2), wp = rnd(4 * d, rng, -1, 1);
+  kv[5] = 0.0f;
+  const std::vector<uint8_t> img = {0, 1, 0};
+  auto ref = x;
+  std::vector<float> g(static_cast<size_t>(t * 4));
+  cpu::engram_gate(ref.data(), kv.data(), 5 * d, kv.data() + 4 * d, 5 * d, wp.data(), img.data(), t,
+                   4, d, 1e-20f, g.data());
+  float* dx = up(x);
+  const float* dkv = up(kv);
+  float* dg = nans(g.size());
+  cuda::launch_engram_gate(
+      {dx, dkv, 5 * d, dkv + 4 * d, 5 * d, up(wp), up(img), t, 4, d, 1e-20f, dg}, stream_);
+  EXPECT_LE(rel_err(down(dx, ref.size()), ref), 1e-5);
+  EXPECT_LE(rel_err(down(dg, g.size()), g), 1e-5);
+}
+
+// Deterministic per seed (two runs equal); vs the CPU (double sums) the draw may differ only when
+// u lands within float rounding of a cumulative boundary: >= 62 of 64 rows agree; greedy exact.
+TEST_F(CudaV41, SamplingTopKTopP) {
+  std::mt19937 rng(21);
+  const int64_t rows = 64, v = 129280;
+  auto l = rnd(rows * v, rng, -8, 8);
+  std::vector<uint64_t> seeds(static_cast<size_t>(rows));
+  for (size_t i = 0; i < seeds.size(); ++i) seeds[i] = 1000 + i * 7919;
+  const float* dl = up(l);
+  const uint64_t* ds = up(seeds);
+  void* scratch = up(std::vector<uint8_t>(cuda::sample_scratch_bytes(rows, v, 1024)));
+  for (auto [temp, k, p] : {std::tuple{0.0f, 50, 1.0f}, std::tuple{1.0f, 50, 0.9f},
+                            std::tuple{0.7f, 1024, 0.95f}, std::tuple{1.5f, 8, 1.0f}}) {
+    std::vector<int32_t> ref(static_cast<size_t>(rows));
+    cpu::sample_rows(l.data(), rows, v, v, temp, k, p, seeds.data(), ref.data());
+    int32_t* o1 = up(std::vector<int32_t>(ref.size(), -7));
+    int32_t* o2 = up(std::vector<int32_t>(ref.size(), -7));
+    cuda::launch_sample({dl, rows, v, v, temp, k, p, ds, o1, scratch}, stream_);
+    cuda::launch_sample({dl, rows, v, v, temp, k, p, ds, o2, scratch}, stream_);
+    const auto g1 = down(o1, ref.size()), g2 = down(o2, ref.size());
+    EXPECT_EQ(g1, g2);
+    int agree = 0;
+    for (size_t i = 0; i < ref.size(); ++i) agree += g1[i] == ref[i];
+    if (temp == 0.0f) {
+      EXPECT_EQ(agree, rows);
+    } else {
+      EXPECT_GE(agree, rows - 2) << temp << " " << k << " " << p;
+    }
+  }
+}
+
+#endif  // MOESERVE_HAVE_CUDA
+
+}  // namespace
+}  // namespace moeserve
