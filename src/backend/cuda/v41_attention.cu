@@ -23,6 +23,7 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttent
   extern __shared__ float kt[];  // [kTile][kHd]
   __shared__ int32_t list[kMaxKeys];
   __shared__ int32_t warp_count[kThreads / 32];
+  __shared__ float lgs[kHeadsPerBlock][kTile];
   const int64_t t = blockIdx.x;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int pos = p.pos[t];
@@ -97,9 +98,8 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttent
       *reinterpret_cast<float4*>(kt + key * kHd + 4 * quad) = v;
     }
     __syncthreads();
-    float lg[kTile];
-    float tile_max = -INFINITY;
-#pragma unroll
+    // Logits of the tile into shared memory (one 16-lane group per head), then the online softmax.
+#pragma unroll 1
     for (int j = 0; j < kTile; ++j) {
       const float* kr = kt + j * kHd + 2 * sub;
       float d = 0.0f;
@@ -113,17 +113,20 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttent
       d += __shfl_xor_sync(0xffffffffu, d, 4);
       d += __shfl_xor_sync(0xffffffffu, d, 2);
       d += __shfl_xor_sync(0xffffffffu, d, 1);
-      lg[j] = t0 + j < nk ? d : -INFINITY;
-      tile_max = fmaxf(tile_max, lg[j]);
+      if (sub == 0) lgs[hl][j] = t0 + j < nk ? d : -INFINITY;
     }
+    __syncwarp();
+    float tile_max = -INFINITY;
+#pragma unroll 8
+    for (int j = 0; j < kTile; ++j) tile_max = fmaxf(tile_max, lgs[hl][j]);
     const float new_max = fmaxf(run_max, tile_max);
     const float corr = expf(run_max - new_max);
     run_sum *= corr;
 #pragma unroll
     for (int m = 0; m < 2 * kPairs; ++m) acc[m] *= corr;
-#pragma unroll
+#pragma unroll 2
     for (int j = 0; j < kTile; ++j) {
-      const float pj = expf(lg[j] - new_max);
+      const float pj = expf(lgs[hl][j] - new_max);
       run_sum += pj;
       const float* kr = kt + j * kHd + 2 * sub;
 #pragma unroll

@@ -88,13 +88,16 @@ __global__ void __launch_bounds__(kThreads) hc_mix_partial_kernel(HcMixesParams 
   }
 }
 
-// One warp per row: reduce the partials, then pre/post/comb.
+// One warp per row: reduce the partials, then pre/post/comb. HC is a template constant so the
+// coefficient arrays stay in registers (a runtime hc put them in local memory: 60 us per call).
+template <int HC>
 __global__ void hc_mix_finish_kernel(HcMixesParams p, int splits) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= p.rows) return;
-  const int hc = p.hc, m = (2 + hc) * hc;
-  float mix[kMaxMix + 1];
+  constexpr int hc = HC, m = (2 + HC) * HC;
+  float mix[m + 1];
+#pragma unroll
   for (int j = 0; j <= m; ++j) {
     float s = 0.0f;
     for (int sp = lane; sp < splits; sp += 32) s += p.scratch[(r * splits + sp) * (m + 1) + j];
@@ -107,7 +110,8 @@ __global__ void hc_mix_finish_kernel(HcMixesParams p, int splits) {
     p.pre[r * hc + k] = 1.0f / (1.0f + expf(-(mix[k] * p.scale[0] + p.base[k]))) + p.hc_eps;
     p.post[r * hc + k] = 2.0f / (1.0f + expf(-(mix[hc + k] * p.scale[1] + p.base[hc + k])));
   }
-  float c[kMaxHc * kMaxHc];
+  float c[HC * HC];
+#pragma unroll
   for (int i = 0; i < hc * hc; ++i) c[i] = mix[2 * hc + i] * p.scale[2] + p.base[2 * hc + i];
   for (int j = 0; j < hc; ++j) {
     float mx = c[j * hc];
@@ -116,6 +120,7 @@ __global__ void hc_mix_finish_kernel(HcMixesParams p, int splits) {
     for (int k = 0; k < hc; ++k) sum += (c[j * hc + k] = expf(c[j * hc + k] - mx));
     for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / sum + p.hc_eps;
   }
+#pragma unroll 1
   for (int it = 0; it < p.sinkhorn_iters; ++it) {
     if (it > 0) {
       for (int j = 0; j < hc; ++j) {
@@ -248,8 +253,11 @@ void launch_hc_mixes(const HcMixesParams& p, Stream stream) {
                   static_cast<unsigned>(ceil_div(p.rows, kMixRowsPerBlock)));
   hc_mix_partial_kernel<<<grid, kThreads, 0, as_cuda_stream(stream)>>>(p, splits);
   MS_CUDA_CHECK_LAUNCH();
-  hc_mix_finish_kernel<<<static_cast<unsigned>(ceil_div(p.rows, 4)), 128, 0,
-                         as_cuda_stream(stream)>>>(p, splits);
+  const auto finish = p.hc == 4   ? hc_mix_finish_kernel<4>
+                      : p.hc == 3 ? hc_mix_finish_kernel<3>
+                      : p.hc == 2 ? hc_mix_finish_kernel<2>
+                                  : hc_mix_finish_kernel<1>;
+  finish<<<static_cast<unsigned>(ceil_div(p.rows, 4)), 128, 0, as_cuda_stream(stream)>>>(p, splits);
   MS_CUDA_CHECK_LAUNCH();
 }
 
