@@ -58,7 +58,7 @@ std::vector<double> compress_freqs() {
 }
 
 // FP8 SWA records / FP4 main entries / index keys of random latents.
-std::vector<uint8_t> swa_records(int64_t n, std::mt19937& rng) {
+[[maybe_unused]] std::vector<uint8_t> swa_records(int64_t n, std::mt19937& rng) {
   auto x = rnd(n * 512, rng, -3, 3);
   std::vector<uint8_t> out(static_cast<size_t>(n * cpu::swa_row_bytes(512)));
   std::vector<int32_t> pos(static_cast<size_t>(n));
@@ -66,7 +66,8 @@ std::vector<uint8_t> swa_records(int64_t n, std::mt19937& rng) {
   cpu::swa_write_fp8(x.data(), 512, n, 512, pos.data(), out.data(), static_cast<int>(n));
   return out;
 }
-std::vector<uint8_t> fp4_records(int64_t n, int dim, cpu::Fp4Record f, std::mt19937& rng) {
+[[maybe_unused]] std::vector<uint8_t> fp4_records(int64_t n, int dim, cpu::Fp4Record f,
+                                                  std::mt19937& rng) {
   auto x = rnd(n * dim, rng, -2, 2);
   std::vector<uint8_t> out(static_cast<size_t>(n * cpu::fp4_record_bytes(f, dim)));
   cpu::fp4_cache_write(x.data(), dim, n, dim, f, out.data(), 0);
