@@ -45,8 +45,8 @@ struct ModelOptions {
 
 struct BenchEplbOptions {
   std::string models = "both";
-  ModelOptions target{"target", 384, 6, 4, 40, 32, 1, 0.95, ""};
-  ModelOptions draft{"draft", 128, 3, 3, 3, 32, 1, 1.10, ""};
+  ModelOptions target{"target", 384, 6, 4, 40, 32, 1, 0.82, ""};
+  ModelOptions draft{"draft", 128, 3, 3, 3, 32, 1, 0.97, ""};
   int32_t num_ranks = 32;
   int32_t requests_per_rank = 72;
   int32_t num_steps = 3000;

@@ -1,6 +1,7 @@
 // Replica selection: which of a logical expert's replicas a routed token goes to. Both rules are
 // deterministic per token and need no communication:
-// - kHash: stateless, hash(token index, expert) mod replica_count; splits like random sampling.
+// - kHash: stateless, hash(token sequence number, expert) mod replica_count; splits like random
+//   sampling.
 // - kRankRoundRobin: on each source rank, the j-th token of the step routed to expert e goes to
 //   replica (j + rank + e) mod replica_count. The dispatch layout already computes j (the token's
 //   position in the per-expert send list), so it is free in the kernel, and it splits an
@@ -21,7 +22,9 @@ enum class ReplicaRule { kHash, kRankRoundRobin };
 [[nodiscard]] std::string replica_rule_name(ReplicaRule rule);
 [[nodiscard]] Result<ReplicaRule> replica_rule_from_name(const std::string& name);
 
-// Index in [0, replica_count) for token `token_index` (its index in the step's global batch).
+// Index in [0, replica_count) for token `token_index`: a sequence number that keeps growing across
+// steps (e.g. the request's id mixed with its position), not the token's slot in the batch,
+// which would split each expert's tokens by the same fixed, biased shares every step.
 [[nodiscard]] inline int32_t hash_replica(uint64_t token_index, int32_t expert,
                                           int32_t replica_count) {
   uint64_t h =

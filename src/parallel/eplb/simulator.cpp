@@ -108,6 +108,9 @@ Result<EplbSimResult> run_eplb_simulation(const EplbSimConfig& config, RoutingSo
       }
       // EPLB: route every token to one replica of each of its experts.
       const ExpertPlacement& p = placement[l];
+      // Global token sequence number: a fixed per-step index would give every (expert,
+      // replica) pair the same fixed share each step, a bias that never averages out.
+      const auto token_base = static_cast<uint64_t>(step) * shape.tokens_per_step;
       int32_t* slots = slot_load.data() + static_cast<int64_t>(l) * planner.num_slots;
       for (int32_t t = 0; t < shape.tokens_per_step; ++t) {
         const int32_t source_rank = t / config.tokens_per_rank;
@@ -119,7 +122,7 @@ Result<EplbSimResult> run_eplb_simulation(const EplbSimConfig& config, RoutingSo
           const int32_t e = ids[static_cast<int64_t>(t) * k + j];
           const int32_t count = p.replica_count(e);
           const int32_t rep = config.replica_rule == ReplicaRule::kHash
-                                  ? hash_replica(static_cast<uint64_t>(t), e, count)
+                                  ? hash_replica(token_base + static_cast<uint64_t>(t), e, count)
                                   : round_robin.select(e, count);
           ++slots[p.replicas(e)[rep]];
         }
