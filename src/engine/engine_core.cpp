@@ -76,7 +76,8 @@ void EngineCore::abort_request(RequestId id) {
 }
 
 bool EngineCore::has_unfinished_requests() const {
-  return scheduler_.has_unfinished_requests() || !in_flight_.empty();
+  return scheduler_.has_unfinished_requests() || scheduler_.has_finished_updates() ||
+         !in_flight_.empty();
 }
 
 void EngineCore::finish_stream(RequestId id, const RequestOutput& o) {

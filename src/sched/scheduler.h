@@ -56,6 +56,8 @@ class Scheduler {
   [[nodiscard]] bool has_unfinished_requests() const {
     return !running_.empty() || !waiting_.empty();
   }
+  // Finished-outside-a-step updates (abort, stop strings) not yet taken.
+  [[nodiscard]] bool has_finished_updates() const { return !finished_updates_.empty(); }
   [[nodiscard]] int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
   [[nodiscard]] int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
   [[nodiscard]] const Request* find(RequestId id) const;
