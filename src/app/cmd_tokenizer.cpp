@@ -11,6 +11,7 @@
 
 #include "app/commands.h"
 #include "tokenizer/default_paths.h"
+#include "tokenizer/engram_token_map.h"
 #include "tokenizer/stream_detokenizer.h"
 #include "tokenizer/tokenizer.h"
 
@@ -22,6 +23,7 @@ struct TokenizeArgs {
   std::string text;
   std::string jsonl_in;
   std::string jsonl_out;
+  std::string engram_map_out;
   bool add_special_tokens = false;
   bool show_tokens = false;
 };
@@ -92,6 +94,13 @@ int run_tokenize(const TokenizeArgs& args) {
     std::cerr << "error: " << tok.error().to_string() << "\n";
     return 1;
   }
+  if (!args.engram_map_out.empty()) {
+    const tokenizer::EngramTokenMap map = tokenizer::build_engram_token_map(**tok);
+    std::ofstream out(args.engram_map_out);
+    out << nlohmann::json{{"num_compressed", map.num_compressed}, {"map", map.compressed}}.dump()
+        << "\n";
+    return out ? 0 : 1;
+  }
   if (!args.jsonl_in.empty() || !args.jsonl_out.empty()) {
     if (args.jsonl_in.empty() || args.jsonl_out.empty()) {
       std::cerr << "error: --jsonl-in and --jsonl-out go together\n";
@@ -156,6 +165,10 @@ void register_tokenizer_commands(CLI::App& app) {
   tokenize->add_option("--jsonl-in", tok_args->jsonl_in, "Batch mode: JSON lines to process")
       ->group("");
   tokenize->add_option("--jsonl-out", tok_args->jsonl_out, "Batch mode: where results go")
+      ->group("");
+  tokenize
+      ->add_option("--engram-map-out", tok_args->engram_map_out,
+                   "Write the Engram compressed token map as JSON")
       ->group("");
   tokenize->callback([tok_args] { exit_code() = run_tokenize(*tok_args); });
 
