@@ -16,12 +16,12 @@ struct DeepseekV41Model::Chunk {
   SequenceState* state = nullptr;
   int32_t start = 0;  // position of chunk row 0
   int32_t num_rows = 0;
-  int32_t row0 = 0;   // first current row
+  int32_t row0 = 0;  // first current row
   int32_t replay_start = 0;
   bool narrow = false;  // production mode: decoder layers skip rows before replay_start
   std::span<const uint8_t> is_image;
-  std::vector<float> x;      // [current rows, HC, D] residual streams
-  std::vector<double> pre;   // [current rows, HC] pre-mix of the previous site
+  std::vector<float> x;     // [current rows, HC, D] residual streams
+  std::vector<double> pre;  // [current rows, HC] pre-mix of the previous site
   // Per Engram layer hash row ids [T, hashes].
   std::vector<std::vector<int64_t>> engram_ids;
   // Per index-source layer: selected global entries per chunk row.
@@ -68,6 +68,7 @@ DeepseekV41Model::DeepseekV41Model(ModelConfig config, ModelWeights weights,
       weights_(std::move(weights)),
       token_map_(std::move(token_map)),
       backend_(backend),
+      ops_{backend, true},
       rope_main_(config_, RopeKind::kMain),
       rope_compress_(config_, RopeKind::kCompress) {
   stats_.engram_calls.assign(config_.engram_layers.size(), 0);
@@ -77,8 +78,8 @@ std::unique_ptr<SequenceState> DeepseekV41Model::new_state() const {
   return std::make_unique<ContiguousSequenceState>(config_);
 }
 
-Result<std::vector<SequenceOutput>> DeepseekV41Model::forward(
-    std::span<const SequenceInput> inputs, ForwardMode mode) {
+Result<std::vector<SequenceOutput>> DeepseekV41Model::forward(std::span<const SequenceInput> inputs,
+                                                              ForwardMode mode) {
   std::vector<SequenceOutput> outputs;
   outputs.reserve(inputs.size());
   for (const SequenceInput& in : inputs) {
@@ -113,9 +114,8 @@ Result<SequenceOutput> DeepseekV41Model::forward_one(const SequenceInput& in, Fo
   ch.trace = in.trace;
   if (ch.start == 0) {
     const int32_t prompt = in.prompt_len >= 0 ? in.prompt_len : ch.num_rows;
-    state.set_replay_start(mode == ForwardMode::kProduction
-                               ? std::max(0, prompt - c.sliding_window)
-                               : 0);
+    state.set_replay_start(mode == ForwardMode::kProduction ? std::max(0, prompt - c.sliding_window)
+                                                            : 0);
   }
   ch.replay_start = state.replay_start();
   ch.narrow = mode == ForwardMode::kProduction && ch.replay_start > ch.start;
@@ -146,11 +146,11 @@ Result<SequenceOutput> DeepseekV41Model::forward_one(const SequenceInput& in, Fo
   if (in.logits == LogitsRows::kLast) first = rows - 1;
   if (in.logits != LogitsRows::kNone && rows > 0) {
     const int64_t n = rows - first;
-    std::vector<float> h =
-        hc_collapse(std::span<const float>(ch.x).subspan(static_cast<size_t>(first * hc * d)), n,
-                    hc, d, std::span<const double>(ch.pre).subspan(static_cast<size_t>(first * hc)));
+    std::vector<float> h = hc_collapse(
+        std::span<const float>(ch.x).subspan(static_cast<size_t>(first * hc * d)), n, hc, d,
+        std::span<const double>(ch.pre).subspan(static_cast<size_t>(first * hc)));
     rms_norm_rows(h, n, d, weights_.norm.data<float>(), c.rms_norm_eps);
-    out.logits = linear(backend_, h, n, weights_.head);
+    out.logits = linear(ops_, h, n, weights_.head);
     for (int64_t r = first; r < rows; ++r) out.logit_positions.push_back(ch.pos(r));
   }
   if (in.want_main_hidden && !c.dspark_target_layer_ids.empty()) {
@@ -181,7 +181,8 @@ void DeepseekV41Model::run_layer(Chunk& ch, int32_t l) {
   if (info.engram_index >= 0) apply_engram(ch, l);
   if (info.is_dspark_target) {
     // Tap: mean over the streams entering the layer (after Engram, before mHC).  [T, D]
-    const auto it = std::find(c.dspark_target_layer_ids.begin(), c.dspark_target_layer_ids.end(), l);
+    const auto it =
+        std::find(c.dspark_target_layer_ids.begin(), c.dspark_target_layer_ids.end(), l);
     const int64_t slot = it - c.dspark_target_layer_ids.begin();
     const int64_t width = static_cast<int64_t>(c.dspark_target_layer_ids.size()) * d;
     for (int64_t r = 0; r < ch.rows(); ++r)
@@ -226,10 +227,10 @@ void DeepseekV41Model::run_layer(Chunk& ch, int32_t l) {
   std::vector<float> f = hc_collapse(ch.x, n, hc, d, mix_a.pre);
   rms_norm_rows(f, n, d, w.ffn_norm.data<float>(), c.rms_norm_eps);
   MoeTrace moe_trace;
-  const std::vector<float> y_ffn =
-      moe_forward(backend_, c, w.moe, c.experts_per_tok_of(l), f, n,
-                  ch.is_image.empty() ? ch.is_image : ch.is_image.subspan(static_cast<size_t>(ch.row0)),
-                  ch.trace != nullptr ? &moe_trace : nullptr);
+  const std::vector<float> y_ffn = moe_forward(
+      ops_, c, w.moe, c.experts_per_tok_of(l), f, n,
+      ch.is_image.empty() ? ch.is_image : ch.is_image.subspan(static_cast<size_t>(ch.row0)),
+      ch.trace != nullptr ? &moe_trace : nullptr);
   hc_expand(ch.x, n, hc, d, y_ffn, mix_f);
   ch.pre = mix_f.pre;
   if (ch.trace != nullptr) {
@@ -254,7 +255,7 @@ void DeepseekV41Model::apply_engram(Chunk& ch, int32_t l) {
                                                            static_cast<size_t>(n * hashes)),
                  e);
   // kv = e @ wkv^T  [n, (HC+1) D]: HC keys then the shared value.
-  const std::vector<float> kv = linear(backend_, e, n, w.wkv);
+  const std::vector<float> kv = linear(ops_, e, n, w.wkv);
   const double eps = c.rms_norm_eps;
   const float* qk = w.qk_weight.data<float>();
   for (int64_t r = 0; r < n; ++r) {
@@ -272,10 +273,9 @@ void DeepseekV41Model::apply_engram(Chunk& ch, int32_t l) {
       dot *= 1.0 / std::sqrt(ss_x / d + eps) / std::sqrt(ss_k / d + eps) /
              std::sqrt(static_cast<double>(d));
       // NOTE: copysign, not sign(): dot = ±0 gives ±1e-3 (§4). Image tokens get gate 0.
-      const double gate =
-          image ? 0.0
-                : 1.0 / (1.0 + std::exp(-std::copysign(std::sqrt(std::max(std::abs(dot), 1e-6)),
-                                                       dot)));
+      const double gate = image ? 0.0
+                                : 1.0 / (1.0 + std::exp(-std::copysign(
+                                                   std::sqrt(std::max(std::abs(dot), 1e-6)), dot)));
       for (int64_t i = 0; i < d; ++i) xs[i] = static_cast<float>(xs[i] + gate * val[i]);
     }
   }
@@ -290,7 +290,7 @@ void DeepseekV41Model::compress(Chunk& ch, int32_t l, std::span<const float> a) 
   const int32_t ratio = info.ratio;
   SequenceState& state = *ch.state;
   // kvc = a @ wkv_c^T  [n, hd] (fp32)
-  const std::vector<float> kvc = linear(backend_, a, n, w.compressor_wkv);
+  const std::vector<float> kvc = linear(ops_, a, n, w.compressor_wkv);
   std::vector<float> latents;  // [groups, hd]
   std::vector<int64_t> group_ids;
   if (ratio == 1) {
@@ -300,7 +300,7 @@ void DeepseekV41Model::compress(Chunk& ch, int32_t l, std::span<const float> a) 
   } else {
     // g = a @ wgate^T  [n, hd]; groups of `ratio` consecutive absolute positions, partial groups
     // carried in the state.
-    const std::vector<float> g = linear(backend_, a, n, w.compressor_wgate);
+    const std::vector<float> g = linear(ops_, a, n, w.compressor_wgate);
     CompressorPartial& part = state.compressor_partial(l);
     for (int64_t r = 0; r < n; ++r) {
       const int32_t p = ch.pos(r);
@@ -334,7 +334,7 @@ void DeepseekV41Model::compress(Chunk& ch, int32_t l, std::span<const float> a) 
   round_to_bf16(latents);
   rms_norm_rows(latents, groups, hd, w.compressor_norm.data<float>(), c.rms_norm_eps);
   // Index keys: k_norm(wk(latent))  [groups, ID]
-  std::vector<float> keys = linear(backend_, latents, groups, w.indexer_wk);
+  std::vector<float> keys = linear(ops_, latents, groups, w.indexer_wk);
   rms_norm_rows(keys, groups, id, w.indexer_k_norm.data<float>(), c.rms_norm_eps);
   const CacheGeometry geo = CacheGeometry::from_config(c);
   std::vector<uint8_t> main_bytes(geo.main_entry_bytes), index_bytes(geo.index_key_bytes);
@@ -370,20 +370,20 @@ void DeepseekV41Model::select_entries(Chunk& ch, int32_t l, std::span<const floa
   const int32_t ratio = info.ratio;
   SequenceState& state = *ch.state;
   // qi = fq_fp4(rope(wq_b_idx(qr)))  [n, IH, ID];  weights = weights_proj(a) * IH^-0.5  [n, IH]
-  std::vector<float> qi = linear(backend_, qr, n, w.indexer_wq_b);
+  std::vector<float> qi = linear(ops_, qr, n, w.indexer_wq_b);
   for (int64_t r = 0; r < n; ++r)
-    for (int32_t h = 0; h < ih; ++h) rope_compress_.apply(qi.data() + (r * ih + h) * id + id - rd, ch.pos(r));
+    for (int32_t h = 0; h < ih; ++h)
+      rope_compress_.apply(qi.data() + (r * ih + h) * id + id - rd, ch.pos(r));
   fq_fp4_block32_ue8m0(qi, qi);
-  const std::vector<float> head_w = linear(backend_, a, n, w.indexer_weights_proj);
+  const std::vector<float> head_w = linear(ops_, a, n, w.indexer_weights_proj);
   // Owner's index keys, dequantised once.  [entries, ID]
   const int64_t entries = state.num_global_entries(owner);
   std::vector<float> keys(static_cast<size_t>(entries * id));
   for (int64_t j = 0; j < entries; ++j) {
     const auto bytes = state.index_key(owner, j);
-    dequantize_fp4_block32_ue8m0(bytes.first(static_cast<size_t>(id / 2)),
-                                 bytes.subspan(static_cast<size_t>(id / 2)),
-                                 std::span<float>(keys).subspan(static_cast<size_t>(j * id),
-                                                                static_cast<size_t>(id)));
+    dequantize_fp4_block32_ue8m0(
+        bytes.first(static_cast<size_t>(id / 2)), bytes.subspan(static_cast<size_t>(id / 2)),
+        std::span<float>(keys).subspan(static_cast<size_t>(j * id), static_cast<size_t>(id)));
   }
   const bool candidate = info.is_candidate_source;
   const bool reindex = info.mode == LayerMode::kReindex;
@@ -395,14 +395,15 @@ void DeepseekV41Model::select_entries(Chunk& ch, int32_t l, std::span<const floa
   selected.assign(static_cast<size_t>(ch.num_rows), {});
   const double inv_sqrt_ih = 1.0 / std::sqrt(static_cast<double>(ih));
   const double inv_sqrt_id = 1.0 / std::sqrt(static_cast<double>(id));
-  std::vector<float> scores;
-  std::vector<uint8_t> allowed;
+  // NOTE: scores stay in double: rounding them to fp32 creates ties the float64 oracle does not
+  // have, and the tie rule then picks a different entry.
+  std::vector<double> scores;
   for (int64_t r = 0; r < n; ++r) {
     const int32_t p = ch.pos(r);
     const int64_t visible = (static_cast<int64_t>(p) + 1) / ratio;  // groups complete incl. p
     MS_CHECK_LE(visible, entries);
     // S[j] = Σ_h w[h] relu(qi[h] · k_j) / sqrt(ID)
-    scores.assign(static_cast<size_t>(visible), 0.0f);
+    scores.assign(static_cast<size_t>(visible), 0.0);
     for (int64_t j = 0; j < visible; ++j) {
       double s = 0.0;
       for (int32_t h = 0; h < ih; ++h) {
@@ -413,7 +414,7 @@ void DeepseekV41Model::select_entries(Chunk& ch, int32_t l, std::span<const floa
         s += head_w[static_cast<size_t>(r * ih + h)] * inv_sqrt_ih * std::max(dot, 0.0) *
              inv_sqrt_id;
       }
-      scores[static_cast<size_t>(j)] = static_cast<float>(s);
+      scores[static_cast<size_t>(j)] = s;
     }
     const size_t row = static_cast<size_t>(ch.row0 + r);
     if (candidate) {
@@ -422,14 +423,14 @@ void DeepseekV41Model::select_entries(Chunk& ch, int32_t l, std::span<const floa
       // NOTE: block max over visible entries only and the +inf pin follow the oracle's choice 2.
       const int64_t bs = c.candidate_block_size;
       const int64_t blocks = (visible + bs - 1) / bs;
-      std::vector<float> block_score(static_cast<size_t>(blocks),
-                                     -std::numeric_limits<float>::infinity());
+      std::vector<double> block_score(static_cast<size_t>(blocks),
+                                      -std::numeric_limits<double>::infinity());
       for (int64_t j = 0; j < visible; ++j)
         block_score[static_cast<size_t>(j / bs)] =
             std::max(block_score[static_cast<size_t>(j / bs)], scores[static_cast<size_t>(j)]);
       if (blocks > 0)
         block_score[static_cast<size_t>((visible - 1) / bs)] =
-            std::numeric_limits<float>::infinity();
+            std::numeric_limits<double>::infinity();
       std::vector<uint8_t>& mask = ch.candidates[row];
       mask.assign(static_cast<size_t>(visible), 0);
       for (int32_t b : topk_indices(block_score, {}, c.candidate_topk_blocks))
@@ -445,6 +446,7 @@ void DeepseekV41Model::select_entries(Chunk& ch, int32_t l, std::span<const floa
     }
     selected[row] = topk_indices(scores, allow, c.index_topk);
   }
+  if (ch.trace != nullptr) ch.trace->selected[l] = selected;
 }
 
 std::vector<float> DeepseekV41Model::attention(Chunk& ch, int32_t l, std::span<const float> a) {
@@ -457,22 +459,22 @@ std::vector<float> DeepseekV41Model::attention(Chunk& ch, int32_t l, std::span<c
   const int64_t hd = c.head_dim, rd = c.qk_rope_head_dim, window = c.sliding_window;
   SequenceState& state = *ch.state;
   // qr = q_norm(wq_a(a))  [n, Q];  q = wq_b(qr)  [n, H, hd], RoPE on the trailing rd channels.
-  std::vector<float> qr = linear(backend_, a, n, w.wq_a);
+  std::vector<float> qr = linear(ops_, a, n, w.wq_a);
   rms_norm_rows(qr, n, c.q_lora_rank, w.q_norm.data<float>(), c.rms_norm_eps);
-  std::vector<float> q = linear(backend_, qr, n, w.wq_b);
+  std::vector<float> q = linear(ops_, qr, n, w.wq_b);
   for (int64_t r = 0; r < n; ++r)
-    for (int32_t h = 0; h < heads; ++h) rope.apply(q.data() + (r * heads + h) * hd + hd - rd, ch.pos(r));
+    for (int32_t h = 0; h < heads; ++h)
+      rope.apply(q.data() + (r * heads + h) * hd + hd - rd, ch.pos(r));
   // kv = fq_fp8(rope(kv_norm(wkv(a))))  [n, hd]: the window K=V rows, kept as FP8 bytes.
-  std::vector<float> kv = linear(backend_, a, n, w.wkv);
+  std::vector<float> kv = linear(ops_, a, n, w.wkv);
   rms_norm_rows(kv, n, hd, w.kv_norm.data<float>(), c.rms_norm_eps);
   const CacheGeometry geo = CacheGeometry::from_config(c);
   std::vector<uint8_t> kv_bytes(static_cast<size_t>(n) * geo.swa_row_bytes);
   for (int64_t r = 0; r < n; ++r) {
     float* row = kv.data() + r * hd;
     rope.apply(row + hd - rd, ch.pos(r));
-    const std::span<uint8_t> bytes =
-        std::span<uint8_t>(kv_bytes).subspan(static_cast<size_t>(r) * geo.swa_row_bytes,
-                                             geo.swa_row_bytes);
+    const std::span<uint8_t> bytes = std::span<uint8_t>(kv_bytes).subspan(
+        static_cast<size_t>(r) * geo.swa_row_bytes, geo.swa_row_bytes);
     quantize_fp8_block32_pow2(std::span<const float>(row, static_cast<size_t>(hd)),
                               bytes.first(static_cast<size_t>(hd)),
                               bytes.subspan(static_cast<size_t>(hd)));
@@ -512,18 +514,19 @@ std::vector<float> DeepseekV41Model::attention(Chunk& ch, int32_t l, std::span<c
         const size_t at = keys.size();
         keys.resize(at + static_cast<size_t>(hd));
         const auto bytes = state.main_entry(info.kv_owner, j);
-        dequantize_fp4_block16_e4m3scale(bytes.first(static_cast<size_t>(hd / 2)),
-                                         bytes.subspan(static_cast<size_t>(hd / 2)),
-                                         std::span<float>(keys).subspan(at, static_cast<size_t>(hd)));
+        dequantize_fp4_block16_e4m3scale(
+            bytes.first(static_cast<size_t>(hd / 2)), bytes.subspan(static_cast<size_t>(hd / 2)),
+            std::span<float>(keys).subspan(at, static_cast<size_t>(hd)));
       }
     }
-    const std::span<float> orow =
-        std::span<float>(o).subspan(static_cast<size_t>(r * heads * hd), static_cast<size_t>(heads * hd));
+    const std::span<float> orow = std::span<float>(o).subspan(static_cast<size_t>(r * heads * hd),
+                                                              static_cast<size_t>(heads * hd));
     attention_row(std::span<const float>(q).subspan(static_cast<size_t>(r * heads * hd),
                                                     static_cast<size_t>(heads * hd)),
                   heads, static_cast<int32_t>(hd), keys, static_cast<int64_t>(keys.size()) / hd,
                   w.attn_sink.span<float>(), orow);
-    for (int32_t h = 0; h < heads; ++h) rope.apply(orow.data() + h * hd + hd - rd, p, /*inverse=*/true);
+    for (int32_t h = 0; h < heads; ++h)
+      rope.apply(orow.data() + h * hd + hd - rd, p, /*inverse=*/true);
   }
   // The chunk's rows enter the ring after every query has read it (a chunk may be longer than
   // the window).
@@ -531,21 +534,8 @@ std::vector<float> DeepseekV41Model::attention(Chunk& ch, int32_t l, std::span<c
     std::copy_n(kv_bytes.data() + static_cast<size_t>(r) * geo.swa_row_bytes, geo.swa_row_bytes,
                 state.swa_row(l, ch.pos(r)).data());
 
-  // Grouped low-rank output: o.view(n, G, H*hd/G)[g] @ wo_a[g]^T -> [n, G*O] -> wo_b -> [n, D]
-  const int32_t groups = c.o_groups;
-  const int64_t group_in = heads * hd / groups, group_out = c.o_lora_rank;
-  std::vector<float> og(static_cast<size_t>(n * group_in));
-  std::vector<float> mid(static_cast<size_t>(n * groups * group_out));
-  for (int32_t g = 0; g < groups; ++g) {
-    for (int64_t r = 0; r < n; ++r)
-      std::copy_n(o.data() + r * heads * hd + g * group_in, group_in, og.data() + r * group_in);
-    const std::vector<float> part =
-        linear(backend_, og, n, w.wo_a.view().slice_rows(g * group_out, (g + 1) * group_out));
-    for (int64_t r = 0; r < n; ++r)
-      std::copy_n(part.data() + r * group_out, group_out,
-                  mid.data() + r * groups * group_out + g * group_out);
-  }
-  return linear(backend_, mid, n, w.wo_b);
+  // Grouped low-rank output: [n, H*hd] -> [n, G*O] -> [n, D]
+  return output_projection(ops_, c, w, o, n);
 }
 
 double DeepseekV41Model::weight_bytes_per_decode_token() const {
@@ -553,7 +543,9 @@ double DeepseekV41Model::weight_bytes_per_decode_token() const {
   // experts + the shared expert, embed row, head.
   const ModelConfig& c = config_;
   double bytes = 0.0;
-  const auto tensor_bytes = [](const HostTensor& t) { return static_cast<double>(t.numel()) * 4.0; };
+  const auto tensor_bytes = [](const HostTensor& t) {
+    return static_cast<double>(t.numel()) * 4.0;
+  };
   for (int32_t l = 0; l < c.num_hidden_layers; ++l) {
     const BlockWeights& w = weights_.layers[static_cast<size_t>(l)];
     const AttentionWeights& a = w.attn;
@@ -564,10 +556,12 @@ double DeepseekV41Model::weight_bytes_per_decode_token() const {
       bytes += tensor_bytes(*t);
     if (!w.moe.experts.empty()) {
       const FfnWeights& e = w.moe.experts.front();
-      bytes += c.experts_per_tok_of(l) * (tensor_bytes(e.w1) + tensor_bytes(e.w2) + tensor_bytes(e.w3));
+      bytes +=
+          c.experts_per_tok_of(l) * (tensor_bytes(e.w1) + tensor_bytes(e.w2) + tensor_bytes(e.w3));
     }
     if (w.engram)
-      bytes += tensor_bytes(w.engram->wkv) + c.engram_num_hashes() * (c.engram_head_dim + c.engram_head_dim / 32.0);
+      bytes += tensor_bytes(w.engram->wkv) +
+               c.engram_num_hashes() * (c.engram_head_dim + c.engram_head_dim / 32.0);
   }
   bytes += tensor_bytes(weights_.head) + c.hidden_size * 4.0;
   return bytes;

@@ -18,6 +18,7 @@
 
 #include "backend/backend.h"
 #include "common/result.h"
+#include "model/arch/causal_lm.h"
 #include "model/arch/deepseek_v41_layers.h"
 #include "model/arch/deepseek_v41_weights.h"
 #include "model/arch/sequence_state.h"
@@ -26,71 +27,41 @@
 
 namespace moeserve::arch {
 
-enum class ForwardMode : uint8_t { kOracle, kProduction };
-enum class LogitsRows : uint8_t { kNone, kLast, kAll };
-
-// Per-layer intermediate values of one forward call, for tests and debugging (optional).
-struct ForwardTrace {
-  std::vector<float> encoder_out;  // [T, HC, D] streams entering the candidate-source layer
-  std::vector<int32_t> encoder_positions;
-  std::map<int32_t, std::vector<float>> attn_in;    // attn_norm output [rows, D]
-  std::map<int32_t, std::vector<float>> layer_out;  // streams leaving the layer [rows, HC, D]
-  std::map<int32_t, std::vector<int32_t>> layer_positions;
-  std::map<int32_t, std::vector<int32_t>> experts;      // [rows, top_k]
-  std::map<int32_t, std::vector<int64_t>> engram_ids;   // [T, hashes]
-};
-
-struct SequenceInput {
-  SequenceState* state = nullptr;
-  std::span<const int32_t> tokens;    // positions state->num_tokens() .. + tokens.size()
-  std::span<const uint8_t> is_image;  // empty, or one flag per token (Engram DEAD, bias_vl)
-  // kProduction: the prompt length P of the request (needed on its first chunk); -1 = this call's
-  // end. Ignored in kOracle.
-  int32_t prompt_len = -1;
-  LogitsRows logits = LogitsRows::kLast;
-  bool want_main_hidden = true;  // DSpark taps of the rows the target layers ran on
-  ForwardTrace* trace = nullptr;
-};
-
-struct SequenceOutput {
-  std::vector<int32_t> logit_positions;
-  std::vector<float> logits;  // [logit_positions.size(), V]
-  std::vector<int32_t> main_hidden_positions;
-  std::vector<float> main_hidden;  // [positions, taps * D]: mean over streams entering each target
-};
-
 // Invocation counters (the "every path exercised" guard of the tests).
 struct ForwardStats {
   std::array<int64_t, 4> layer_mode_calls{};  // indexed by LayerMode
   int64_t candidate_source_calls = 0;
   int64_t compressor_groups_ratio1 = 0;
-  int64_t compressor_groups_ratio2 = 0;   // groups of ratio > 1
-  int64_t compressor_partial_carries = 0; // calls that ended with a partial group buffered
-  std::vector<int64_t> engram_calls;      // per Engram layer (config.engram_layers order)
-  int64_t narrowed_calls = 0;             // production calls that skipped decoder rows
+  int64_t compressor_groups_ratio2 = 0;    // groups of ratio > 1
+  int64_t compressor_partial_carries = 0;  // calls that ended with a partial group buffered
+  std::vector<int64_t> engram_calls;       // per Engram layer (config.engram_layers order)
+  int64_t narrowed_calls = 0;              // production calls that skipped decoder rows
 };
 
-class DeepseekV41Model {
+class DeepseekV41Model final : public CausalLm {
  public:
   [[nodiscard]] static Result<std::unique_ptr<DeepseekV41Model>> load(
       const std::filesystem::path& dir, Backend& backend);
   DeepseekV41Model(ModelConfig config, ModelWeights weights, EngramTokenMap token_map,
                    Backend& backend);
 
-  [[nodiscard]] const ModelConfig& config() const { return config_; }
+  [[nodiscard]] const ModelConfig& config() const override { return config_; }
   [[nodiscard]] const ModelWeights& weights() const { return weights_; }
   [[nodiscard]] Backend& backend() const { return backend_; }
-  [[nodiscard]] std::unique_ptr<SequenceState> new_state() const;
+  [[nodiscard]] const LinearOps& linear_ops() const { return ops_; }
+  // false: linears use the backend's fast GEMM (results then depend on the batch shape).
+  void set_batch_invariant(bool on) override { ops_.batch_invariant = on; }
+  [[nodiscard]] std::unique_ptr<SequenceState> new_state() const override;
   // Replaces the Engram compressed-token map (default: identity, valid for the tiny model).
   void set_token_map(EngramTokenMap map) { token_map_ = std::move(map); }
 
   // One step over a batch of sequences (looped for now; shaped for batching later).
   [[nodiscard]] Result<std::vector<SequenceOutput>> forward(std::span<const SequenceInput> inputs,
-                                                            ForwardMode mode);
+                                                            ForwardMode mode) override;
 
   [[nodiscard]] const ForwardStats& stats() const { return stats_; }
   // Bytes of weights a decode token reads (dense + top-k experts + head): the CPU roofline.
-  [[nodiscard]] double weight_bytes_per_decode_token() const;
+  [[nodiscard]] double weight_bytes_per_decode_token() const override;
 
  private:
   struct Chunk;
@@ -106,6 +77,7 @@ class DeepseekV41Model {
   ModelWeights weights_;
   EngramTokenMap token_map_;
   Backend& backend_;
+  LinearOps ops_;
   Rope rope_main_;
   Rope rope_compress_;
   ForwardStats stats_;

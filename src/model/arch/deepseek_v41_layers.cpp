@@ -5,12 +5,13 @@
 #include <numbers>
 #include <numeric>
 
+#include "backend/cpu/cpu_backend.h"
 #include "common/check.h"
 #include "common/numeric.h"
 
 namespace moeserve::arch {
 
-std::vector<float> linear(Backend& backend, std::span<const float> x, int64_t rows,
+std::vector<float> linear(const LinearOps& ops, std::span<const float> x, int64_t rows,
                           TensorView w) {
   const int64_t out = w.dim(0), in = w.dim(1);
   MS_CHECK_EQ(x.size(), static_cast<size_t>(rows * in));
@@ -21,12 +22,15 @@ std::vector<float> linear(Backend& backend, std::span<const float> x, int64_t ro
   p.b = w;
   p.c = TensorView(y.data(), DType::kF32, Shape{rows, out});
   p.b_transposed = true;
-  backend.gemm(p);
+  if (ops.batch_invariant && ops.backend.device().kind == DeviceKind::kCpu) {
+    cpu::gemm_reference(p);
+  } else {
+    ops.backend.gemm(p);
+  }
   return y;
 }
 
-void rms_norm_rows(std::span<float> x, int64_t rows, int64_t dim, const float* weight,
-                   double eps) {
+void rms_norm_rows(std::span<float> x, int64_t rows, int64_t dim, const float* weight, double eps) {
   MS_CHECK_EQ(x.size(), static_cast<size_t>(rows * dim));
   for (int64_t r = 0; r < rows; ++r) {
     float* row = x.data() + r * dim;
@@ -53,8 +57,9 @@ Rope::Rope(const ModelConfig& config, RopeKind kind) : rd_(config.qk_rope_head_d
   if (compress && ys.enabled) {
     // YaRN (§2.2): correction range from beta_fast/beta_slow, linear ramp over the rd/2 pairs.
     const auto correction_dim = [&](double rotations) {
-      return rd_ * std::log(static_cast<double>(ys.original_max_position_embeddings) /
-                            (rotations * 2.0 * std::numbers::pi)) /
+      return rd_ *
+             std::log(static_cast<double>(ys.original_max_position_embeddings) /
+                      (rotations * 2.0 * std::numbers::pi)) /
              (2.0 * std::log(base));
     };
     double low = std::max(std::floor(correction_dim(ys.beta_fast)), 0.0);
@@ -152,7 +157,8 @@ std::vector<float> hc_collapse(std::span<const float> x, int64_t rows, int32_t h
     for (int64_t i = 0; i < dim; ++i) {
       double acc = 0.0;
       for (int32_t k = 0; k < hc; ++k)
-        acc += pre[static_cast<size_t>(r * hc + k)] * x[static_cast<size_t>((r * hc + k) * dim + i)];
+        acc +=
+            pre[static_cast<size_t>(r * hc + k)] * x[static_cast<size_t>((r * hc + k) * dim + i)];
       out[static_cast<size_t>(r * dim + i)] = static_cast<float>(acc);
     }
   }
@@ -173,7 +179,8 @@ void hc_expand(std::span<float> x, int64_t rows, int32_t hc, int64_t dim, std::s
         for (int32_t j = 0; j < hc; ++j) acc += comb[j * hc + k] * xr[j * dim + i];
         next[static_cast<size_t>(k)] = acc;
       }
-      for (int32_t k = 0; k < hc; ++k) xr[k * dim + i] = static_cast<float>(next[static_cast<size_t>(k)]);
+      for (int32_t k = 0; k < hc; ++k)
+        xr[k * dim + i] = static_cast<float>(next[static_cast<size_t>(k)]);
     }
   }
 }
@@ -184,7 +191,7 @@ std::vector<double> identity_pre(int64_t rows, int32_t hc) {
   return pre;
 }
 
-std::vector<int32_t> topk_indices(std::span<const float> scores, std::span<const uint8_t> allowed,
+std::vector<int32_t> topk_indices(std::span<const double> scores, std::span<const uint8_t> allowed,
                                   int32_t k) {
   std::vector<int32_t> idx;
   idx.reserve(scores.size());
@@ -193,8 +200,8 @@ std::vector<int32_t> topk_indices(std::span<const float> scores, std::span<const
   const size_t kk = std::min(idx.size(), static_cast<size_t>(std::max(k, 0)));
   std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(kk), idx.end(),
                     [&](int32_t a, int32_t b) {
-                      const float sa = scores[static_cast<size_t>(a)];
-                      const float sb = scores[static_cast<size_t>(b)];
+                      const double sa = scores[static_cast<size_t>(a)];
+                      const double sb = scores[static_cast<size_t>(b)];
                       if (sa != sb) return sa > sb;
                       return a < b;
                     });
@@ -205,10 +212,10 @@ std::vector<int32_t> topk_indices(std::span<const float> scores, std::span<const
 namespace {
 
 // One SwiGLU expert on `rows` rows; `row_weight` (may be empty) scales h before w2.
-std::vector<float> expert_ffn(Backend& backend, const FfnWeights& w, std::span<const float> x,
+std::vector<float> expert_ffn(const LinearOps& ops, const FfnWeights& w, std::span<const float> x,
                               int64_t rows, double limit, std::span<const float> row_weight) {
-  std::vector<float> g = linear(backend, x, rows, w.w1);
-  const std::vector<float> u = linear(backend, x, rows, w.w3);
+  std::vector<float> g = linear(ops, x, rows, w.w1);
+  const std::vector<float> u = linear(ops, x, rows, w.w3);
   const int64_t inter = w.w1.shape()[0];
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < inter; ++i) {
@@ -223,33 +230,33 @@ std::vector<float> expert_ffn(Backend& backend, const FfnWeights& w, std::span<c
       g[at] = static_cast<float>(h);
     }
   }
-  return linear(backend, g, rows, w.w2);
+  return linear(ops, g, rows, w.w2);
 }
 
 }  // namespace
 
-std::vector<float> moe_forward(Backend& backend, const ModelConfig& config, const MoeWeights& w,
+std::vector<float> moe_forward(const LinearOps& ops, const ModelConfig& config, const MoeWeights& w,
                                int32_t top_k, std::span<const float> x, int64_t rows,
                                std::span<const uint8_t> is_image, MoeTrace* trace) {
   const int64_t d = config.hidden_size;
   const int32_t e = static_cast<int32_t>(w.experts.size());
   // [rows, E] router logits.
-  const std::vector<float> z = linear(backend, x, rows, w.gate);
+  const std::vector<float> z = linear(ops, x, rows, w.gate);
   std::vector<std::vector<int32_t>> rows_of(static_cast<size_t>(e));
   std::vector<std::vector<float>> weights_of(static_cast<size_t>(e));
   if (trace != nullptr) trace->experts.assign(static_cast<size_t>(rows * top_k), -1);
-  std::vector<float> sel(static_cast<size_t>(e));
+  std::vector<double> sel(static_cast<size_t>(e));
   std::vector<double> s(static_cast<size_t>(e));
   for (int64_t r = 0; r < rows; ++r) {
     const bool image = !is_image.empty() && is_image[static_cast<size_t>(r)] != 0;
     // NOTE: bias_vl replaces bias for image tokens (§5); draft stages have no bias_vl.
-    const float* bias = (image && w.bias_vl.numel() > 0) ? w.bias_vl.data<float>()
-                                                         : w.bias.data<float>();
+    const float* bias =
+        (image && w.bias_vl.numel() > 0) ? w.bias_vl.data<float>() : w.bias.data<float>();
     for (int32_t i = 0; i < e; ++i) {
       const double zi = z[static_cast<size_t>(r * e + i)] / config.gate_temp;
       const double softplus = zi > 0 ? zi + std::log1p(std::exp(-zi)) : std::log1p(std::exp(zi));
       s[static_cast<size_t>(i)] = std::sqrt(softplus);
-      sel[static_cast<size_t>(i)] = static_cast<float>(s[static_cast<size_t>(i)] + bias[i]);
+      sel[static_cast<size_t>(i)] = s[static_cast<size_t>(i)] + bias[i];
     }
     const std::vector<int32_t> chosen = topk_indices(sel, {}, top_k);
     double sum = 0.0;
@@ -257,9 +264,10 @@ std::vector<float> moe_forward(Backend& backend, const ModelConfig& config, cons
     for (size_t i = 0; i < chosen.size(); ++i) {
       const int32_t c = chosen[i];
       // NOTE: normalised (sum + 1e-20) also for top-1, as the §5 pseudocode (oracle choice 3).
-      const double wt = config.norm_topk_prob
-                            ? s[static_cast<size_t>(c)] / (sum + 1e-20) * config.routed_scaling_factor
-                            : s[static_cast<size_t>(c)] * config.routed_scaling_factor;
+      const double wt =
+          config.norm_topk_prob
+              ? s[static_cast<size_t>(c)] / (sum + 1e-20) * config.routed_scaling_factor
+              : s[static_cast<size_t>(c)] * config.routed_scaling_factor;
       rows_of[static_cast<size_t>(c)].push_back(static_cast<int32_t>(r));
       weights_of[static_cast<size_t>(c)].push_back(static_cast<float>(wt));
       if (trace != nullptr) trace->experts[static_cast<size_t>(r * top_k) + i] = c;
@@ -267,7 +275,7 @@ std::vector<float> moe_forward(Backend& backend, const ModelConfig& config, cons
   }
   // NOTE: the swiglu clamp applies to the shared expert too (oracle choice 6).
   std::vector<float> y =
-      expert_ffn(backend, w.shared, x, rows, config.swiglu_limit, std::span<const float>{});
+      expert_ffn(ops, w.shared, x, rows, config.swiglu_limit, std::span<const float>{});
   std::vector<float> gathered;
   for (int32_t i = 0; i < e; ++i) {
     const auto& idx = rows_of[static_cast<size_t>(i)];
@@ -276,9 +284,9 @@ std::vector<float> moe_forward(Backend& backend, const ModelConfig& config, cons
     gathered.resize(static_cast<size_t>(n * d));
     for (int64_t j = 0; j < n; ++j)
       std::copy_n(x.data() + idx[static_cast<size_t>(j)] * d, d, gathered.data() + j * d);
-    const std::vector<float> out = expert_ffn(backend, w.experts[static_cast<size_t>(i)],
-                                              gathered, n, config.swiglu_limit,
-                                              weights_of[static_cast<size_t>(i)]);
+    const std::vector<float> out =
+        expert_ffn(ops, w.experts[static_cast<size_t>(i)], gathered, n, config.swiglu_limit,
+                   weights_of[static_cast<size_t>(i)]);
     for (int64_t j = 0; j < n; ++j) {
       float* dst = y.data() + idx[static_cast<size_t>(j)] * d;
       for (int64_t c = 0; c < d; ++c) dst[c] += out[static_cast<size_t>(j * d + c)];
@@ -316,6 +324,26 @@ void attention_row(std::span<const float> q, int32_t heads, int32_t head_dim,
     for (int32_t i = 0; i < head_dim; ++i)
       oh[i] = static_cast<float>(acc[static_cast<size_t>(i)] / denom);
   }
+}
+
+std::vector<float> output_projection(const LinearOps& ops, const ModelConfig& config,
+                                     const AttentionWeights& w, std::span<const float> o,
+                                     int64_t rows) {
+  const int32_t groups = config.o_groups;
+  const int64_t width = static_cast<int64_t>(config.num_attention_heads) * config.head_dim;
+  const int64_t group_in = width / groups, group_out = config.o_lora_rank;
+  std::vector<float> og(static_cast<size_t>(rows * group_in));
+  std::vector<float> mid(static_cast<size_t>(rows * groups * group_out));
+  for (int32_t g = 0; g < groups; ++g) {
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(o.data() + r * width + g * group_in, group_in, og.data() + r * group_in);
+    const std::vector<float> part =
+        linear(ops, og, rows, w.wo_a.view().slice_rows(g * group_out, (g + 1) * group_out));
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy_n(part.data() + r * group_out, group_out,
+                  mid.data() + r * groups * group_out + g * group_out);
+  }
+  return linear(ops, mid, rows, w.wo_b);
 }
 
 }  // namespace moeserve::arch

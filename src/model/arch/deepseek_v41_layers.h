@@ -14,17 +14,26 @@
 
 namespace moeserve::arch {
 
-// y[rows, out] = x[rows, in] · W[out, in]^T on the backend (fp32 GEMM).
-[[nodiscard]] std::vector<float> linear(Backend& backend, std::span<const float> x, int64_t rows,
-                                        TensorView w);
-[[nodiscard]] inline std::vector<float> linear(Backend& backend, std::span<const float> x,
+// How linears run: on the backend's GEMM, or (batch_invariant) on the CPU reference GEMM whose
+// per-row result does not depend on the number of rows (double accumulation).
+// NOTE: batch invariance is what makes chunked prefill ≡ one-shot prefill exactly: an fp32 GEMM
+// whose summation order changes with M perturbs values by ~1e-7, and a value near an FP4/FP8
+// rounding boundary of a cache entry or indexer query then flips, changing top-k selections.
+struct LinearOps {
+  Backend& backend;
+  bool batch_invariant = true;
+};
+
+// y[rows, out] = x[rows, in] · W[out, in]^T.
+[[nodiscard]] std::vector<float> linear(const LinearOps& ops, std::span<const float> x,
+                                        int64_t rows, TensorView w);
+[[nodiscard]] inline std::vector<float> linear(const LinearOps& ops, std::span<const float> x,
                                                int64_t rows, const HostTensor& w) {
-  return linear(backend, x, rows, w.view());
+  return linear(ops, x, rows, w.view());
 }
 
 // In place: x[r,:] *= rsqrt(mean(x[r,:]^2) + eps) * weight (weight may be null = ones).
-void rms_norm_rows(std::span<float> x, int64_t rows, int64_t dim, const float* weight,
-                   double eps);
+void rms_norm_rows(std::span<float> x, int64_t rows, int64_t dim, const float* weight, double eps);
 
 // Rounds every value to bf16 (round-to-nearest-even) and back.
 void round_to_bf16(std::span<float> x);
@@ -62,7 +71,7 @@ void hc_expand(std::span<float> x, int64_t rows, int32_t hc, int64_t dim, std::s
 // Indices of the k best allowed scores: higher score first, ties -> lowest index.
 // NOTE: the tie rule is the oracle's documented choice (README choice 1); scores are compared
 // with ==, so -0.0 ties +0.0. k is clamped to the number of allowed entries.
-[[nodiscard]] std::vector<int32_t> topk_indices(std::span<const float> scores,
+[[nodiscard]] std::vector<int32_t> topk_indices(std::span<const double> scores,
                                                 std::span<const uint8_t> allowed, int32_t k);
 
 // Routing of one MoE call, for tests and load statistics.
@@ -71,7 +80,7 @@ struct MoeTrace {
 };
 // y[rows, D] = routed experts (sqrt-softplus router, bias for selection only, bias_vl for image
 // rows, weights normalised (sum + 1e-20) * routed_scaling_factor) + shared expert (§5).
-[[nodiscard]] std::vector<float> moe_forward(Backend& backend, const ModelConfig& config,
+[[nodiscard]] std::vector<float> moe_forward(const LinearOps& ops, const ModelConfig& config,
                                              const MoeWeights& w, int32_t top_k,
                                              std::span<const float> x, int64_t rows,
                                              std::span<const uint8_t> is_image, MoeTrace* trace);
@@ -80,5 +89,11 @@ struct MoeTrace {
 void attention_row(std::span<const float> q, int32_t heads, int32_t head_dim,
                    std::span<const float> keys, int64_t num_keys, std::span<const float> sink,
                    std::span<float> out);
+
+// Grouped low-rank output projection (§2.5): o.view(n, G, H*hd/G)[g] @ wo_a[g]^T -> [n, G*O],
+// then wo_b -> [n, D].
+[[nodiscard]] std::vector<float> output_projection(const LinearOps& ops, const ModelConfig& config,
+                                                   const AttentionWeights& w,
+                                                   std::span<const float> o, int64_t rows);
 
 }  // namespace moeserve::arch

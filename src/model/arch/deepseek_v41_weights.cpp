@@ -65,8 +65,7 @@ Result<BlockWeights> load_block(const ModelConfig& c, const CheckpointReader& r,
     MS_ASSIGN_OR_RETURN(b.moe.bias_vl, r.load_dense(fp + "gate.bias_vl", {e}));
   }
   for (int64_t i = 0; i < e; ++i) {
-    MS_ASSIGN_OR_RETURN(FfnWeights f,
-                        load_ffn(r, fmt::format("{}experts.{}.", fp, i), d, inter));
+    MS_ASSIGN_OR_RETURN(FfnWeights f, load_ffn(r, fmt::format("{}experts.{}.", fp, i), d, inter));
     b.moe.experts.push_back(std::move(f));
   }
   MS_ASSIGN_OR_RETURN(b.moe.shared, load_ffn(r, fp + "shared_experts.", d, inter));
@@ -86,8 +85,8 @@ Result<BlockWeights> load_block(const ModelConfig& c, const CheckpointReader& r,
                         "checkpoint tensor '{}table.scale' must be F8_E8M0 [{}, {}]", ep, rows,
                         (dim + 31) / 32);
     ew.table = EngramTable(tw->bytes, ts->bytes, rows, static_cast<int32_t>(dim), r.keep_alive());
-    MS_ASSIGN_OR_RETURN(ew.wkv, r.load_linear(ep + "wkv.weight", d * (hc + 1),
-                                              c.engram_embed_dim()));
+    MS_ASSIGN_OR_RETURN(ew.wkv,
+                        r.load_linear(ep + "wkv.weight", d * (hc + 1), c.engram_embed_dim()));
     MS_ASSIGN_OR_RETURN(HostTensor qw, r.load_dense(ep + "q_weight", {hc, d}));
     MS_ASSIGN_OR_RETURN(HostTensor kw, r.load_dense(ep + "k_weight", {hc, d}));
     ew.qk_weight = HostTensor(DType::kF32, Shape{hc, d});
@@ -107,8 +106,7 @@ Result<ModelWeights> load_model_weights(const ModelConfig& c, const CheckpointRe
   MS_ASSIGN_OR_RETURN(w.head, r.load_linear("head.weight", v, d));
   MS_ASSIGN_OR_RETURN(w.norm, r.load_dense("norm.weight", {d}));
   for (int32_t l = 0; l < c.num_hidden_layers; ++l) {
-    MS_ASSIGN_OR_RETURN(BlockWeights b,
-                        load_block(c, r, c.layer(l), fmt::format("layers.{}.", l)));
+    MS_ASSIGN_OR_RETURN(BlockWeights b, load_block(c, r, c.layer(l), fmt::format("layers.{}.", l)));
     w.layers.push_back(std::move(b));
   }
   const int32_t stages = c.num_nextn_predict_layers;

@@ -46,8 +46,8 @@ struct AttentionWeights {
 
 struct EngramWeights {
   EngramTable table;
-  HostTensor wkv;       // [D*(HC+1), NE]
-  HostTensor qk_weight; // [HC, D] = q_weight * k_weight (only the product is used)
+  HostTensor wkv;        // [D*(HC+1), NE]
+  HostTensor qk_weight;  // [HC, D] = q_weight * k_weight (only the product is used)
 };
 
 struct BlockWeights {

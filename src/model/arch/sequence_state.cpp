@@ -67,8 +67,8 @@ void ContiguousSequenceState::append_global_entry(int32_t layer, std::span<const
 std::span<const uint8_t> ContiguousSequenceState::main_entry(int32_t layer, int64_t j) const {
   const GlobalCache& g = global(layer);
   MS_CHECK(j >= 0 && j < g.entries);
-  return std::span<const uint8_t>(g.main).subspan(static_cast<size_t>(j) * geometry_.main_entry_bytes,
-                                                  geometry_.main_entry_bytes);
+  return std::span<const uint8_t>(g.main).subspan(
+      static_cast<size_t>(j) * geometry_.main_entry_bytes, geometry_.main_entry_bytes);
 }
 
 std::span<const uint8_t> ContiguousSequenceState::index_key(int32_t layer, int64_t j) const {

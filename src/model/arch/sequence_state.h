@@ -1,6 +1,7 @@
 // SequenceState: everything one request carries between forward calls (model.md §2.2–§2.3, §4,
 // §6.1) behind one interface, so the paged KV manager can implement it later:
-//   - per backbone layer an SWA ring of `window` rows, each hd e4m3 + hd/32 ue8m0 (528 B at hd 512),
+//   - per backbone layer an SWA ring of `window` rows, each hd e4m3 + hd/32 ue8m0 (528 B at hd
+//   512),
 //     slot = position % window;
 //   - per KV-source layer the global cache: main entries (hd/2 B e2m1 + hd/16 e4m3 scales = 288 B)
 //     and index keys (ID/2 B e2m1 + ID/32 ue8m0 = 68 B), append-only, entry j = group j;
@@ -24,21 +25,21 @@ namespace moeserve::arch {
 
 // Byte geometry of the cache rows (derived from the config).
 struct CacheGeometry {
-  int32_t head_dim = 0;        // hd
-  int32_t index_head_dim = 0;  // ID
-  int32_t window = 0;          // sliding_window
-  size_t swa_row_bytes = 0;    // hd + hd/32
-  size_t main_entry_bytes = 0; // hd/2 + hd/16
-  size_t index_key_bytes = 0;  // ID/2 + ID/32
+  int32_t head_dim = 0;         // hd
+  int32_t index_head_dim = 0;   // ID
+  int32_t window = 0;           // sliding_window
+  size_t swa_row_bytes = 0;     // hd + hd/32
+  size_t main_entry_bytes = 0;  // hd/2 + hd/16
+  size_t index_key_bytes = 0;   // ID/2 + ID/32
 
   [[nodiscard]] static CacheGeometry from_config(const ModelConfig& config);
 };
 
 // Buffered rows of a compressor group that has not completed yet (ratio r > 1: at most r-1 rows).
 struct CompressorPartial {
-  int32_t rows = 0;          // buffered rows (positions r*j .. r*j + rows - 1)
-  std::vector<float> kv;     // [rows, hd] compressor.wkv outputs
-  std::vector<float> gate;   // [rows, hd] compressor.wgate outputs
+  int32_t rows = 0;         // buffered rows (positions r*j .. r*j + rows - 1)
+  std::vector<float> kv;    // [rows, hd] compressor.wkv outputs
+  std::vector<float> gate;  // [rows, hd] compressor.wgate outputs
 };
 
 class SequenceState {
@@ -116,12 +117,12 @@ class ContiguousSequenceState final : public SequenceState {
   int32_t num_layers_ = 0;
   int32_t num_tokens_ = 0;
   int32_t replay_start_ = 0;
-  std::vector<std::vector<uint8_t>> swa_;           // [layer][window * row]
-  std::vector<int32_t> global_slot_;                // layer -> index into globals_ (-1 none)
+  std::vector<std::vector<uint8_t>> swa_;  // [layer][window * row]
+  std::vector<int32_t> global_slot_;       // layer -> index into globals_ (-1 none)
   std::vector<GlobalCache> globals_;
-  std::vector<CompressorPartial> partials_;         // parallel to globals_
+  std::vector<CompressorPartial> partials_;  // parallel to globals_
   EngramHistory engram_history_;
-  std::vector<std::vector<uint8_t>> dspark_;        // [stage][window * row]
+  std::vector<std::vector<uint8_t>> dspark_;  // [stage][window * row]
   int32_t dspark_begin_ = 0;
   int32_t dspark_end_ = 0;
 };

@@ -13,6 +13,8 @@
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include "backend/cpu/cpu_backend.h"
+
 namespace moeserve::test {
 
 namespace fs = std::filesystem;
@@ -56,6 +58,20 @@ const fs::path& tiny_model_dir() {
     return out;
   }();
   return dir;
+}
+
+TinyModel load_tiny_model() {
+  TinyModel t;
+  t.backend = make_cpu_backend();
+  auto loaded = arch::DeepseekV41Model::load(tiny_model_dir(), *t.backend);
+  if (!loaded) throw std::runtime_error(loaded.error().to_string());
+  t.model = std::move(*loaded);
+  return t;
+}
+
+TinyModel& shared_tiny_model() {
+  static TinyModel t = load_tiny_model();
+  return t;
 }
 
 std::vector<int64_t> OracleDump::shape(const std::string& name) const {

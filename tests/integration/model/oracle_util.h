@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "model/arch/checkpoint_reader.h"
+#include "model/arch/deepseek_v41.h"
 
 namespace moeserve::test {
 
@@ -18,6 +20,14 @@ std::filesystem::path make_temp_dir(const std::string& tag);
 // The §9 tiny checkpoint: `moeserve model gen-tiny` when the built binary has it, else the oracle's
 // generator. Generated once per process.
 const std::filesystem::path& tiny_model_dir();
+
+// A freshly loaded tiny model on the CPU backend (load_tiny_model) or one shared per process.
+struct TinyModel {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<arch::DeepseekV41Model> model;
+};
+TinyModel load_tiny_model();
+TinyModel& shared_tiny_model();
 
 struct OracleDump {
   arch::CheckpointReader reader;
