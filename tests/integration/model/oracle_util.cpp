@@ -44,7 +44,7 @@ const fs::path& tiny_model_dir() {
     bool made = false;
     if (fs::exists(bin) &&
         run(fmt::format("'{}' model gen-tiny --help > /dev/null 2>&1", bin.string())) == 0) {
-      made = run(fmt::format("'{}' model gen-tiny --out '{}' > /dev/null 2>&1", bin.string(),
+      made = run(fmt::format("'{}' model gen-tiny '{}' > /dev/null 2>&1", bin.string(),
                              out.string())) == 0 &&
              fs::exists(out / "config.json");
     }
