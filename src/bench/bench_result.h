@@ -13,7 +13,7 @@
 namespace moeserve::bench {
 
 struct BenchResult {
-  std::string benchmark;     // e.g. "eplb", "forward", "tokenizer"
+  std::string benchmark;  // e.g. "eplb", "forward", "tokenizer"
   nlohmann::json config = nlohmann::json::object();
   nlohmann::json results = nlohmann::json::object();
   // Roofline: ideal time (bytes / bandwidth or flops / rate) over measured time; absent if not
