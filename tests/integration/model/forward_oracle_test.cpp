@@ -164,13 +164,51 @@ TEST(ForwardOracle, ProductionMode90Tokens) {
 
 TEST(ForwardOracle, OracleMode84TokensSeed3) { check_against_oracle(ForwardMode::kOracle, 84, 3); }
 
-// NOTE: with image tokens at {5, 6, 40} this prompt ends at rel 5.5e-4: the C++ leaves the oracle
-// inside layer 4 at position 53 (3e-6) and grows from there, while Engram ids, routing, index
-// selections and every global cache entry stay identical. Suspected an FP8 window-KV rounding
-// flip (fp32 vs float64 input at an e4m3 rounding boundary); not yet proven, so this case is held
-// to 1e-3 and the same argmax, and tracked as open.
+// NOTE: image tokens at {5, 6, 40} (two adjacent DEAD tokens block the Engram shifts, gate 0,
+// bias_vl routing). Seed 3 (the earlier prompt) ended at rel 5.5e-4; the cause is an e4m3
+// rounding-boundary flip in the layer-4 window KV, not a C++ bug. Proof (numbers from a debug dump
+// of the C++ and the oracle's float64 attn_in.4 pushed through kv_norm(wkv(a))): position 50,
+// channel 30, pre-quant value C++ fp32 -1.03751267e-3 vs float64 -1.03772534e-3, i.e.
+// 1.0624130 vs 1.0626308 × 2^-10 around the e4m3 midpoint 1.0625 × 2^-10 between 2^-10 and
+// 1.125 × 2^-10; C++ stored -2^-10, the oracle -1.125 × 2^-10 (the fp32 inputs differ by 2e-7, the
+// expected fp32 noise). Forcing that one element to the oracle's rounding brought every layer to
+// ≤ 3e-7 and the logits to rel 3.2e-7. Seed 8 straddles another boundary (rel 1.2e-3); seeds 4, 5,
+// 6, 7, 9 do not (rel ≤ 3.2e-7). Seed 4 is used, under the normal tolerances.
 TEST(ForwardOracle, OracleModeWithImageTokens) {
-  check_against_oracle(ForwardMode::kOracle, 84, 3, {5, 6, 40}, 1e-3, 1e-3);
+  const std::vector<int32_t> image_pos = {5, 6, 40};
+  check_against_oracle(ForwardMode::kOracle, 84, 4, image_pos);
+  // Guard: the image flags must change both the Engram ids (DEAD + blocked shifts) and the routing
+  // of some image row (bias_vl), or this test checks nothing image-specific.
+  TinyModel& f = fixture();
+  const ModelConfig& c = f.model->config();
+  const std::vector<int32_t> ids = test_prompt(84, 4, c.vocab_size);
+  std::vector<uint8_t> image(ids.size(), 0);
+  for (int32_t p : image_pos) image[static_cast<size_t>(p)] = 1;
+  ForwardTrace with, without;
+  for (ForwardTrace* t : {&with, &without}) {
+    auto state = f.model->new_state();
+    SequenceInput in;
+    in.state = state.get();
+    in.tokens = ids;
+    if (t == &with) in.is_image = image;
+    in.logits = LogitsRows::kLast;
+    in.trace = t;
+    ASSERT_TRUE(f.model->forward({&in, 1}, ForwardMode::kOracle).has_value());
+  }
+  for (const auto& el : c.engram_layers)
+    EXPECT_NE(with.engram_ids.at(el.layer_id), without.engram_ids.at(el.layer_id))
+        << "image flags did not change the Engram ids of layer " << el.layer_id;
+  int64_t rerouted = 0;
+  for (int32_t l = 0; l < c.num_hidden_layers; ++l) {
+    const size_t k = static_cast<size_t>(c.experts_per_tok_of(l));
+    for (int32_t p : image_pos)
+      for (size_t i = 0; i < k; ++i)
+        rerouted += with.experts.at(l)[static_cast<size_t>(p) * k + i] !=
+                    without.experts.at(l)[static_cast<size_t>(p) * k + i];
+  }
+  std::printf("image rows: %ld routed expert slots changed by bias_vl\n",
+              static_cast<long>(rerouted));
+  EXPECT_GT(rerouted, 0) << "bias_vl never changed the routing of an image row";
 }
 
 }  // namespace
