@@ -7,6 +7,7 @@
 #include "common/check.h"
 #include "common/fake_quant.h"
 #include "common/logging.h"
+#include "model/checkpoint_validator.h"
 
 namespace moeserve::arch {
 
@@ -43,7 +44,12 @@ Result<std::unique_ptr<DeepseekV41Model>> DeepseekV41Model::load(const std::file
   if (config.model_type != "deepseek_v41")
     return make_error(ErrorCode::kInvalidArgument, "{}: model_type '{}' is not deepseek_v41",
                       dir.string(), config.model_type);
-  MS_ASSIGN_OR_RETURN(CheckpointReader reader, CheckpointReader::open(dir));
+  MS_ASSIGN_OR_RETURN(WeightLoader reader, WeightLoader::open(dir));
+  // Every missing / mis-typed / mis-shaped tensor at once (docs/checkpoint_format.md), before
+  // the per-tensor loads below (which still check what they read).
+  const CheckpointValidation validation = validate_checkpoint(config, reader.checkpoint());
+  for (const std::string& w : validation.warnings) MS_LOG_WARN("{}: {}", dir.string(), w);
+  MS_RETURN_IF_ERROR(validation.to_status(dir.string()));
   MS_ASSIGN_OR_RETURN(ModelWeights weights, load_model_weights(config, reader));
   EngramTokenMap map;
   if (!config.engram_layer_ids.empty()) {

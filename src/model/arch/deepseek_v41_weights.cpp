@@ -6,8 +6,7 @@ namespace moeserve::arch {
 
 namespace {
 
-Result<FfnWeights> load_ffn(const CheckpointReader& r, const std::string& p, int64_t d,
-                            int64_t inter) {
+Result<FfnWeights> load_ffn(const WeightLoader& r, const std::string& p, int64_t d, int64_t inter) {
   FfnWeights f;
   MS_ASSIGN_OR_RETURN(f.w1, r.load_linear(p + "w1.weight", inter, d));
   MS_ASSIGN_OR_RETURN(f.w3, r.load_linear(p + "w3.weight", inter, d));
@@ -15,8 +14,8 @@ Result<FfnWeights> load_ffn(const CheckpointReader& r, const std::string& p, int
   return f;
 }
 
-Result<BlockWeights> load_block(const ModelConfig& c, const CheckpointReader& r,
-                                const LayerInfo& info, const std::string& p) {
+Result<BlockWeights> load_block(const ModelConfig& c, const WeightLoader& r, const LayerInfo& info,
+                                const std::string& p) {
   const int64_t d = c.hidden_size, hd = c.head_dim, h = c.num_attention_heads;
   const int64_t q = c.q_lora_rank, g = c.o_groups, o = c.o_lora_rank;
   const int64_t m = c.hc_mix_count(), hc = c.hc_mult;
@@ -74,17 +73,18 @@ Result<BlockWeights> load_block(const ModelConfig& c, const CheckpointReader& r,
     const std::string ep = p + "engram.";
     EngramWeights ew;
     const int64_t rows = el.num_embeddings, dim = c.engram_head_dim;
-    MS_ASSIGN_OR_RETURN(const TensorRecord* tw, r.get(ep + "table.weight"));
-    MS_ASSIGN_OR_RETURN(const TensorRecord* ts, r.get(ep + "table.scale"));
-    if (tw->dtype != "F8_E4M3" || tw->shape != std::vector<int64_t>{rows, dim})
+    MS_ASSIGN_OR_RETURN(const Checkpoint::Tensor* tw, r.get(ep + "table.weight"));
+    MS_ASSIGN_OR_RETURN(const Checkpoint::Tensor* ts, r.get(ep + "table.scale"));
+    if (tw->dtype != DType::kF8E4M3 || !(tw->shape == Shape{rows, dim}))
       return make_error(ErrorCode::kInvalidArgument,
                         "checkpoint tensor '{}table.weight' must be F8_E4M3 [{}, {}]", ep, rows,
                         dim);
-    if (ts->dtype != "F8_E8M0" || ts->shape != std::vector<int64_t>{rows, (dim + 31) / 32})
+    if (ts->dtype != DType::kF8E8M0 || !(ts->shape == Shape{rows, (dim + 31) / 32}))
       return make_error(ErrorCode::kInvalidArgument,
                         "checkpoint tensor '{}table.scale' must be F8_E8M0 [{}, {}]", ep, rows,
                         (dim + 31) / 32);
-    ew.table = EngramTable(tw->bytes, ts->bytes, rows, static_cast<int32_t>(dim), r.keep_alive());
+    ew.table = EngramTable(WeightLoader::bytes(*tw), WeightLoader::bytes(*ts), rows,
+                           static_cast<int32_t>(dim), r.keep_alive());
     MS_ASSIGN_OR_RETURN(ew.wkv,
                         r.load_linear(ep + "wkv.weight", d * (hc + 1), c.engram_embed_dim()));
     MS_ASSIGN_OR_RETURN(HostTensor qw, r.load_dense(ep + "q_weight", {hc, d}));
@@ -99,7 +99,7 @@ Result<BlockWeights> load_block(const ModelConfig& c, const CheckpointReader& r,
 
 }  // namespace
 
-Result<ModelWeights> load_model_weights(const ModelConfig& c, const CheckpointReader& r) {
+Result<ModelWeights> load_model_weights(const ModelConfig& c, const WeightLoader& r) {
   ModelWeights w;
   const int64_t v = c.vocab_size, d = c.hidden_size;
   MS_ASSIGN_OR_RETURN(w.embed, r.load_dense("embed.weight", {v, d}));

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/result.h"
-#include "model/arch/checkpoint_reader.h"
+#include "model/arch/weight_loader.h"
 #include "model/config.h"
 #include "model/engram_table.h"
 #include "tensor/tensor.h"
@@ -77,6 +77,6 @@ struct ModelWeights {
 };
 
 [[nodiscard]] Result<ModelWeights> load_model_weights(const ModelConfig& config,
-                                                      const CheckpointReader& reader);
+                                                      const WeightLoader& reader);
 
 }  // namespace moeserve::arch

@@ -75,39 +75,33 @@ TinyModel& shared_tiny_model() {
 }
 
 std::vector<int64_t> OracleDump::shape(const std::string& name) const {
-  const auto* rec = reader.find(name);
-  if (rec == nullptr) throw std::runtime_error("oracle dump has no " + name);
-  return rec->shape;
+  const auto* t = reader.find(name);
+  if (t == nullptr) throw std::runtime_error("oracle dump has no " + name);
+  return {t->shape.dims().begin(), t->shape.dims().end()};
 }
 
 std::vector<double> OracleDump::f64(const std::string& name) const {
-  const auto* rec = reader.find(name);
-  if (rec == nullptr) throw std::runtime_error("oracle dump has no " + name);
-  std::vector<double> out;
-  if (rec->dtype == "F64") {
-    out.resize(rec->bytes.size() / 8);
-    std::memcpy(out.data(), rec->bytes.data(), rec->bytes.size());
-  } else if (rec->dtype == "F32") {
-    std::vector<float> f(rec->bytes.size() / 4);
-    std::memcpy(f.data(), rec->bytes.data(), rec->bytes.size());
-    out.assign(f.begin(), f.end());
-  } else {
-    throw std::runtime_error("oracle dump " + name + " is " + rec->dtype);
-  }
-  return out;
+  const auto* t = reader.find(name);
+  if (t == nullptr) throw std::runtime_error("oracle dump has no " + name);
+  if (t->dtype != DType::kF32)
+    throw std::runtime_error(fmt::format("oracle dump {} is {}", name, dtype_name(t->dtype)));
+  std::vector<float> f(t->nbytes / 4);
+  std::memcpy(f.data(), t->view.data(), t->nbytes);
+  return {f.begin(), f.end()};
 }
 
 std::vector<int64_t> OracleDump::i64(const std::string& name) const {
-  const auto* rec = reader.find(name);
-  if (rec == nullptr) throw std::runtime_error("oracle dump has no " + name);
+  const auto* t = reader.find(name);
+  if (t == nullptr) throw std::runtime_error("oracle dump has no " + name);
+  const auto bytes = arch::WeightLoader::bytes(*t);
   std::vector<int64_t> out;
-  if (rec->dtype == "I64") {
-    out.resize(rec->bytes.size() / 8);
-    std::memcpy(out.data(), rec->bytes.data(), rec->bytes.size());
-  } else if (rec->dtype == "U8" || rec->dtype == "BOOL") {
-    out.assign(rec->bytes.begin(), rec->bytes.end());
+  if (t->dtype == DType::kI64) {
+    out.resize(t->nbytes / 8);
+    std::memcpy(out.data(), bytes.data(), t->nbytes);
+  } else if (t->dtype == DType::kU8) {
+    out.assign(bytes.begin(), bytes.end());
   } else {
-    throw std::runtime_error("oracle dump " + name + " is " + rec->dtype);
+    throw std::runtime_error(fmt::format("oracle dump {} is {}", name, dtype_name(t->dtype)));
   }
   return out;
 }
@@ -118,15 +112,12 @@ OracleDump run_oracle(const fs::path& model, const std::vector<int32_t>& ids,
   static const fs::path dir = make_temp_dir("oracle");
   const fs::path out = dir / fmt::format("dump{}.safetensors", counter++);
   const std::string cmd = fmt::format(
-      "cd '{}' && '{}' -m tools.reference dump --model '{}' --ids {} --out '{}' {} > /dev/null",
+      "cd '{}' && '{}' -m tools.reference dump --model '{}' --ids {} --out '{}' --float32 {} > "
+      "/dev/null",
       MOESERVE_SOURCE_DIR, MOESERVE_PYTHON, model.string(), fmt::join(ids, ","), out.string(),
       fmt::join(args, " "));
   if (run(cmd) != 0) throw std::runtime_error("oracle failed: " + cmd);
-  // The reader opens directories holding model.safetensors: one folder per dump.
-  const fs::path folder = dir / fmt::format("d{}", counter);
-  fs::create_directories(folder);
-  fs::rename(out, folder / "model.safetensors");
-  auto opened = arch::CheckpointReader::open(folder);
+  auto opened = arch::WeightLoader::open(out);
   if (!opened) throw std::runtime_error(opened.error().to_string());
   return OracleDump{std::move(*opened)};
 }

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "model/arch/checkpoint_reader.h"
 #include "model/arch/deepseek_v41.h"
+#include "model/arch/weight_loader.h"
 
 namespace moeserve::test {
 
@@ -29,8 +29,10 @@ struct TinyModel {
 TinyModel load_tiny_model();
 TinyModel& shared_tiny_model();
 
+// The oracle's output file (written with --float32: the reader has no F64; the oracle still
+// computes in float64, only the stored values are rounded, ~6e-8 relative).
 struct OracleDump {
-  arch::CheckpointReader reader;
+  arch::WeightLoader reader;
   [[nodiscard]] bool has(const std::string& name) const { return reader.find(name) != nullptr; }
   [[nodiscard]] std::vector<int64_t> shape(const std::string& name) const;
   [[nodiscard]] std::vector<double> f64(const std::string& name) const;
