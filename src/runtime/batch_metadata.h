@@ -21,6 +21,7 @@ struct BatchRequest {
   int32_t state_slot = -1;  // SWA ring / compressor / DSpark / Engram slot
   int32_t logits_row = -1;  // row in the logits output, -1 if it does not sample
   bool is_new = false;      // first step of this request since admission (reset its state)
+  int32_t prefill_len = 0;  // tokens known at admission (production bounded replay's P)
   const std::vector<int32_t>* block_table = nullptr;  // global blocks, 256 tokens each
   const std::vector<int32_t>* token_ids = nullptr;    // every token the runner knows
 };

@@ -21,6 +21,7 @@ Status ModelRunner::prepare_batch(const sched::SchedulerOutput& so, BatchMetadat
     CachedRequest& c = requests_[d.id];
     c.token_ids = d.token_ids;
     c.num_prompt_tokens = d.num_prompt_tokens;
+    c.prefill_len = static_cast<int32_t>(d.token_ids.size());
     c.params = d.params;
     c.eos_token_id = d.eos_token_id;
     c.state_slot = d.state_slot;
@@ -52,6 +53,7 @@ Status ModelRunner::prepare_batch(const sched::SchedulerOutput& so, BatchMetadat
     br.num_replay = s.num_replay_tokens;
     br.state_slot = c.state_slot;
     br.is_new = s.is_new;
+    br.prefill_len = c.prefill_len;
     br.block_table = &c.block_table;
     br.token_ids = &c.token_ids;
     const int32_t num_known = static_cast<int32_t>(c.token_ids.size());

@@ -29,6 +29,7 @@ class ModelRunner final : public ModelExecutor {
   struct CachedRequest {
     std::vector<int32_t> token_ids;
     int32_t num_prompt_tokens = 0;
+    int32_t prefill_len = 0;
     sched::SamplingParams params;
     int32_t eos_token_id = -1;
     int32_t state_slot = -1;
