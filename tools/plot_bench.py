@@ -68,6 +68,7 @@ def plot_pareto(runs, out):
     front = pareto(pts)
     ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], color="tab:red",
             label="Pareto frontier", zorder=2)
+    ax.margins(0.12)
     ax.set_xlabel("E2E-normalised interactivity, P90 (tokens/s/user) = 1 / P90(E2EL / OSL)")
     ax.set_ylabel("total tokens/s per GPU (cached + uncached input + output)")
     ax.set_title("Throughput vs interactivity\n" + title_suffix(runs), fontsize=10)

@@ -293,8 +293,8 @@ class Runner {
       }
       const TraceSession& session = sessions_[static_cast<size_t>(j % n)];
       const uint64_t pass = static_cast<uint64_t>(j / n);
-      const uint64_t salt =
-          splitmix64(run_salt_ ^ (pass * 0x9e3779b97f4a7c15ULL) ^ (uint64_t{st.rank} << 48));
+      const uint64_t salt = splitmix64(run_salt_ ^ (pass * 0x9e3779b97f4a7c15ULL) ^
+                                       (static_cast<uint64_t>(st.rank) << 48));
       for (size_t t = 0; t < session.turns.size(); ++t) {
         const TraceRequest& req = session.turns[t];
         if (t > 0 && req.idle_s > 0 && c_.idle_scale > 0)

@@ -106,3 +106,29 @@ def ideal_cached(requests_in_order, block=64):
         seen.update(ids)
         out.append(min(n * block, r["input_len"]))
     return out
+
+
+@pytest.fixture(scope="module")
+def toy_server():
+    """The real EngineCore (KV manager with a prefix cache, scheduler, sampler) around a toy forward
+    model, behind the real HTTP server: reports real cached tokens."""
+    port = free_port()
+    try:
+        srv = LiveServer([fake_bin(), "--engine", "toy", "--host", "127.0.0.1", "--port", str(port),
+                          "--max-model-len", "8192", "--log-level", "warn"], port)
+    except RuntimeError as e:
+        pytest.skip(f"toy engine unavailable: {e}")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def real_server():
+    """`moeserve serve` on the embedded tiny model; opt-in (MOESERVE_BENCH_REAL=1) until it serves."""
+    if os.environ.get("MOESERVE_BENCH_REAL") != "1":
+        pytest.skip("set MOESERVE_BENCH_REAL=1 to run against `moeserve serve`")
+    port = free_port()
+    srv = LiveServer([moeserve_bin(), "serve", "--host", "127.0.0.1", "--port", str(port)], port,
+                     timeout=300)
+    yield srv
+    srv.stop()

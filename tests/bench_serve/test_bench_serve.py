@@ -239,3 +239,42 @@ def test_error_rate_gate(tmp_path, fail_every, expect_rc):
         assert any("injected stream error" in r["error"] for r in errors)
     # Failed requests do not count towards tokens.
     assert res["output_tokens"] == 3 * res["num_ok"]
+
+
+def _small_trace(tmp_path):
+    trace = tmp_path / "small.jsonl"
+    run_bench(["make-trace", "-o", trace, "--sessions", "3", "--min-turns", "3", "--max-turns",
+               "5", "--system-tokens", "512", "--first-user-tokens", "300", "--max-append",
+               "300", "--max-output", "24", "--subagent-prob", "0.3", "--subagent-turns", "2",
+               "--seed", "5"], check=0)
+    return trace, [json.loads(l) for l in open(trace)]
+
+
+def test_trace_replay_real_prefix_cache(toy_server, tmp_path):
+    """Against the real KV manager: the server's cached tokens are the trace's shared blocks,
+    rounded down to the engine's KV block, and /metrics prefix hits equal usage cached tokens."""
+    trace, rows = _small_trace(tmp_path)
+    out = tmp_path / "toy.json"
+    _, _, j = run_bench(["serve", "--base-url", toy_server.base_url, "--trace", trace,
+                         "--concurrency", "1", "--idle-scale", "0", "--max-requests", len(rows),
+                         "--duration", "120", "--token-lo", "1000", "--token-hi", "4000"],
+                        out, check=0)
+    res = j["results"]
+    assert res["num_ok"] == len(rows)
+    assert res["input_tokens"] == sum(r["input_len"] for r in rows)
+    for r in j["requests"]:
+        assert 0 <= r["server_cached_tokens"] <= r["trace_cached_tokens"]
+        assert r["trace_cached_tokens"] - r["server_cached_tokens"] < 512  # block granularity
+    assert res["cached_tokens"] > 0.8 * res["trace_cached_tokens"]
+    pc = res["prefix_cache"]
+    assert pc["available"] and pc["hits"] == res["cached_tokens"]
+    assert pc["queries"] == res["input_tokens"]
+
+
+def test_real_tiny_model(real_server, tmp_path):
+    out = tmp_path / "real.json"
+    _, _, j = run_bench(["serve", "--base-url", real_server.base_url, "--isl", "64", "--osl", "8",
+                         "--concurrency", "2", "--max-requests", "6", "--duration", "120",
+                         "--token-lo", "1000", "--token-hi", "4000"], out, check=0)
+    res = j["results"]
+    assert res["num_ok"] == 6 and res["input_tokens"] == 6 * 64 and res["output_tokens"] == 6 * 8
