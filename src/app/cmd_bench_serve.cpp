@@ -42,6 +42,8 @@ void add_serve_options(CLI::App& cmd, ServeBenchConfig& c, bool with_concurrency
       ->capture_default_str();
   cmd.add_option("--warmup", c.warmup, "Warm-up requests per lane (not counted)")
       ->capture_default_str();
+  cmd.add_flag("--random-lane-start", c.random_lane_start,
+               "AgentX: each lane's first session starts at a random 25-75% point of its turns");
   cmd.add_option("--duration", c.duration_s, "Stop issuing after this many seconds")
       ->capture_default_str();
   cmd.add_option("--max-requests", c.max_requests, "Measured requests (per DP rank)")

@@ -281,6 +281,9 @@ class Runner {
     HttpClient client(ep_);
     sleep_until_or_deadline(st.start, st.deadline);
     int32_t warmup_left = c_.warmup;
+    bool first_session = true;
+    std::mt19937_64 lane_rng(
+        splitmix64(c_.seed ^ (static_cast<uint64_t>(st.rank) << 32) ^ static_cast<uint64_t>(lane)));
     const int64_t n = static_cast<int64_t>(sessions_.size());
     // Bounded: each iteration sends >= 1 request or stops; requests are bounded by warm-up +
     // max_requests and every wait by the deadline.
@@ -295,9 +298,15 @@ class Runner {
       const uint64_t pass = static_cast<uint64_t>(j / n);
       const uint64_t salt = splitmix64(run_salt_ ^ (pass * 0x9e3779b97f4a7c15ULL) ^
                                        (static_cast<uint64_t>(st.rank) << 48));
-      for (size_t t = 0; t < session.turns.size(); ++t) {
+      size_t first_turn = 0;
+      if (first_session && c_.random_lane_start) {
+        const double f = std::uniform_real_distribution<double>(0.25, 0.75)(lane_rng);
+        first_turn = static_cast<size_t>(f * static_cast<double>(session.turns.size()));
+      }
+      first_session = false;
+      for (size_t t = first_turn; t < session.turns.size(); ++t) {
         const TraceRequest& req = session.turns[t];
-        if (t > 0 && req.idle_s > 0 && c_.idle_scale > 0)
+        if (t > first_turn && req.idle_s > 0 && c_.idle_scale > 0)
           sleep_until_or_deadline(
               Clock::now() + seconds(std::min(req.idle_s * c_.idle_scale, c_.max_idle_s)),
               st.deadline);
@@ -464,6 +473,7 @@ json to_json(const ServeBenchConfig& c) {
               {"request_rate", c.request_rate},
               {"max_concurrency", c.max_concurrency},
               {"warmup", c.warmup},
+              {"random_lane_start", c.random_lane_start},
               {"duration_s", c.duration_s},
               {"max_requests", c.max_requests},
               {"request_timeout_s", c.request_timeout_s},

@@ -35,6 +35,8 @@ struct ServeBenchConfig {
   double request_rate = 0.0;
   int32_t max_concurrency = 256;
   int32_t warmup = 0;  // warm-up requests per lane, excluded from the summary
+  // AgentX: each lane's first session starts at a uniformly random 25-75% point of its turns.
+  bool random_lane_start = false;
   double duration_s = 600.0;
   int64_t max_requests = 200;  // measured requests (per DP rank)
   double request_timeout_s = 600.0;

@@ -278,3 +278,16 @@ def test_real_tiny_model(real_server, tmp_path):
                          "--token-lo", "1000", "--token-hi", "4000"], out, check=0)
     res = j["results"]
     assert res["num_ok"] == 6 and res["input_tokens"] == 6 * 64 and res["output_tokens"] == 6 * 8
+
+
+def test_random_lane_start_skips_into_the_first_session(fake_server, tmp_path):
+    trace, rows = _small_trace(tmp_path)
+    out = tmp_path / "ls.json"
+    _, _, j = run_bench(["serve", "--base-url", fake_server.base_url, "--trace", trace,
+                         "--concurrency", "1", "--idle-scale", "0", "--random-lane-start",
+                         "--max-requests", 5] + COMMON, out, check=0)
+    first = min(j["requests"], key=lambda r: r["start_s"])
+    turns = sum(1 for r in rows if r["session_id"] == first["session_id"])
+    assert first["session_id"] == rows[0]["session_id"]
+    assert int(0.25 * turns) <= first["turn"] <= int(0.75 * turns)
+    assert first["turn"] >= 1
