@@ -18,6 +18,7 @@ void register_serve_command(CLI::App& app);
 void register_bench_eplb(CLI::App& bench);
 void register_bench_forward(CLI::App& bench);
 void register_bench_tokenizer(CLI::App& bench);
+void register_bench_scheduler(CLI::App& bench);
 void register_bench_serve(CLI::App& bench);
 
 // Exit code a subcommand callback wants main() to return (set by callbacks; 0 by default).

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   app::register_bench_eplb(*bench);
   app::register_bench_forward(*bench);
   app::register_bench_tokenizer(*bench);
+  app::register_bench_scheduler(*bench);
   app::register_bench_serve(*bench);
 
   try {

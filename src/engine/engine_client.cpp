@@ -46,10 +46,21 @@ std::shared_ptr<RequestStream> EngineClient::add_request(EngineRequest request) 
   auto stream = std::make_shared<RequestStream>(request.id);
   {
     std::lock_guard lock(mu_);
-    inbox_.push_back(AddCmd{std::move(request), stream});
+    inbox_.push_back(AddCmd{std::move(request), Sink{stream, {}}});
   }
   cv_.notify_all();
   return stream;
+}
+
+RequestId EngineClient::add_request(EngineRequest request, OutputCallback on_output) {
+  if (request.id < 0) request.id = next_id_.fetch_add(1);
+  const RequestId id = request.id;
+  {
+    std::lock_guard lock(mu_);
+    inbox_.push_back(AddCmd{std::move(request), Sink{nullptr, std::move(on_output)}});
+  }
+  cv_.notify_all();
+  return id;
 }
 
 void EngineClient::abort(RequestId id) {
@@ -83,10 +94,10 @@ void EngineClient::loop() {
           o.finished = true;
           o.finish_reason = FinishReason::kError;
           o.error = r.error().message;
-          add->stream->push(std::move(o));
+          add->sink.push(std::move(o));
           continue;
         }
-        streams_[*r] = add->stream;
+        streams_[*r] = std::move(add->sink);
       } else {
         core_->abort_request(std::get<AbortCmd>(cmd).id);
       }
@@ -95,13 +106,13 @@ void EngineClient::loop() {
     Result<std::vector<RequestOutput>> outs = core_->step();
     if (!outs) {
       MS_LOG_ERROR("engine step failed: {}", outs.error().message);
-      for (auto& [id, stream] : streams_) {
+      for (auto& [id, sink] : streams_) {
         RequestOutput o;
         o.id = id;
         o.finished = true;
         o.finish_reason = FinishReason::kError;
         o.error = outs.error().message;
-        stream->push(std::move(o));
+        sink.push(std::move(o));
         core_->abort_request(id);
       }
       streams_.clear();
@@ -111,7 +122,7 @@ void EngineClient::loop() {
       auto it = streams_.find(o.id);
       if (it == streams_.end()) continue;
       const bool finished = o.finished;
-      it->second->push(std::move(o));
+      it->second.push(std::move(o));
       if (finished) streams_.erase(it);
     }
   }

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -45,14 +46,29 @@ class EngineClient {
 
   // Queues a request; validation errors arrive as a finished output with FinishReason::kError.
   [[nodiscard]] std::shared_ptr<RequestStream> add_request(EngineRequest request);
+  // Non-blocking variant for async servers: `on_output` runs on the engine thread for every
+  // output (the last has finished == true); it must return quickly and must not call back in.
+  using OutputCallback = std::function<void(RequestOutput)>;
+  RequestId add_request(EngineRequest request, OutputCallback on_output);
   void abort(RequestId id);
   [[nodiscard]] std::string render_metrics(const std::string& model_name) const;
   void shutdown();
 
  private:
+  struct Sink {
+    std::shared_ptr<RequestStream> stream;
+    OutputCallback callback;
+    void push(RequestOutput o) const {
+      if (callback) {
+        callback(std::move(o));
+      } else {
+        stream->push(std::move(o));
+      }
+    }
+  };
   struct AddCmd {
     EngineRequest request;
-    std::shared_ptr<RequestStream> stream;
+    Sink sink;
   };
   struct AbortCmd {
     RequestId id;
@@ -66,7 +82,7 @@ class EngineClient {
   std::condition_variable cv_;
   std::deque<Command> inbox_;
   bool stop_ = false;
-  std::unordered_map<RequestId, std::shared_ptr<RequestStream>> streams_;  // core thread only
+  std::unordered_map<RequestId, Sink> streams_;  // core thread only
   std::thread thread_;
 };
 

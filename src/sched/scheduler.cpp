@@ -91,9 +91,10 @@ void Scheduler::emit_scheduled(Request& r, int32_t num_new, SchedulerOutput& out
     d.state_slot = kv_.state_slot(r.id());
     out.new_requests.push_back(std::move(d));
   }
-  // Blocks are registered when scheduled: steps execute in order, so a later step that hits them
-  // reads them after this one wrote them.
-  kv_.cache_blocks(r.id(), r.block_hashes(), std::min(end, r.num_tokens()));
+  // Only blocks computed by earlier steps become hittable: a request admitted in this same step
+  // must not read a block this step is still writing. (Earlier steps may still be in flight with
+  // async scheduling; they execute first.)
+  kv_.cache_blocks(r.id(), r.block_hashes(), std::min(r.num_computed_tokens, r.num_tokens()));
   r.num_computed_tokens = end;
   if (s.samples) ++r.num_output_placeholders;
   out.total_num_scheduled_tokens += num_new;
@@ -262,15 +263,19 @@ std::vector<RequestUpdate> Scheduler::update_from_output(const SchedulerOutput& 
   // Outputs are in scheduled order (only requests that sampled); walk both in step.
   size_t oi = 0;
   for (const ScheduledRequest& s : scheduled.requests) {
-    if (!s.samples) continue;
     const SampledTokens* sampled = nullptr;
-    if (oi < output.outputs.size() && output.outputs[oi].id == s.id)
+    if (s.samples && oi < output.outputs.size() && output.outputs[oi].id == s.id) {
       sampled = &output.outputs[oi++];
+    }
     auto it = requests_.find(s.id);
     if (it == requests_.end()) continue;
     Request& r = *it->second;
     // Preempted (or finished) since this step was scheduled: its tokens are void.
     if (r.epoch != s.epoch || r.status != RequestStatus::kRunning) continue;
+    // This step has executed: its full blocks can be hit from now on.
+    kv_.cache_blocks(r.id(), r.block_hashes(),
+                     std::min(s.num_computed_tokens + s.num_scheduled_tokens, r.num_tokens()));
+    if (!s.samples) continue;
     r.num_output_placeholders = std::max(0, r.num_output_placeholders - 1);
     if (sampled == nullptr || sampled->token_ids.empty()) continue;
     const int32_t num_spec = static_cast<int32_t>(s.spec_token_ids.size());

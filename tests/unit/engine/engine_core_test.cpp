@@ -3,6 +3,8 @@
 // stop conditions and stop strings, seeded sampling across batch shapes.
 #include "engine/engine_core.h"
 
+#include <condition_variable>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -345,6 +347,34 @@ TEST(EngineClient, AbortAndValidationErrors) {
   EXPECT_EQ(last, FinishReason::kAbort);
   client.shutdown();
   EXPECT_EQ(kv->num_free_blocks(), kv->num_global_blocks());
+}
+
+}  // namespace
+}  // namespace moeserve::engine
+
+namespace moeserve::engine {
+namespace {
+
+TEST(EngineClient, CallbackOutputsMatchOffline) {
+  const std::vector<EngineRequest> reqs = mixed_requests(31, 6);
+  const auto alone = run_alone(reqs);
+  Harness h = make_engine({});
+  EngineClient client(std::move(h.core));
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::vector<int32_t>> got(reqs.size());
+  size_t finished = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    (void)client.add_request(reqs[i], [&, i](RequestOutput o) {
+      std::lock_guard lock(mu);
+      got[i].insert(got[i].end(), o.new_token_ids.begin(), o.new_token_ids.end());
+      if (o.finished) ++finished;
+      cv.notify_all();
+    });
+  }
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return finished == reqs.size(); });
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i], alone[i]) << i;
 }
 
 }  // namespace
