@@ -1,9 +1,11 @@
 #include "server/engine_service.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <random>
 
 #include <unistd.h>
@@ -12,9 +14,17 @@
 #include <nlohmann/json.hpp>
 
 #include "common/logging.h"
+#include "kv/block_hash.h"
+#include "model/arch/deepseek_v41.h"
+#include "model/arch/registry.h"
 #include "model/config.h"
+#include "model/engram_table.h"
 #include "model/tiny_model.h"
+#include "runtime/causal_lm_forward.h"
+#include "runtime/model_runner.h"
+#include "server/embedded_config.h"
 #include "tokenizer/default_paths.h"
+#include "tokenizer/engram_token_map.h"
 // NOTE: the DeepSeek-V4 chat encoding and DSML output parser are landing in src/tokenizer in
 // parallel with this file; until they do, chat prompts are refused and output is plain content.
 #if __has_include("tokenizer/chat_encoding.h") && __has_include("tokenizer/chat_output_parser.h")
@@ -127,37 +137,108 @@ GenerationOutput to_output(engine::RequestOutput&& o) {
 }
 
 std::string cache_root() {
-  if (const char* d = std::getenv("MOESERVE_CACHE_DIR")) return d;
-  if (const char* x = std::getenv("XDG_CACHE_HOME")) return std::string(x) + "/moeserve";
-  if (const char* h = std::getenv("HOME")) return std::string(h) + "/.cache/moeserve";
+  if (const char* d = std::getenv("MOESERVE_CACHE_DIR"); d && *d) return d;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/moeserve";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/moeserve";
   return "/tmp/moeserve-cache";
 }
 
-// The embedded tiny model: generated deterministically (seed 0, the tiny config) on first use.
-Result<std::string> ensure_tiny_model() {
-  const fs::path dir = fs::path(cache_root()) / "tiny-seed0";
-  if (fs::exists(dir / "config.json") && fs::exists(dir / "model.safetensors")) return dir.string();
-  MS_LOG_INFO("serve: generating the embedded tiny model (random weights) into {}", dir.string());
+// Bump when the generator (model/tiny_model.cpp) changes its output for a given (config, seed).
+constexpr std::string_view kEmbeddedGeneratorVersion = "gen-tiny-v1";
+constexpr uint64_t kEmbeddedSeed = 0;
+
+uint64_t fnv1a64(std::string_view a, std::string_view b) {
+  uint64_t h = 1469598103934665603ull;
+  for (std::string_view s : {a, b}) {
+    for (unsigned char c : s) {
+      h ^= c;
+      h *= 1099511628211ull;
+    }
+    h ^= 0xff;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+Status copy_into(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
+  if (ec)
+    return make_error(ErrorCode::kIo, "cannot copy {} to {}: {}", from.string(), to.string(),
+                      ec.message());
+  return ok_status();
+}
+
+// The embedded model (configs/embedded/config.json, built into the binary): generated
+// deterministically (gen-tiny, fixed seed) with the bundled tokenizer copied beside it, into
+// CACHE/embedded-<hash of config + generator version> on first use; later starts reuse it.
+Result<std::string> ensure_embedded_model() {
+  const std::string_view config_json = embedded_model_config_json();
+  const fs::path dir =
+      fs::path(cache_root()) /
+      fmt::format("embedded-{:016x}", fnv1a64(config_json, kEmbeddedGeneratorVersion));
+  if (fs::exists(dir / "config.json") && fs::exists(dir / "model.safetensors") &&
+      fs::exists(dir / "tokenizer.json")) {
+    return dir.string();
+  }
+  MS_LOG_INFO("serve: generating the embedded tiny model (RANDOM weights, seed {}) into {}",
+              kEmbeddedSeed, dir.string());
   const fs::path tmp = dir.string() + fmt::format(".tmp{}", ::getpid());
   std::error_code ec;
+  fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
   if (ec) return make_error(ErrorCode::kIo, "cannot create {}: {}", tmp.string(), ec.message());
-  MS_RETURN_IF_ERROR(write_generated_model(tmp, tiny_config_json(), /*seed=*/0));
+  MS_RETURN_IF_ERROR(write_generated_model(tmp, config_json, kEmbeddedSeed));
+  const fs::path tok_dir = tokenizer::default_tokenizer_dir();
+  MS_RETURN_IF_ERROR(copy_into(tok_dir / "tokenizer.json", tmp / "tokenizer.json"));
+  if (fs::exists(tok_dir / "tokenizer_config.json"))
+    MS_RETURN_IF_ERROR(copy_into(tok_dir / "tokenizer_config.json", tmp / "tokenizer_config.json"));
   fs::rename(tmp, dir, ec);
-  if (ec && !fs::exists(dir / "config.json")) {
-    return make_error(ErrorCode::kIo, "cannot move {} to {}: {}", tmp.string(), dir.string(),
-                      ec.message());
+  if (ec) {
+    // Another process may have won the race; its copy is identical.
+    fs::remove_all(tmp, ec);
+    if (!fs::exists(dir / "tokenizer.json"))
+      return make_error(ErrorCode::kIo, "cannot move {} to {}", tmp.string(), dir.string());
   }
-  fs::remove_all(tmp, ec);
   return dir.string();
+}
+
+// Real checkpoints ship no Engram map: it is derived from the tokenizer (model.md §4 step 1).
+Status install_engram_token_map(arch::CausalLm& lm, const tokenizer::Tokenizer& tok) {
+  const ModelConfig& config = lm.config();
+  if (config.engram_layer_ids.empty()) return ok_status();
+  auto* v41 = dynamic_cast<arch::DeepseekV41Model*>(&lm);
+  if (v41 == nullptr) return ok_status();
+  if (tok.vocab_size() != config.vocab_size) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "the tokenizer has {} tokens but the model's vocab_size is {}",
+                      tok.vocab_size(), config.vocab_size);
+  }
+  tokenizer::EngramTokenMap map = tokenizer::build_engram_token_map(tok);
+  if (map.num_compressed != config.engram_compressed_vocab_size) {
+    return make_error(ErrorCode::kInvalidArgument,
+                      "the tokenizer-derived Engram map has {} compressed ids but the config's "
+                      "engram_compressed_vocab_size is {}",
+                      map.num_compressed, config.engram_compressed_vocab_size);
+  }
+  MS_ASSIGN_OR_RETURN(EngramTokenMap table,
+                      EngramTokenMap::from_table(config, std::move(map.compressed)));
+  v41->set_token_map(std::move(table));
+  MS_LOG_INFO("serve: Engram token map derived from the tokenizer ({} -> {} ids)",
+              config.vocab_size, map.num_compressed);
+  return ok_status();
 }
 
 }  // namespace
 
 EngineGenerationService::EngineGenerationService(Config config,
                                                  std::unique_ptr<engine::EngineCore> core,
-                                                 std::unique_ptr<tokenizer::Tokenizer> tokenizer)
-    : config_(std::move(config)), core_(std::move(core)), tokenizer_(std::move(tokenizer)) {
+                                                 std::unique_ptr<tokenizer::Tokenizer> tokenizer,
+                                                 std::unique_ptr<Backend> backend)
+    : config_(std::move(config)),
+      backend_(std::move(backend)),
+      core_(std::move(core)),
+      tokenizer_(std::move(tokenizer)) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -366,23 +447,62 @@ void EngineGenerationService::fail_all(const std::string& message) {
 }
 
 Result<std::unique_ptr<GenerationService>> make_engine_service(const ServeOptions& options) {
+  const bool embedded = options.model.empty();
   std::string model_dir = options.model;
-  if (model_dir.empty()) {
-    MS_ASSIGN_OR_RETURN(model_dir, ensure_tiny_model());
+  if (embedded) {
+    MS_ASSIGN_OR_RETURN(model_dir, ensure_embedded_model());
   }
-  MS_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(model_dir));
-  const std::string tokenizer_dir =
-      options.model.empty() ? tokenizer::default_tokenizer_dir() : model_dir;
-  MS_ASSIGN_OR_RETURN(auto tok, tokenizer::Tokenizer::load(tokenizer_dir));
-  (void)config;
-  (void)tok;
-  // NOTE: the DeepSeek-V4.1 forward (src/model/arch) is not yet wrapped as a
-  // runtime::ForwardModel with a loader; once it is, this builds ModelRunner → EngineCore →
-  // EngineGenerationService here.
-  return make_error(ErrorCode::kUnimplemented,
-                    "model {} and tokenizer {} load, but the DeepSeek-V4.1 forward is not yet "
-                    "available as a runtime::ForwardModel, so `moeserve serve` cannot generate yet",
-                    model_dir, tokenizer_dir);
+  MS_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok,
+                      tokenizer::Tokenizer::load(model_dir));
+  MS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, create_backend("cpu"));
+  MS_ASSIGN_OR_RETURN(std::unique_ptr<arch::CausalLm> lm,
+                      arch::load_causal_lm(model_dir, *backend));
+  MS_RETURN_IF_ERROR(install_engram_token_map(*lm, *tok));
+  // Batch-invariant GEMM: a request's tokens do not depend on what it is batched with.
+  lm->set_batch_invariant(true);
+  const ModelConfig& mc = lm->config();
+  int32_t max_len = static_cast<int32_t>(
+      std::min<int64_t>(mc.max_position_embeddings, std::numeric_limits<int32_t>::max()));
+  if (options.max_model_len > 0) {
+    if (options.max_model_len > max_len) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "--max-model-len {} exceeds the model's max_position_embeddings {}",
+                        options.max_model_len, max_len);
+    }
+    max_len = options.max_model_len;
+  }
+  constexpr int32_t kMaxSeqs = 64;
+  engine::EngineCoreConfig cfg;
+  cfg.scheduler.max_model_len = max_len;
+  cfg.scheduler.max_num_seqs = kMaxSeqs;
+  cfg.scheduler.max_num_batched_tokens = std::max(2048, kMaxSeqs);
+  cfg.scheduler.replay_window = mc.sliding_window;
+  const int32_t blocks_per_seq = (max_len + kv::kBlockTokens - 1) / kv::kBlockTokens + 1;
+  cfg.kv.num_global_blocks = kMaxSeqs * blocks_per_seq;
+  cfg.kv.num_state_slots = kMaxSeqs;
+  cfg.kv.check_invariants = false;
+  cfg.eos_token_id = mc.eos_token_id;
+  auto forward = std::make_unique<runtime::CausalLmForwardModel>(std::move(lm),
+                                                                 arch::ForwardMode::kProduction);
+  auto core = std::make_unique<engine::EngineCore>(
+      cfg, std::make_unique<runtime::ModelRunner>(std::move(forward), /*seed=*/0));
+  EngineGenerationService::Config sc;
+  sc.model_name = embedded ? std::string(kEmbeddedModelName)
+                           : fs::path(model_dir).lexically_normal().filename().string();
+  if (sc.model_name.empty()) sc.model_name = fs::path(model_dir).parent_path().filename().string();
+  sc.root = model_dir;
+  sc.max_model_len = max_len;
+  if (embedded) {
+    MS_LOG_WARN(
+        "serve: serving the EMBEDDED TINY MODEL '{}' from {}: its weights are RANDOM, so its "
+        "output is gibberish (use --model DIR for a real checkpoint)",
+        sc.model_name, model_dir);
+  } else {
+    MS_LOG_INFO("serve: model {} ({} layers, vocab {}), max_model_len {}", model_dir,
+                mc.num_hidden_layers, mc.vocab_size, max_len);
+  }
+  return std::unique_ptr<GenerationService>(std::make_unique<EngineGenerationService>(
+      std::move(sc), std::move(core), std::move(tok), std::move(backend)));
 }
 
 }  // namespace moeserve::server

@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <variant>
 
+#include "backend/backend.h"
 #include "common/result.h"
 #include "engine/engine_core.h"
 #include "server/generation_service.h"
@@ -32,7 +33,8 @@ class EngineGenerationService final : public GenerationService {
     int32_t max_model_len = 0;
   };
   EngineGenerationService(Config config, std::unique_ptr<engine::EngineCore> core,
-                          std::unique_ptr<tokenizer::Tokenizer> tokenizer);
+                          std::unique_ptr<tokenizer::Tokenizer> tokenizer,
+                          std::unique_ptr<Backend> backend = nullptr);
   ~EngineGenerationService() override;
 
   ModelInfo model_info() const override;
@@ -62,6 +64,7 @@ class EngineGenerationService final : public GenerationService {
   void fail_all(const std::string& message);
 
   Config config_;
+  std::unique_ptr<Backend> backend_;  // the model's backend (outlives the core)
   std::unique_ptr<engine::EngineCore> core_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   mutable std::mutex mu_;

@@ -1,11 +1,11 @@
 """Fixtures for the server tests: a live `moeserve serve` on 127.0.0.1 and a free port.
 
-MOESERVE_SERVER_IMPL picks what is served:
-  real  `$MOESERVE_BIN serve` (the embedded tiny model; needs the engine core)
+MOESERVE_SERVER_IMPL picks what is served (default: real):
+  real  `$MOESERVE_BIN serve` (the embedded tiny model, random weights: tests assert only
+        model-agnostic properties on it)
   fake  `$MOESERVE_FAKE_SERVE_BIN` (the same HTTP server around tests/server's scripted engine)
   toy   `$MOESERVE_FAKE_SERVE_BIN --engine toy` (the real EngineCore, KV manager, sampler,
         tokenizer and chat encoding, driving a toy forward model)
-Default: fake when MOESERVE_FAKE_SERVE_BIN is set, else real.
 """
 import http.client
 import json
@@ -22,8 +22,7 @@ API_KEY = "sk-moeserve-test"
 
 
 def impl() -> str:
-    default = "fake" if os.environ.get("MOESERVE_FAKE_SERVE_BIN") else "real"
-    return os.environ.get("MOESERVE_SERVER_IMPL", default)
+    return os.environ.get("MOESERVE_SERVER_IMPL", "real")
 
 
 def free_port() -> int:

@@ -224,6 +224,26 @@ def test_keep_alive(server):
     conn.close()
 
 
+def test_stop_string_cuts_the_greedy_output(client, model):
+    """Model-agnostic stop strings: a substring of the greedy output stops it right before."""
+    kw = dict(model=model, prompt="Stop here", max_tokens=12, temperature=0)
+    extra = {"ignore_eos": True}
+    full = client.completions.create(extra_body=extra, **kw).choices[0].text
+    stop = full.strip()[:3]
+    if not stop:
+        pytest.skip(f"greedy output has no text for a stop string: {full!r}")
+    expected = full[:full.index(stop)]
+    r = client.completions.create(stop=[stop], extra_body=extra, **kw)
+    assert r.choices[0].text == expected
+    assert r.choices[0].finish_reason == "stop"
+    chunks = list(client.completions.create(stop=[stop], stream=True, extra_body=extra, **kw))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected
+    assert chunks[-1].choices[0].finish_reason == "stop"
+    r = client.completions.create(stop=[stop], **kw,
+                                  extra_body={**extra, "include_stop_str_in_output": True})
+    assert r.choices[0].text == expected + stop
+
+
 # --- scripted behaviour (the fake engine emits the text after "say:") ---
 
 @fake_only
