@@ -2,9 +2,11 @@
 #include <cstdio>
 #include <string>
 
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
 #include "app/commands.h"
+#include "common/build_info.h"
 #include "common/logging.h"
 
 namespace moeserve::app {
@@ -16,10 +18,12 @@ int& exit_code() {
 
 int main(int argc, char** argv) {
   using namespace moeserve;
-  CLI::App app{"moeserve: a serving engine for DeepSeek-V4.1-Flash-class sparse MoE models", "moeserve"};
-  app.set_version_flag("--version", std::string(MOESERVE_VERSION) + " (" MOESERVE_GIT_COMMIT ")");
+  CLI::App app{"moeserve: a serving engine for DeepSeek-V4.1-Flash-class sparse MoE models",
+               "moeserve"};
+  app.set_version_flag("--version", fmt::format("{} ({})", build_version(), build_git_commit()));
   std::string log_level = "info";
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")->capture_default_str();
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")
+      ->capture_default_str();
   app.require_subcommand(1);
   app.parse_complete_callback([&] { init_logging(log_level); });
 

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <thread>
 
+#include "common/build_info.h"
+
 namespace moeserve::bench {
 
 nlohmann::json BenchResult::to_json() const {
@@ -55,6 +57,6 @@ std::string utc_timestamp() {
   return buf;
 }
 
-std::string_view git_commit() { return MOESERVE_GIT_COMMIT; }
+std::string_view git_commit() { return build_git_commit(); }
 
 }  // namespace moeserve::bench

@@ -203,6 +203,8 @@ Result<std::string> ensure_embedded_model() {
   return dir.string();
 }
 
+}  // namespace
+
 // Real checkpoints ship no Engram map: it is derived from the tokenizer (model.md §4 step 1).
 Status install_engram_token_map(arch::CausalLm& lm, const tokenizer::Tokenizer& tok) {
   const ModelConfig& config = lm.config();
@@ -224,12 +226,10 @@ Status install_engram_token_map(arch::CausalLm& lm, const tokenizer::Tokenizer& 
   MS_ASSIGN_OR_RETURN(EngramTokenMap table,
                       EngramTokenMap::from_table(config, std::move(map.compressed)));
   v41->set_token_map(std::move(table));
-  MS_LOG_INFO("serve: Engram token map derived from the tokenizer ({} -> {} ids)",
-              config.vocab_size, map.num_compressed);
+  MS_LOG_INFO("Engram token map derived from the tokenizer ({} -> {} ids)", config.vocab_size,
+              map.num_compressed);
   return ok_status();
 }
-
-}  // namespace
 
 EngineGenerationService::EngineGenerationService(Config config,
                                                  std::unique_ptr<engine::EngineCore> core,

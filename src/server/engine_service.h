@@ -19,6 +19,7 @@
 #include "backend/backend.h"
 #include "common/result.h"
 #include "engine/engine_core.h"
+#include "model/arch/causal_lm.h"
 #include "server/generation_service.h"
 #include "server/serve.h"
 #include "tokenizer/tokenizer.h"
@@ -82,6 +83,10 @@ class EngineGenerationService final : public GenerationService {
   std::unordered_map<std::string, engine::RequestId> ids_;
   std::thread thread_;
 };
+
+// Installs the tokenizer-derived Engram compressed-token map (model.md §4 step 1) into a V4.1
+// model; a no-op for models without Engram. Errors if the tokenizer and config disagree.
+[[nodiscard]] Status install_engram_token_map(arch::CausalLm& lm, const tokenizer::Tokenizer& tok);
 
 // Loads the model named by options.model (or generates the embedded tiny model into the cache on
 // first use) with its tokenizer and starts its engine.
