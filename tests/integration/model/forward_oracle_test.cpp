@@ -173,15 +173,19 @@ TEST(ForwardOracle, OracleMode84TokensSeed3) { check_against_oracle(ForwardMode:
 // 1.125 × 2^-10; C++ stored -2^-10, the oracle -1.125 × 2^-10 (the fp32 inputs differ by 2e-7, the
 // expected fp32 noise). Forcing that one element to the oracle's rounding brought every layer to
 // ≤ 3e-7 and the logits to rel 3.2e-7. Seed 8 straddles another boundary (rel 1.2e-3); seeds 4, 5,
-// 6, 7, 9 do not (rel ≤ 3.2e-7). Seed 4 is used, under the normal tolerances.
+// 6, 7, 9 do not (rel ≤ 3.2e-7). With the C++ `gen-tiny` checkpoint (what CI uses once the binary
+// is built) seeds 4 and 9 straddle a boundary (layer 9, image row 40: rel 1.3e-4 / 2e-3) while
+// 5, 6, 7 give rel ≤ 3.8e-7. Seed 5 is clean for both generators and is used, under the normal
+// tolerances.
 TEST(ForwardOracle, OracleModeWithImageTokens) {
   const std::vector<int32_t> image_pos = {5, 6, 40};
-  check_against_oracle(ForwardMode::kOracle, 84, 4, image_pos);
+  constexpr uint32_t kSeed = 5;
+  check_against_oracle(ForwardMode::kOracle, 84, kSeed, image_pos);
   // Guard: the image flags must change both the Engram ids (DEAD + blocked shifts) and the routing
   // of some image row (bias_vl), or this test checks nothing image-specific.
   TinyModel& f = fixture();
   const ModelConfig& c = f.model->config();
-  const std::vector<int32_t> ids = test_prompt(84, 4, c.vocab_size);
+  const std::vector<int32_t> ids = test_prompt(84, kSeed, c.vocab_size);
   std::vector<uint8_t> image(ids.size(), 0);
   for (int32_t p : image_pos) image[static_cast<size_t>(p)] = 1;
   ForwardTrace with, without;
