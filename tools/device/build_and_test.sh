@@ -4,7 +4,8 @@
 # tests and the op benchmark, and writes logs + JSON into OUT_DIR. See docs/device.md.
 #
 #   usage: tools/device/build_and_test.sh OUT_DIR
-#   env:   STEPS (default "env unpack gtest configure build test bench torch"), JOBS (default nproc)
+#   env:   STEPS (default "env unpack gtest configure build test bench torch"; add "fwdbench" for
+#          the GPU forward benchmarks of tools/device/bench_forward.sh), JOBS (default nproc)
 #
 # Everything is compiled on the device with its own compiler (googletest too); from the sysroot
 # only headers and C libraries are used (fmt and spdlog header-only), so no C++ ABI crosses
@@ -96,7 +97,8 @@ step_build() {
   cmake --build "$build" -j "$jobs" -- -k 0
   local status=$?
   # The targets this script needs, once more, so their errors end the log.
-  cmake --build "$build" -j "$jobs" --target cuda_ops cuda_v41_ops backend_ops cuda_ops_bench || status=$?
+  cmake --build "$build" -j "$jobs" --target cuda_ops cuda_v41_ops backend_ops cuda_ops_bench \
+    moeserve integration_model_gpu_forward_test || status=$?
   return $status
 }
 
@@ -105,7 +107,10 @@ step_test() {
   "$build/tests/backend_ops/cuda_ops" --gtest_output="json:$out/cuda_ops.json" || status=$?
   "$build/tests/backend_ops/cuda_v41_ops" --gtest_output="json:$out/cuda_v41_ops.json" || status=$?
   "$build/tests/backend_ops/backend_ops" --gtest_output="json:$out/backend_ops.json" || status=$?
-  ctest --test-dir "$build" -L gpu --output-on-failure || status=$?
+  # The GPU forward against the CPU forward (tiny model, 64 greedy decode steps).
+  "$build/tests/integration/model/integration_model_gpu_forward_test" \
+    --gtest_output="json:$out/gpu_forward.json" | tee "$out/gpu_forward.log" || status=$?
+  ctest --test-dir "$build" -L gpu -E integration_model_gpu_forward_test --output-on-failure || status=$?
   if command -v compute-sanitizer >/dev/null; then
     timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/backend_ops/cuda_ops" \
       --gtest_filter='*7x100x160*:*r3_c1001*:*r2_c7*:*t1_h64*:*Ties*' >/tmp/memcheck.log 2>&1 || status=$?
@@ -120,6 +125,11 @@ step_test() {
 
 step_bench() {
   "$build/tests/backend_ops/cuda_ops_bench" "$out"
+}
+
+# `moeserve bench forward --backend cuda` runs (tools/device/bench_forward.sh; FWD_SET picks them).
+step_fwdbench() {
+  BIN="$build/bin/moeserve" bash tools/device/bench_forward.sh "$out"
 }
 
 # torch.topk on the bench's top-k shapes (the device image has PyTorch), for comparison.

@@ -1,0 +1,85 @@
+// The CUDA runtime calls the model and benchmarks need, behind a plain header: device memory,
+// copies, streams, events and CUDA-graph capture/replay. Streams, events and graphs are opaque
+// handles (cudaStream_t, cudaEvent_t, cudaGraphExec_t). Every call aborts on a CUDA error.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace moeserve::cuda {
+
+// Number of visible CUDA devices (0 when the driver or the device is missing; never aborts).
+[[nodiscard]] int device_count();
+// Why no device is usable ("" when device_count() > 0).
+[[nodiscard]] std::string no_device_reason();
+
+[[nodiscard]] void* device_malloc(size_t bytes);
+void device_free(void* p);
+// Free and total device memory in bytes.
+void device_memory_info(size_t* free_bytes, size_t* total_bytes);
+
+[[nodiscard]] void* stream_create();
+void stream_destroy(void* stream);
+void stream_synchronize(void* stream);
+void device_synchronize();
+
+void copy_h2d(void* dst, const void* src, size_t bytes, void* stream);
+void copy_d2h(void* dst, const void* src, size_t bytes, void* stream);
+void copy_d2d(void* dst, const void* src, size_t bytes, void* stream);
+void memset_async(void* dst, int value, size_t bytes, void* stream);
+
+[[nodiscard]] void* event_create();
+void event_destroy(void* event);
+void event_record(void* event, void* stream);
+void event_synchronize(void* event);
+// Milliseconds between two recorded (and completed) events.
+[[nodiscard]] float event_elapsed_ms(void* start, void* end);
+
+// Graph capture of the work enqueued on `stream` between begin and end (global capture mode);
+// end returns an instantiated executable graph.
+void graph_capture_begin(void* stream);
+[[nodiscard]] void* graph_capture_end(void* stream);
+void graph_launch(void* graph_exec, void* stream);
+void graph_destroy(void* graph_exec);
+
+// Owning device allocation (bytes); moves, never copies.
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  explicit DeviceMemory(size_t bytes) : ptr_(bytes > 0 ? device_malloc(bytes) : nullptr), bytes_(bytes) {}
+  ~DeviceMemory() { reset(); }
+  DeviceMemory(DeviceMemory&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  DeviceMemory& operator=(DeviceMemory&& o) noexcept {
+    if (this != &o) {
+      reset();
+      ptr_ = o.ptr_;
+      bytes_ = o.bytes_;
+      o.ptr_ = nullptr;
+      o.bytes_ = 0;
+    }
+    return *this;
+  }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+
+  void reset() {
+    if (ptr_ != nullptr) device_free(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  [[nodiscard]] size_t bytes() const { return bytes_; }
+  template <typename T = void>
+  [[nodiscard]] T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace moeserve::cuda

@@ -1,0 +1,157 @@
+#include "backend/cuda/model_glue.h"
+
+#include "backend/cuda/cuda_util.cuh"
+#include "backend/cuda/v41_device.cuh"
+
+namespace moeserve::cuda {
+namespace {
+
+using v41::e2m1_decode;
+using v41::ue8m0_decode;
+
+constexpr int kThreads = 256;
+
+__global__ void gather_rows_kernel(const float* src, int64_t ld_src, const int32_t* idx,
+                                   int64_t cols, float* dst, int64_t ld_dst) {
+  const int64_t i = blockIdx.x;
+  const float* s = src + static_cast<int64_t>(idx[i]) * ld_src;
+  float* d = dst + i * ld_dst;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) d[c] = s[c];
+}
+
+__global__ void moe_combine_kernel(const float* src, const int32_t* inv, int k, int64_t cols,
+                                   float* y) {
+  const int64_t t = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+    float acc = y[t * cols + c];
+    for (int j = 0; j < k; ++j) {
+      const int32_t r = inv[t * k + j];
+      if (r >= 0) acc += src[static_cast<int64_t>(r) * cols + c];
+    }
+    y[t * cols + c] = acc;
+  }
+}
+
+__global__ void resolve_kernel(const int32_t* idx_in, const int32_t* cand, int64_t n_cand,
+                               const int64_t* row_slot, int64_t slot_stride, int64_t rows, int k,
+                               int32_t* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * k) return;
+  const int64_t r = i / k;
+  int64_t e = idx_in[i];
+  if (cand != nullptr && e >= 0) e = cand[r * n_cand + e];
+  out[i] = e < 0 ? -1 : static_cast<int32_t>(e + row_slot[r] * slot_stride);
+}
+
+__global__ void fp4_index_to_float_kernel(const uint8_t* rec, int64_t n, int dim, float* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * dim) return;
+  const int64_t r = i / dim;
+  const int c = static_cast<int>(i % dim);
+  const uint8_t* p = rec + r * (dim / 2 + dim / 32);
+  const uint32_t byte = p[c / 2];
+  const uint32_t nib = (c % 2 == 0) ? (byte & 0xF) : (byte >> 4);
+  out[i] = e2m1_decode(nib) * ue8m0_decode(p[dim / 2 + c / 32]);
+}
+
+__global__ void copy_records_kernel(const uint8_t* src, int64_t rec_bytes, const int64_t* dst_idx,
+                                    uint8_t* dst) {
+  const int64_t i = blockIdx.x;
+  const int64_t d = dst_idx[i];
+  if (d < 0) return;
+  for (int64_t b = threadIdx.x; b < rec_bytes; b += blockDim.x)
+    dst[d * rec_bytes + b] = src[i * rec_bytes + b];
+}
+
+__global__ void fill_f32_kernel(float* x, int64_t n, float v) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = v;
+}
+
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+__global__ void fill_records_kernel(uint8_t* rec, int64_t total, int64_t code_bytes,
+                                    int64_t rec_bytes, bool fp8_codes, int lo, int hi,
+                                    uint64_t seed) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int64_t b = i % rec_bytes;
+  const uint64_t h = mix64(seed * 0x100000001B3ull + static_cast<uint64_t>(i));
+  uint32_t v;
+  if (b < code_bytes) {
+    v = static_cast<uint32_t>(h & 0xFF);
+    if (fp8_codes && (v & 0x7F) == 0x7F) v &= 0xFE;  // no NaN
+  } else {
+    v = static_cast<uint32_t>(lo + static_cast<int>(h % static_cast<uint64_t>(hi - lo + 1)));
+  }
+  rec[i] = static_cast<uint8_t>(v);
+}
+
+unsigned blocks_for(int64_t n) { return static_cast<unsigned>(ceil_div(n, kThreads)); }
+
+}  // namespace
+
+void launch_gather_rows(const float* src, int64_t ld_src, const int32_t* idx, int64_t n,
+                        int64_t cols, float* dst, int64_t ld_dst, Stream stream) {
+  if (n == 0) return;
+  gather_rows_kernel<<<static_cast<unsigned>(n), kThreads, 0, as_cuda_stream(stream)>>>(
+      src, ld_src, idx, cols, dst, ld_dst);
+  MS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_moe_combine(const float* src, const int32_t* inv, int64_t rows, int k, int64_t cols,
+                        float* y, Stream stream) {
+  if (rows == 0) return;
+  moe_combine_kernel<<<static_cast<unsigned>(rows), kThreads, 0, as_cuda_stream(stream)>>>(
+      src, inv, k, cols, y);
+  MS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_resolve_selection(const int32_t* idx_in, const int32_t* cand, int64_t n_cand,
+                              const int64_t* row_slot, int64_t slot_stride, int64_t rows, int k,
+                              int32_t* out, Stream stream) {
+  if (rows * k == 0) return;
+  resolve_kernel<<<blocks_for(rows * k), kThreads, 0, as_cuda_stream(stream)>>>(
+      idx_in, cand, n_cand, row_slot, slot_stride, rows, k, out);
+  MS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_fp4_index_records_to_float(const uint8_t* rec, int64_t n, int dim, float* out,
+                                       Stream stream) {
+  if (n == 0) return;
+  fp4_index_to_float_kernel<<<blocks_for(n * dim), kThreads, 0, as_cuda_stream(stream)>>>(
+      rec, n, dim, out);
+  MS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_copy_records(const uint8_t* src, int64_t n, int64_t rec_bytes, const int64_t* dst_idx,
+                         uint8_t* dst, Stream stream) {
+  if (n == 0) return;
+  copy_records_kernel<<<static_cast<unsigned>(n), 128, 0, as_cuda_stream(stream)>>>(
+      src, rec_bytes, dst_idx, dst);
+  MS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_fill_f32(float* x, int64_t n, float value, Stream stream) {
+  if (n == 0) return;
+  fill_f32_kernel<<<blocks_for(n), kThreads, 0, as_cuda_stream(stream)>>>(x, n, value);
+  MS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_fill_records(uint8_t* rec, int64_t n, int64_t code_bytes, int64_t scale_bytes,
+                         bool fp8_codes, int scale_lo, int scale_hi, uint64_t seed,
+                         Stream stream) {
+  const int64_t rec_bytes = code_bytes + scale_bytes;
+  const int64_t total = n * rec_bytes;
+  if (total == 0) return;
+  fill_records_kernel<<<blocks_for(total), kThreads, 0, as_cuda_stream(stream)>>>(
+      rec, total, code_bytes, rec_bytes, fp8_codes, scale_lo, scale_hi, seed);
+  MS_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moeserve::cuda

@@ -1,0 +1,1510 @@
+#include "model/arch/deepseek_v41_gpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "backend/cpu/v41_ops.h"
+#include "backend/cuda/cublaslt_gemm.h"
+#include "backend/cuda/device_runtime.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/model_glue.h"
+#include "common/check.h"
+#include "model/arch/weight_loader.h"
+#include "model/engram_table.h"
+
+namespace moeserve::arch {
+
+namespace cu = moeserve::cuda;
+using cu::DeviceMemory;
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// A linear [out, in] on the device in its checkpoint format.
+struct Linear {
+  enum class Kind : uint8_t { kNone, kFp8, kMxfp4, kF32 };
+  Kind kind = Kind::kNone;
+  DeviceMemory w, scale;
+  int64_t out = 0, in = 0;
+
+  [[nodiscard]] double bytes() const { return static_cast<double>(w.bytes() + scale.bytes()); }
+};
+
+struct Ffn {
+  Linear w1, w3, w2;
+};
+
+struct Layer {
+  int32_t id = 0;
+  DeviceMemory hc_attn_fn, hc_attn_base, hc_attn_scale, hc_ffn_fn, hc_ffn_base, hc_ffn_scale;
+  DeviceMemory attn_norm, ffn_norm, q_norm, kv_norm, sink;
+  Linear wq_a, wq_b, wkv, wo_a, wo_b;
+  Linear comp_wkv, comp_wgate, idx_wk, idx_wq_b, idx_wproj;
+  DeviceMemory comp_norm, idx_knorm;
+  DeviceMemory gate, bias, bias_vl;  // fp32 router
+  std::vector<Ffn> experts;          // local experts
+  Ffn shared;
+  // Engram
+  Linear engram_wkv;
+  DeviceMemory engram_qk;
+  cu::PinnedHostBuffer engram_codes, engram_scales;
+  int64_t engram_rows = 0;
+  // caches
+  DeviceMemory swa_pool;  // [max_seqs * window + max_rows records]
+  DeviceMemory main_pool, index_pool;
+  int64_t cap = 0;  // global entries per slot
+  DeviceMemory part_kv, part_gate;
+};
+
+struct Sequence {
+  bool live = false;
+  int32_t num_tokens = 0;
+  int32_t replay_start = 0;
+  EngramHistory history;
+  std::vector<int64_t> entries;  // per backbone layer (KV sources only)
+};
+
+// The rows being computed and their per-row device metadata.
+struct RowSet {
+  std::vector<int32_t> begin, rows, first_pos;  // per input
+  std::vector<int32_t> src_row;                 // per row: row in the full chunk list
+  int64_t n = 0;
+  DeviceMemory pos, swa_idx, ring_dst, row_slot, image;
+  bool any_image = false;
+};
+
+}  // namespace
+
+const char* gpu_component_name(GpuComponent c) {
+  switch (c) {
+    case GpuComponent::kMoe: return "moe";
+    case GpuComponent::kDense: return "dense_proj";
+    case GpuComponent::kAttention: return "attention";
+    case GpuComponent::kIndexer: return "indexer_topk";
+    case GpuComponent::kMhc: return "mhc";
+    case GpuComponent::kEngram: return "engram";
+    case GpuComponent::kSampling: return "sampling";
+    case GpuComponent::kOther: return "other";
+    case GpuComponent::kCount: break;
+  }
+  return "?";
+}
+
+std::vector<int32_t> subsample_layers(const ModelConfig& c, int32_t count) {
+  const int32_t total = c.num_hidden_layers;
+  std::vector<uint8_t> keep(static_cast<size_t>(total), 0);
+  if (count <= 0 || count >= total) {
+    std::fill(keep.begin(), keep.end(), 1);
+  } else {
+    for (int32_t i = 0; i < count; ++i)
+      keep[static_cast<size_t>(static_cast<int64_t>(i) * total / count)] = 1;
+  }
+  // Owners: KV owner, index owner and (for Reindex) the candidate source; to a fixed point.
+  bool changed = true;
+  while (changed) {
+    changed = false;
+    for (int32_t l = 0; l < total; ++l) {
+      if (!keep[static_cast<size_t>(l)]) continue;
+      const LayerInfo& info = c.layer(l);
+      for (int32_t o : {info.kv_owner, info.index_owner,
+                        info.mode == LayerMode::kReindex ? c.candidate_source_layer_id : -1})
+        if (o >= 0 && !keep[static_cast<size_t>(o)]) {
+          keep[static_cast<size_t>(o)] = 1;
+          changed = true;
+        }
+    }
+  }
+  std::vector<int32_t> out;
+  for (int32_t l = 0; l < total; ++l)
+    if (keep[static_cast<size_t>(l)]) out.push_back(l);
+  return out;
+}
+
+struct DeepseekV41Gpu::Impl {
+  ModelConfig c;
+  GpuModelOptions opt;
+  std::vector<int32_t> layer_ids;
+  std::vector<std::unique_ptr<Layer>> layers;  // by backbone layer id (null: not kept)
+  DeviceMemory embed, head, norm;
+  DeviceMemory freqs_main, freqs_compress;
+  DeviceMemory iota;
+  void* stream = nullptr;
+  std::unique_ptr<cu::CublasLtGemm> lt;
+  EngramTokenMap token_map;
+  bool random_weights = false;
+  std::mt19937_64 rng{1234};
+  std::vector<Sequence> seqs;
+  size_t weight_bytes = 0, cache_bytes = 0;
+  GpuForwardCost cost;
+
+  // Grow-only scratch buffers, by name.
+  std::map<std::string, DeviceMemory> ws;
+  template <typename T>
+  T* buf(const std::string& name, int64_t count) {
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T);
+    DeviceMemory& m = ws[name];
+    if (m.bytes() < bytes) m = DeviceMemory(bytes);
+    return m.as<T>();
+  }
+  template <typename T>
+  T* upload(const std::string& name, const std::vector<T>& v) {
+    T* p = buf<T>(name, static_cast<int64_t>(v.size()));
+    cu::copy_h2d(p, v.data(), v.size() * sizeof(T), stream);
+    return p;
+  }
+
+  // Profiling: an event at every component switch.
+  std::vector<std::pair<GpuComponent, void*>> marks;
+  std::vector<void*> event_pool;
+  size_t events_used = 0;
+  std::array<double, kNumGpuComponents> comp_ms{};
+  void mark(GpuComponent comp) {
+    if (!opt.profile) return;
+    if (events_used == event_pool.size()) event_pool.push_back(cu::event_create());
+    void* e = event_pool[events_used++];
+    cu::event_record(e, stream);
+    marks.emplace_back(comp, e);
+  }
+  void flush_profile() {
+    if (!opt.profile || marks.empty()) return;
+    cu::event_synchronize(marks.back().second);
+    for (size_t i = 0; i + 1 < marks.size(); ++i)
+      comp_ms[static_cast<size_t>(marks[i].first)] +=
+          cu::event_elapsed_ms(marks[i].second, marks[i + 1].second);
+    marks.clear();
+    events_used = 0;
+  }
+
+  ~Impl() {
+    for (auto& l : layers) {
+      if (!l) continue;
+      if (l->engram_codes.bytes > 0) cu::free_pinned_host(l->engram_codes);
+      if (l->engram_scales.bytes > 0) cu::free_pinned_host(l->engram_scales);
+    }
+    for (void* e : event_pool) cu::event_destroy(e);
+    ws.clear();
+    lt.reset();
+    if (stream != nullptr) cu::stream_destroy(stream);
+  }
+
+  // ---- building -------------------------------------------------------------------------------
+
+  DeviceMemory upload_bytes(const void* data, size_t bytes) {
+    DeviceMemory m(bytes);
+    cu::copy_h2d(m.as(), data, bytes, stream);
+    cu::stream_synchronize(stream);
+    weight_bytes += bytes;
+    return m;
+  }
+  DeviceMemory upload_f32(const HostTensor& t) {
+    return upload_bytes(t.data<float>(), static_cast<size_t>(t.numel()) * 4);
+  }
+  DeviceMemory random_f32(int64_t n, float lo, float hi) {
+    DeviceMemory m(static_cast<size_t>(n) * 4);
+    cu::FillParams p;
+    p.data = m.as();
+    p.dtype = DType::kF32;
+    p.numel = n;
+    p.seed = rng();
+    p.lo = lo;
+    p.hi = hi;
+    cu::launch_fill_random(p, stream);
+    weight_bytes += m.bytes();
+    return m;
+  }
+
+  Result<Linear> load_linear(const WeightLoader& r, const std::string& name, int64_t out,
+                             int64_t in) {
+    Linear lin;
+    lin.out = out;
+    lin.in = in;
+    MS_ASSIGN_OR_RETURN(const Checkpoint::Tensor* t, r.get(name));
+    const bool fp8 = t->dtype == DType::kF8E4M3;
+    const bool fp4 = (t->dtype == DType::kI8 || t->dtype == DType::kU8) &&
+                     t->shape == Shape{out, in / 2};
+    if (fp8 || fp4) {
+      MS_ASSIGN_OR_RETURN(const Checkpoint::Tensor* s,
+                          r.get(name.substr(0, name.rfind(".weight")) + ".scale"));
+      const Shape want_w = fp8 ? Shape{out, in} : Shape{out, in / 2};
+      const Shape want_s = fp8 ? Shape{(out + 31) / 32, (in + 31) / 32} : Shape{out, (in + 31) / 32};
+      if (!(t->shape == want_w) || !(s->shape == want_s) || s->dtype != DType::kF8E8M0)
+        return make_error(ErrorCode::kInvalidArgument, "gpu model: tensor '{}' is {}, expected {}",
+                          name, t->shape.to_string(), want_w.to_string());
+      lin.kind = fp8 ? Linear::Kind::kFp8 : Linear::Kind::kMxfp4;
+      lin.w = upload_bytes(t->view.data(), t->nbytes);
+      lin.scale = upload_bytes(s->view.data(), s->nbytes);
+      return lin;
+    }
+    MS_ASSIGN_OR_RETURN(HostTensor h, r.load_linear(name, out, in));
+    lin.kind = Linear::Kind::kF32;
+    lin.w = upload_f32(h);
+    return lin;
+  }
+  Result<DeviceMemory> load_dense(const WeightLoader& r, const std::string& name,
+                                  const std::vector<int64_t>& shape) {
+    MS_ASSIGN_OR_RETURN(HostTensor h, r.load_dense(name, shape));
+    return upload_f32(h);
+  }
+
+  Linear random_linear(Linear::Kind kind, int64_t out, int64_t in) {
+    Linear lin;
+    lin.kind = kind;
+    lin.out = out;
+    lin.in = in;
+    cu::FillParams p;
+    if (kind == Linear::Kind::kF32) {
+      lin.w = random_f32(out * in, -0.02f, 0.02f);
+      return lin;
+    }
+    const bool fp8 = kind == Linear::Kind::kFp8;
+    const size_t wbytes = static_cast<size_t>(fp8 ? out * in : out * in / 2);
+    const int64_t scales = fp8 ? ((out + 31) / 32) * ((in + 31) / 32) : out * ((in + 31) / 32);
+    lin.w = DeviceMemory(wbytes);
+    lin.scale = DeviceMemory(static_cast<size_t>(scales));
+    p.data = lin.w.as();
+    p.dtype = fp8 ? DType::kF8E4M3 : DType::kFp4E2m1;
+    p.numel = fp8 ? out * in : out * in;
+    p.seed = rng();
+    cu::launch_fill_random(p, stream);
+    p.data = lin.scale.as();
+    p.dtype = DType::kF8E8M0;
+    p.numel = scales;
+    p.seed = rng();
+    // e4m3 codes up to 448; 2^-14..2^-12 keeps |w| ~ 1/sqrt(in) for in ~ 5120.
+    p.lo = 113;
+    p.hi = 115;
+    cu::launch_fill_random(p, stream);
+    weight_bytes += lin.w.bytes() + lin.scale.bytes();
+    return lin;
+  }
+
+  Status build_layer_caches(Layer& L) {
+    const LayerInfo& info = c.layer(L.id);
+    const int64_t window = c.sliding_window;
+    L.swa_pool = DeviceMemory(static_cast<size_t>(opt.max_seqs * window + opt.max_rows) *
+                              c.swa_row_bytes());
+    cache_bytes += L.swa_pool.bytes();
+    if (info.is_kv_source) {
+      L.cap = opt.max_context / info.ratio + 1;
+      L.main_pool = DeviceMemory(static_cast<size_t>(opt.max_seqs * L.cap) * c.main_entry_bytes());
+      L.index_pool =
+          DeviceMemory(static_cast<size_t>(opt.max_seqs * L.cap) * c.index_entry_bytes());
+      const int64_t part = static_cast<int64_t>(opt.max_seqs) * std::max(info.ratio - 1, 1) *
+                           c.head_dim * 4;
+      L.part_kv = DeviceMemory(static_cast<size_t>(part));
+      L.part_gate = DeviceMemory(static_cast<size_t>(part));
+      cache_bytes += L.main_pool.bytes() + L.index_pool.bytes() + 2 * static_cast<size_t>(part);
+    }
+    return Status{};
+  }
+
+  Status init_common() {
+    stream = cu::stream_create();
+    lt = std::make_unique<cu::CublasLtGemm>(stream);
+    if (opt.layers.empty())
+      for (int32_t l = 0; l < c.num_hidden_layers; ++l) opt.layers.push_back(l);
+    layer_ids = opt.layers;
+    layers.resize(static_cast<size_t>(c.num_hidden_layers));
+    for (int32_t l : layer_ids) {
+      const LayerInfo& info = c.layer(l);
+      for (int32_t o : {info.kv_owner, info.index_owner,
+                        info.mode == LayerMode::kReindex ? c.candidate_source_layer_id : -1})
+        if (o >= 0 && std::find(layer_ids.begin(), layer_ids.end(), o) == layer_ids.end())
+          return make_error(ErrorCode::kInvalidArgument,
+                            "gpu model: layer {} needs layer {} (owner) in the kept layers", l, o);
+    }
+    if (opt.max_rows > opt.max_context * opt.max_seqs)
+      opt.max_rows = opt.max_context * opt.max_seqs;
+    const int rd = c.qk_rope_head_dim;
+    const std::vector<double> fm = cpu::rope_frequencies(c.rope_theta, rd, nullptr);
+    cpu::YarnParams yp;
+    yp.factor = c.rope_scaling.factor;
+    yp.original_max_position = c.rope_scaling.original_max_position_embeddings;
+    yp.beta_fast = c.rope_scaling.beta_fast;
+    yp.beta_slow = c.rope_scaling.beta_slow;
+    const std::vector<double> fc = cpu::rope_frequencies(
+        c.compress_rope_theta, rd, c.rope_scaling.enabled ? &yp : nullptr);
+    freqs_main = DeviceMemory(fm.size() * 8);
+    freqs_compress = DeviceMemory(fc.size() * 8);
+    cu::copy_h2d(freqs_main.as(), fm.data(), fm.size() * 8, stream);
+    cu::copy_h2d(freqs_compress.as(), fc.data(), fc.size() * 8, stream);
+    std::vector<int32_t> io(static_cast<size_t>(opt.max_rows) + 1);
+    for (size_t i = 0; i < io.size(); ++i) io[i] = static_cast<int32_t>(i);
+    iota = DeviceMemory(io.size() * 4);
+    cu::copy_h2d(iota.as(), io.data(), io.size() * 4, stream);
+    seqs.resize(static_cast<size_t>(opt.max_seqs));
+    cu::stream_synchronize(stream);
+    return Status{};
+  }
+
+  int32_t local_expert_count(int32_t l) const {
+    const int32_t e = c.routed_experts_of(l);
+    return opt.local_experts < 0 ? e : std::min(e, opt.local_experts);
+  }
+
+  Status load_weights(const WeightLoader& r) {
+    const int64_t d = c.hidden_size, hd = c.head_dim, h = c.num_attention_heads;
+    const int64_t q = c.q_lora_rank, g = c.o_groups, o = c.o_lora_rank;
+    const int64_t m = c.hc_mix_count(), hc = c.hc_mult, inter = c.moe_intermediate_size;
+    MS_ASSIGN_OR_RETURN(embed, load_dense(r, "embed.weight", {c.vocab_size, d}));
+    MS_ASSIGN_OR_RETURN(Linear head_lin, load_linear(r, "head.weight", c.vocab_size, d));
+    if (head_lin.kind != Linear::Kind::kF32)
+      return make_error(ErrorCode::kInvalidArgument, "gpu model: head must be BF16/F32");
+    head = std::move(head_lin.w);
+    MS_ASSIGN_OR_RETURN(norm, load_dense(r, "norm.weight", {d}));
+    for (int32_t l : layer_ids) {
+      auto L = std::make_unique<Layer>();
+      L->id = l;
+      const LayerInfo& info = c.layer(l);
+      const std::string p = fmt::format("layers.{}.", l);
+      MS_ASSIGN_OR_RETURN(L->hc_attn_fn, load_dense(r, p + "hc_attn_fn", {m, hc * d}));
+      MS_ASSIGN_OR_RETURN(L->hc_attn_base, load_dense(r, p + "hc_attn_base", {m}));
+      MS_ASSIGN_OR_RETURN(L->hc_attn_scale, load_dense(r, p + "hc_attn_scale", {3}));
+      MS_ASSIGN_OR_RETURN(L->hc_ffn_fn, load_dense(r, p + "hc_ffn_fn", {m, hc * d}));
+      MS_ASSIGN_OR_RETURN(L->hc_ffn_base, load_dense(r, p + "hc_ffn_base", {m}));
+      MS_ASSIGN_OR_RETURN(L->hc_ffn_scale, load_dense(r, p + "hc_ffn_scale", {3}));
+      MS_ASSIGN_OR_RETURN(L->attn_norm, load_dense(r, p + "attn_norm.weight", {d}));
+      MS_ASSIGN_OR_RETURN(L->ffn_norm, load_dense(r, p + "ffn_norm.weight", {d}));
+      const std::string ap = p + "attn.";
+      MS_ASSIGN_OR_RETURN(L->wq_a, load_linear(r, ap + "wq_a.weight", q, d));
+      MS_ASSIGN_OR_RETURN(L->q_norm, load_dense(r, ap + "q_norm.weight", {q}));
+      MS_ASSIGN_OR_RETURN(L->wq_b, load_linear(r, ap + "wq_b.weight", h * hd, q));
+      MS_ASSIGN_OR_RETURN(L->wkv, load_linear(r, ap + "wkv.weight", hd, d));
+      MS_ASSIGN_OR_RETURN(L->kv_norm, load_dense(r, ap + "kv_norm.weight", {hd}));
+      MS_ASSIGN_OR_RETURN(L->wo_a, load_linear(r, ap + "wo_a.weight", g * o, h * hd / g));
+      MS_ASSIGN_OR_RETURN(L->wo_b, load_linear(r, ap + "wo_b.weight", d, g * o));
+      MS_ASSIGN_OR_RETURN(L->sink, load_dense(r, ap + "attn_sink", {h}));
+      if (info.is_kv_source) {
+        MS_ASSIGN_OR_RETURN(L->comp_wkv, load_linear(r, ap + "compressor.wkv.weight", hd, d));
+        if (info.ratio > 1) {
+          MS_ASSIGN_OR_RETURN(L->comp_wgate,
+                              load_linear(r, ap + "compressor.wgate.weight", hd, d));
+        }
+        MS_ASSIGN_OR_RETURN(L->comp_norm, load_dense(r, ap + "compressor.norm.weight", {hd}));
+        MS_ASSIGN_OR_RETURN(L->idx_wk,
+                            load_linear(r, ap + "indexer.wk.weight", c.index_head_dim, hd));
+        MS_ASSIGN_OR_RETURN(L->idx_knorm,
+                            load_dense(r, ap + "indexer.k_norm.weight", {c.index_head_dim}));
+      }
+      if (info.is_index_source) {
+        MS_ASSIGN_OR_RETURN(
+            L->idx_wq_b,
+            load_linear(r, ap + "indexer.wq_b.weight",
+                        static_cast<int64_t>(c.index_n_heads) * c.index_head_dim, q));
+        MS_ASSIGN_OR_RETURN(L->idx_wproj, load_linear(r, ap + "indexer.weights_proj.weight",
+                                                      c.index_n_heads, d));
+      }
+      const int64_t e = c.routed_experts_of(l);
+      const std::string fp = p + "ffn.";
+      MS_ASSIGN_OR_RETURN(Linear gate, load_linear(r, fp + "gate.weight", e, d));
+      if (gate.kind != Linear::Kind::kF32) {
+        MS_ASSIGN_OR_RETURN(HostTensor gh, r.load_linear(fp + "gate.weight", e, d));
+        gate.w = upload_f32(gh);
+      }
+      L->gate = std::move(gate.w);
+      MS_ASSIGN_OR_RETURN(L->bias, load_dense(r, fp + "gate.bias", {e}));
+      MS_ASSIGN_OR_RETURN(L->bias_vl, load_dense(r, fp + "gate.bias_vl", {e}));
+      for (int32_t i = 0; i < local_expert_count(l); ++i) {
+        const std::string ep = fmt::format("{}experts.{}.", fp, i);
+        Ffn f;
+        MS_ASSIGN_OR_RETURN(f.w1, load_linear(r, ep + "w1.weight", inter, d));
+        MS_ASSIGN_OR_RETURN(f.w3, load_linear(r, ep + "w3.weight", inter, d));
+        MS_ASSIGN_OR_RETURN(f.w2, load_linear(r, ep + "w2.weight", d, inter));
+        L->experts.push_back(std::move(f));
+      }
+      const std::string sp = fp + "shared_experts.";
+      MS_ASSIGN_OR_RETURN(L->shared.w1, load_linear(r, sp + "w1.weight", inter, d));
+      MS_ASSIGN_OR_RETURN(L->shared.w3, load_linear(r, sp + "w3.weight", inter, d));
+      MS_ASSIGN_OR_RETURN(L->shared.w2, load_linear(r, sp + "w2.weight", d, inter));
+      if (info.engram_index >= 0) {
+        const EngramLayer& el = c.engram_layers[static_cast<size_t>(info.engram_index)];
+        const std::string ep = p + "engram.";
+        MS_ASSIGN_OR_RETURN(const Checkpoint::Tensor* tw, r.get(ep + "table.weight"));
+        MS_ASSIGN_OR_RETURN(const Checkpoint::Tensor* ts, r.get(ep + "table.scale"));
+        if (tw->dtype != DType::kF8E4M3 || ts->dtype != DType::kF8E8M0 ||
+            !(tw->shape == Shape{el.num_embeddings, c.engram_head_dim}))
+          return make_error(ErrorCode::kInvalidArgument, "gpu model: {}table is not FP8", ep);
+        L->engram_rows = el.num_embeddings;
+        L->engram_codes = cu::allocate_pinned_host(tw->nbytes, true);
+        L->engram_scales = cu::allocate_pinned_host(ts->nbytes, true);
+        std::copy_n(static_cast<const uint8_t*>(tw->view.data()), tw->nbytes,
+                    static_cast<uint8_t*>(L->engram_codes.host));
+        std::copy_n(static_cast<const uint8_t*>(ts->view.data()), ts->nbytes,
+                    static_cast<uint8_t*>(L->engram_scales.host));
+        MS_ASSIGN_OR_RETURN(L->engram_wkv, load_linear(r, ep + "wkv.weight", d * (hc + 1),
+                                                       c.engram_embed_dim()));
+        MS_ASSIGN_OR_RETURN(HostTensor qw, r.load_dense(ep + "q_weight", {hc, d}));
+        MS_ASSIGN_OR_RETURN(HostTensor kw, r.load_dense(ep + "k_weight", {hc, d}));
+        for (int64_t i = 0; i < hc * d; ++i) qw.data<float>()[i] *= kw.data<float>()[i];
+        L->engram_qk = upload_f32(qw);
+      }
+      MS_RETURN_IF_ERROR(build_layer_caches(*L));
+      layers[static_cast<size_t>(l)] = std::move(L);
+    }
+    return Status{};
+  }
+
+  void random_weights_fill() {
+    using K = Linear::Kind;
+    const int64_t d = c.hidden_size, hd = c.head_dim, h = c.num_attention_heads;
+    const int64_t q = c.q_lora_rank, g = c.o_groups, o = c.o_lora_rank;
+    const int64_t m = c.hc_mix_count(), hc = c.hc_mult, inter = c.moe_intermediate_size;
+    embed = random_f32(static_cast<int64_t>(c.vocab_size) * d, -1.0f, 1.0f);
+    head = random_f32(static_cast<int64_t>(c.vocab_size) * d, -0.02f, 0.02f);
+    norm = random_f32(d, 0.9f, 1.1f);
+    for (int32_t l : layer_ids) {
+      auto L = std::make_unique<Layer>();
+      L->id = l;
+      const LayerInfo& info = c.layer(l);
+      L->hc_attn_fn = random_f32(m * hc * d, -0.01f, 0.01f);
+      L->hc_attn_base = random_f32(m, -0.5f, 0.5f);
+      L->hc_attn_scale = random_f32(3, 0.5f, 1.0f);
+      L->hc_ffn_fn = random_f32(m * hc * d, -0.01f, 0.01f);
+      L->hc_ffn_base = random_f32(m, -0.5f, 0.5f);
+      L->hc_ffn_scale = random_f32(3, 0.5f, 1.0f);
+      L->attn_norm = random_f32(d, 0.9f, 1.1f);
+      L->ffn_norm = random_f32(d, 0.9f, 1.1f);
+      L->wq_a = random_linear(K::kFp8, q, d);
+      L->q_norm = random_f32(q, 0.9f, 1.1f);
+      L->wq_b = random_linear(K::kFp8, h * hd, q);
+      L->wkv = random_linear(K::kFp8, hd, d);
+      L->kv_norm = random_f32(hd, 0.9f, 1.1f);
+      L->wo_a = random_linear(K::kFp8, g * o, h * hd / g);
+      L->wo_b = random_linear(K::kFp8, d, g * o);
+      L->sink = random_f32(h, -1.0f, 1.0f);
+      if (info.is_kv_source) {
+        L->comp_wkv = random_linear(K::kF32, hd, d);
+        if (info.ratio > 1) L->comp_wgate = random_linear(K::kF32, hd, d);
+        L->comp_norm = random_f32(hd, 0.9f, 1.1f);
+        L->idx_wk = random_linear(K::kF32, c.index_head_dim, hd);
+        L->idx_knorm = random_f32(c.index_head_dim, 0.9f, 1.1f);
+      }
+      if (info.is_index_source) {
+        L->idx_wq_b = random_linear(K::kFp8, static_cast<int64_t>(c.index_n_heads) *
+                                                 c.index_head_dim, q);
+        L->idx_wproj = random_linear(K::kF32, c.index_n_heads, d);
+      }
+      const int64_t e = c.routed_experts_of(l);
+      L->gate = random_f32(e * d, -0.05f, 0.05f);
+      L->bias = random_f32(e, -0.01f, 0.01f);
+      L->bias_vl = random_f32(e, -0.01f, 0.01f);
+      for (int32_t i = 0; i < local_expert_count(l); ++i) {
+        Ffn f;
+        f.w1 = random_linear(K::kMxfp4, inter, d);
+        f.w3 = random_linear(K::kMxfp4, inter, d);
+        f.w2 = random_linear(K::kMxfp4, d, inter);
+        L->experts.push_back(std::move(f));
+      }
+      L->shared.w1 = random_linear(K::kFp8, inter, d);
+      L->shared.w3 = random_linear(K::kFp8, inter, d);
+      L->shared.w2 = random_linear(K::kFp8, d, inter);
+      if (info.engram_index >= 0) {
+        const int64_t rows = opt.random_engram_rows;
+        const int64_t dim = c.engram_head_dim;
+        L->engram_rows = rows;
+        L->engram_codes = cu::allocate_pinned_host(static_cast<size_t>(rows * dim), true);
+        L->engram_scales = cu::allocate_pinned_host(static_cast<size_t>(rows * (dim / 32)), true);
+        auto* codes = static_cast<uint8_t*>(L->engram_codes.host);
+        auto* scales = static_cast<uint8_t*>(L->engram_scales.host);
+        for (int64_t i = 0; i < rows * dim; ++i) codes[i] = static_cast<uint8_t>(rng() % 0x7E);
+        for (int64_t i = 0; i < rows * (dim / 32); ++i)
+          scales[i] = static_cast<uint8_t>(120 + rng() % 8);
+        L->engram_wkv = random_linear(K::kFp8, d * (hc + 1), c.engram_embed_dim());
+        L->engram_qk = random_f32(hc * d, -1.0f, 1.0f);
+      }
+      (void)build_layer_caches(*L);
+      layers[static_cast<size_t>(l)] = std::move(L);
+    }
+    cu::stream_synchronize(stream);
+  }
+
+  // ---- ops ------------------------------------------------------------------------------------
+
+  // y[rows, lin.out] (pitch ldy) = x[rows, lin.in] (pitch ldx) · W^T.
+  void linear(const float* x, int64_t ldx, int64_t rows, const Linear& lin, float* y, int64_t ldy,
+              int64_t out_row0 = 0, int64_t out_rows = -1) {
+    if (rows == 0) return;
+    const int64_t n = out_rows < 0 ? lin.out : out_rows;
+    cost.weight_bytes += lin.bytes() * static_cast<double>(n) / static_cast<double>(lin.out);
+    cost.flops += 2.0 * static_cast<double>(rows) * static_cast<double>(n) * lin.in;
+    switch (lin.kind) {
+      case Linear::Kind::kFp8: {
+        MS_CHECK(out_row0 % 32 == 0 || (out_row0 % 32) + n <= 32);
+        cu::Fp8BlockGemmParams p;
+        p.x = x;
+        p.ldx = ldx;
+        p.w = lin.w.as<uint8_t>() + out_row0 * lin.in;
+        p.w_scale = lin.scale.as<uint8_t>() + (out_row0 / 32) * ((lin.in + 31) / 32);
+        p.y = y;
+        p.ldy = ldy;
+        p.m = rows;
+        p.n = n;
+        p.k = lin.in;
+        cu::launch_fp8_block_gemm(p, stream);
+        break;
+      }
+      case Linear::Kind::kMxfp4: {
+        cu::Mxfp4GemmParams p;
+        p.x = x;
+        p.ldx = ldx;
+        p.w = lin.w.as<uint8_t>() + out_row0 * lin.in / 2;
+        p.w_scale = lin.scale.as<uint8_t>() + out_row0 * ((lin.in + 31) / 32);
+        p.y = y;
+        p.ldy = ldy;
+        p.m = rows;
+        p.n = n;
+        p.k = lin.in;
+        cu::launch_mxfp4_gemm(p, stream);
+        break;
+      }
+      case Linear::Kind::kF32: {
+        cu::LtGemmParams p;
+        p.precision = opt.tf32_dense ? cu::GemmPrecision::kTf32 : cu::GemmPrecision::kF32;
+        p.a = x;
+        p.lda = ldx;
+        p.b = lin.w.as<float>() + out_row0 * lin.in;
+        p.ldb = lin.in;
+        p.b_transposed = true;
+        p.c = y;
+        p.ldc = ldy;
+        p.m = rows;
+        p.n = n;
+        p.k = lin.in;
+        lt->run(p);
+        break;
+      }
+      case Linear::Kind::kNone: MS_CHECK_MSG(false, "gpu model: linear not loaded");
+    }
+  }
+
+  void rms(float* x, int64_t rows, int64_t dim, const DeviceMemory& w) {
+    if (rows == 0) return;
+    cu::RmsNormParams p;
+    p.x = x;
+    p.weight = w.as<float>();
+    p.out = x;
+    p.rows = rows;
+    p.cols = dim;
+    p.x_stride = dim;
+    p.out_stride = dim;
+    p.eps = static_cast<float>(c.rms_norm_eps);
+    cu::launch_rms_norm(p, stream);
+  }
+
+  void rope(float* x, int64_t rows, int heads, int64_t head_dim, const int32_t* pos,
+            RopeKind kind, bool inverse = false) {
+    if (rows == 0) return;
+    cu::RopeParams p;
+    p.x = x;
+    p.rows = rows;
+    p.row_stride = heads * head_dim;
+    p.heads = heads;
+    p.head_stride = head_dim;
+    p.head_dim = static_cast<int>(head_dim);
+    p.rd = c.qk_rope_head_dim;
+    p.pos = pos;
+    p.freqs = (kind == RopeKind::kMain ? freqs_main : freqs_compress).as<double>();
+    p.inverse = inverse;
+    cu::launch_rope(p, stream);
+  }
+
+  void mixes(const float* x, int64_t n, const DeviceMemory& fn, const DeviceMemory& base,
+             const DeviceMemory& scale, float* pre, float* post, float* comb) {
+    const int hc = c.hc_mult;
+    const int64_t d = c.hidden_size;
+    cu::HcMixesParams p;
+    p.x = x;
+    p.ldx = hc * d;
+    p.rows = n;
+    p.hc = hc;
+    p.dim = d;
+    p.fn = fn.as<float>();
+    p.base = base.as<float>();
+    p.scale = scale.as<float>();
+    p.rms_eps = static_cast<float>(c.rms_norm_eps);
+    p.hc_eps = static_cast<float>(c.hc_eps);
+    p.sinkhorn_iters = c.hc_sinkhorn_iters;
+    p.pre = pre;
+    p.post = post;
+    p.comb = comb;
+    p.scratch = buf<float>("hc_scratch", cu::hc_mixes_scratch_floats(n, hc, d));
+    cu::launch_hc_mixes(p, stream);
+    cost.flops += 2.0 * static_cast<double>(n) * c.hc_mix_count() * hc * d;
+    cost.weight_bytes += static_cast<double>(fn.bytes());
+  }
+  void collapse(const float* x, int64_t n, const float* pre, float* out) {
+    cu::HcCollapseParams p;
+    p.x = x;
+    p.rows = n;
+    p.hc = c.hc_mult;
+    p.dim = c.hidden_size;
+    p.pre = pre;
+    p.out = out;
+    cu::launch_hc_collapse(p, stream);
+  }
+  void expand(float* x, const float* y, int64_t n, const float* post, const float* comb) {
+    cu::HcExpandParams p;
+    p.x = x;
+    p.y = y;
+    p.rows = n;
+    p.hc = c.hc_mult;
+    p.dim = c.hidden_size;
+    p.post = post;
+    p.comb = comb;
+    cu::launch_hc_expand(p, stream);
+  }
+
+  // ---- the forward ----------------------------------------------------------------------------
+
+  struct Batch {
+    std::span<const GpuSequenceInput> in;
+    std::vector<int32_t> start;            // first position per input
+    std::vector<int32_t> chunk_begin;      // first row of each input in the full chunk list
+    std::vector<std::vector<int64_t>> engram_ids;  // [engram layer][rows * hashes] (chunk rows)
+    std::vector<uint8_t> image;            // per chunk row
+    int64_t total = 0;
+    RowSet enc, dec;
+    std::map<int32_t, int32_t*> sel;       // index-source layer -> [rows, topk] pool entries
+    int32_t* cand = nullptr;               // [rows, kb * block] candidate entries (seq-local)
+  };
+
+  // Builds a row set: rows [row0_s, T_s) of each input; SWA reads floored at floor_s.
+  void build_set(Batch& b, RowSet& s, const std::vector<int32_t>& row0,
+                 const std::vector<int32_t>& floor, const std::string& tag) {
+    const int64_t window = c.sliding_window;
+    const int64_t chunk_base = static_cast<int64_t>(opt.max_seqs) * window;
+    const size_t ni = b.in.size();
+    s.begin.assign(ni, 0);
+    s.rows.assign(ni, 0);
+    s.first_pos.assign(ni, 0);
+    s.src_row.clear();
+    std::vector<int32_t> pos;
+    std::vector<int64_t> slot, ring_dst;
+    std::vector<int32_t> idx;
+    std::vector<uint8_t> img;
+    s.any_image = false;
+    for (size_t i = 0; i < ni; ++i) {
+      const int32_t t = static_cast<int32_t>(b.in[i].tokens.size());
+      s.begin[i] = static_cast<int32_t>(s.src_row.size());
+      s.rows[i] = t - row0[i];
+      s.first_pos[i] = b.start[i] + row0[i];
+      const int32_t last = b.start[i] + t - 1;
+      for (int32_t r = row0[i]; r < t; ++r) {
+        const int32_t p = b.start[i] + r;
+        const int64_t cur = static_cast<int64_t>(s.src_row.size());
+        s.src_row.push_back(b.chunk_begin[i] + r);
+        pos.push_back(p);
+        slot.push_back(b.in[i].seq);
+        ring_dst.push_back(last - p >= window
+                               ? -1
+                               : static_cast<int64_t>(b.in[i].seq) * window + p % window);
+        const uint8_t im = b.image[static_cast<size_t>(b.chunk_begin[i] + r)];
+        img.push_back(im);
+        s.any_image = s.any_image || im != 0;
+        for (int64_t k = 0; k < window; ++k) {
+          const int64_t kp = p - k;
+          if (kp < std::max<int64_t>(0, floor[i])) {
+            idx.push_back(-1);
+          } else if (kp >= s.first_pos[i]) {
+            idx.push_back(static_cast<int32_t>(chunk_base + cur - (p - kp)));
+          } else {
+            idx.push_back(static_cast<int32_t>(b.in[i].seq * window + kp % window));
+          }
+        }
+      }
+    }
+    s.n = static_cast<int64_t>(s.src_row.size());
+    s.pos = DeviceMemory(std::max<size_t>(pos.size(), 1) * 4);
+    s.swa_idx = DeviceMemory(std::max<size_t>(idx.size(), 1) * 4);
+    s.ring_dst = DeviceMemory(std::max<size_t>(ring_dst.size(), 1) * 8);
+    s.row_slot = DeviceMemory(std::max<size_t>(slot.size(), 1) * 8);
+    s.image = DeviceMemory(std::max<size_t>(img.size(), 1));
+    cu::copy_h2d(s.pos.as(), pos.data(), pos.size() * 4, stream);
+    cu::copy_h2d(s.swa_idx.as(), idx.data(), idx.size() * 4, stream);
+    cu::copy_h2d(s.ring_dst.as(), ring_dst.data(), ring_dst.size() * 8, stream);
+    cu::copy_h2d(s.row_slot.as(), slot.data(), slot.size() * 8, stream);
+    cu::copy_h2d(s.image.as(), img.data(), img.size(), stream);
+    (void)tag;
+  }
+
+  void engram(Batch& b, const RowSet& s, int32_t l, float* x) {
+    const Layer& L = *layers[static_cast<size_t>(l)];
+    const LayerInfo& info = c.layer(l);
+    const int32_t hashes = c.engram_num_hashes();
+    const int64_t n = s.n, d = c.hidden_size, hc = c.hc_mult;
+    const int dim = c.engram_head_dim;
+    std::vector<int64_t> ids(static_cast<size_t>(n * hashes));
+    const auto& all = b.engram_ids[static_cast<size_t>(info.engram_index)];
+    for (int64_t r = 0; r < n; ++r)
+      for (int32_t h = 0; h < hashes; ++h)
+        ids[static_cast<size_t>(r * hashes + h)] =
+            random_weights ? static_cast<int64_t>(rng() % static_cast<uint64_t>(L.engram_rows))
+                           : all[static_cast<size_t>(s.src_row[static_cast<size_t>(r)] * hashes +
+                                                     h)];
+    const int64_t* dids = upload("engram_ids", ids);
+    const int64_t nid = n * hashes;
+    cu::EngramGatherParams gp;
+    gp.codes = static_cast<const uint8_t*>(L.engram_codes.device);
+    gp.scales = static_cast<const uint8_t*>(L.engram_scales.device);
+    gp.dim = dim;
+    gp.ids = dids;
+    gp.n = nid;
+    gp.out_codes = buf<uint8_t>("engram_codes", nid * dim);
+    gp.out_scales = buf<uint8_t>("engram_scales", nid * (dim / 32));
+    cu::launch_engram_gather(gp, stream);
+    cu::EngramDequantParams dp;
+    dp.codes = gp.out_codes;
+    dp.scales = gp.out_scales;
+    dp.dim = dim;
+    dp.n = nid;
+    dp.out = buf<float>("engram_e", nid * dim);
+    cu::launch_engram_dequant(dp, stream);
+    cost.kv_bytes += static_cast<double>(nid) * (dim + dim / 32);
+    float* kv = buf<float>("engram_kv", n * (hc + 1) * d);
+    linear(dp.out, c.engram_embed_dim(), n, L.engram_wkv, kv, (hc + 1) * d);
+    cu::EngramGateParams p;
+    p.x = x;
+    p.key = kv;
+    p.ld_key = (hc + 1) * d;
+    p.val = kv + hc * d;
+    p.ld_val = (hc + 1) * d;
+    p.wprod = L.engram_qk.as<float>();
+    p.is_image = s.any_image ? s.image.as<uint8_t>() : nullptr;
+    p.rows = n;
+    p.hc = static_cast<int>(hc);
+    p.dim = d;
+    p.eps = static_cast<float>(c.rms_norm_eps);
+    cu::launch_engram_gate(p, stream);
+  }
+
+  // Compressor + index keys + FP4 cache appends for the rows of s (model.md §2.3).
+  void compress(const Batch& b, const RowSet& s, int32_t l, const float* a) {
+    Layer& L = *layers[static_cast<size_t>(l)];
+    const LayerInfo& info = c.layer(l);
+    const int64_t n = s.n, d = c.hidden_size, hd = c.head_dim, id = c.index_head_dim;
+    const int ratio = info.ratio;
+    float* kvc = buf<float>("comp_kv", n * hd);
+    float* gate = ratio > 1 ? buf<float>("comp_gate", n * hd) : nullptr;
+    linear(a, d, n, L.comp_wkv, kvc, hd);
+    if (ratio > 1) linear(a, d, n, L.comp_wgate, gate, hd);
+    int64_t groups_total = 0;
+    std::vector<int64_t> gcount(b.in.size());
+    for (size_t i = 0; i < b.in.size(); ++i) {
+      gcount[i] = cpu::compressor_groups(s.first_pos[i], s.rows[i], ratio);
+      groups_total += gcount[i];
+    }
+    float* lat = buf<float>("comp_lat", groups_total * hd);
+    std::vector<int32_t> gpos;
+    int64_t goff = 0;
+    const int64_t part_stride = static_cast<int64_t>(std::max(ratio - 1, 1)) * hd;
+    for (size_t i = 0; i < b.in.size(); ++i) {
+      if (s.rows[i] == 0) continue;
+      const int32_t slot = b.in[i].seq;
+      cu::CompressorParams p;
+      p.kv = kvc + static_cast<int64_t>(s.begin[i]) * hd;
+      p.gate = gate != nullptr ? gate + static_cast<int64_t>(s.begin[i]) * hd : nullptr;
+      p.ld = hd;
+      p.rows = s.rows[i];
+      p.dim = static_cast<int>(hd);
+      p.ratio = ratio;
+      p.start_pos = s.first_pos[i];
+      p.state_kv = L.part_kv.as<float>() + slot * part_stride;
+      p.state_gate = L.part_gate.as<float>() + slot * part_stride;
+      p.norm_weight = L.comp_norm.as<float>();
+      p.eps = static_cast<float>(c.rms_norm_eps);
+      p.out = lat + goff * hd;
+      cu::launch_compressor(p, stream);
+      const int64_t j0 = seqs[static_cast<size_t>(slot)].entries[static_cast<size_t>(l)];
+      for (int64_t g = 0; g < gcount[i]; ++g) gpos.push_back(static_cast<int32_t>((j0 + g) * ratio));
+      goff += gcount[i];
+    }
+    if (groups_total == 0) return;
+    const int32_t* dpos = upload("comp_pos", gpos);
+    float* keys = buf<float>("comp_keys", groups_total * id);
+    linear(lat, hd, groups_total, L.idx_wk, keys, id);
+    rms(keys, groups_total, id, L.idx_knorm);
+    rope(lat, groups_total, 1, hd, dpos, RopeKind::kCompress);
+    rope(keys, groups_total, 1, id, dpos, RopeKind::kCompress);
+    goff = 0;
+    for (size_t i = 0; i < b.in.size(); ++i) {
+      if (gcount[i] == 0) continue;
+      Sequence& sq = seqs[static_cast<size_t>(b.in[i].seq)];
+      int64_t& entries = sq.entries[static_cast<size_t>(l)];
+      MS_CHECK_LE(entries + gcount[i], L.cap);
+      cu::Fp4CacheWriteParams w;
+      w.x = lat + goff * hd;
+      w.ldx = hd;
+      w.rows = gcount[i];
+      w.dim = static_cast<int>(hd);
+      w.format = cu::Fp4Record::kMainBlock16E4m3;
+      w.cache = L.main_pool.as<uint8_t>() +
+                static_cast<int64_t>(b.in[i].seq) * L.cap * c.main_entry_bytes();
+      w.first_entry = entries;
+      cu::launch_fp4_cache_write(w, stream);
+      w.x = keys + goff * id;
+      w.ldx = id;
+      w.dim = static_cast<int>(id);
+      w.format = cu::Fp4Record::kIndexBlock32Ue8m0;
+      w.cache = L.index_pool.as<uint8_t>() +
+                static_cast<int64_t>(b.in[i].seq) * L.cap * c.index_entry_bytes();
+      cu::launch_fp4_cache_write(w, stream);
+      entries += gcount[i];
+      goff += gcount[i];
+    }
+  }
+
+  void topk(const float* scores, int64_t rows, int64_t n, int64_t ld, int k, int32_t* out) {
+    cu::TopkParams p;
+    p.scores = scores;
+    p.rows = rows;
+    p.n = n;
+    p.ld = ld;
+    p.k = k;
+    p.out_idx = out;
+    p.scratch = buf<uint8_t>("topk_scratch", static_cast<int64_t>(cu::topk_scratch_bytes(rows, n)));
+    cu::launch_topk(p, stream);
+  }
+
+  // Index selection of an index-source layer (model.md §2.4) into b.sel[l].
+  void select(Batch& b, const RowSet& s, int32_t l, const float* qr, const float* a) {
+    const Layer& L = *layers[static_cast<size_t>(l)];
+    const LayerInfo& info = c.layer(l);
+    const Layer& owner = *layers[static_cast<size_t>(info.kv_owner)];
+    const int64_t n = s.n, d = c.hidden_size, q = c.q_lora_rank;
+    const int ih = c.index_n_heads;
+    const int64_t id = c.index_head_dim;
+    const int k = c.index_topk;
+    float* qi = buf<float>("idx_q", n * ih * id);
+    linear(qr, q, n, L.idx_wq_b, qi, ih * id);
+    rope(qi, n, ih, id, s.pos.as<int32_t>(), RopeKind::kCompress);
+    // FP4 fake-quant of the queries (§2.4): quantise to index-key records and back.
+    {
+      cu::Fp4CacheWriteParams w;
+      w.x = qi;
+      w.ldx = id;
+      w.rows = n * ih;
+      w.dim = static_cast<int>(id);
+      w.format = cu::Fp4Record::kIndexBlock32Ue8m0;
+      w.cache = buf<uint8_t>("idx_qrec", n * ih * static_cast<int64_t>(c.index_entry_bytes()));
+      w.first_entry = 0;
+      cu::launch_fp4_cache_write(w, stream);
+      cu::launch_fp4_index_records_to_float(w.cache, n * ih, static_cast<int>(id), qi, stream);
+    }
+    float* hw = buf<float>("idx_w", n * ih);
+    linear(a, d, n, L.idx_wproj, hw, ih);
+    const float scale =
+        static_cast<float>(1.0 / std::sqrt(static_cast<double>(ih)) / std::sqrt(static_cast<double>(id)));
+    const size_t key_bytes = c.index_entry_bytes();
+    int32_t* sel = buf<int32_t>(fmt::format("sel_{}", l), n * k);
+    b.sel[l] = sel;
+    int32_t* idx = buf<int32_t>("idx_topk", n * k);
+    const bool reindex = info.mode == LayerMode::kReindex;
+    const int64_t ncand =
+        static_cast<int64_t>(c.candidate_topk_blocks) * c.candidate_block_size;
+    int64_t width = 0;
+    for (size_t i = 0; i < b.in.size(); ++i)
+      width = std::max(width, seqs[static_cast<size_t>(b.in[i].seq)].entries[static_cast<size_t>(
+                                  info.kv_owner)]);
+    if (reindex) width = ncand;
+    if (width == 0) {
+      launch_fill_i32_neg(sel, n * k);
+      return;
+    }
+    float* scores = buf<float>("idx_scores", n * width);
+    cu::launch_fill_f32(scores, n * width, kNegInf, stream);
+    for (size_t i = 0; i < b.in.size(); ++i) {
+      if (s.rows[i] == 0) continue;
+      const int32_t slot = b.in[i].seq;
+      const int64_t entries =
+          seqs[static_cast<size_t>(slot)].entries[static_cast<size_t>(info.kv_owner)];
+      cu::IndexerScoreParams p;
+      p.q = qi + static_cast<int64_t>(s.begin[i]) * ih * id;
+      p.w = hw + static_cast<int64_t>(s.begin[i]) * ih;
+      p.rows = s.rows[i];
+      p.heads = ih;
+      p.head_dim = static_cast<int>(id);
+      p.keys = owner.index_pool.as<uint8_t>() + slot * owner.cap * static_cast<int64_t>(key_bytes);
+      p.n_keys = entries;
+      p.pos = s.pos.as<int32_t>() + s.begin[i];
+      p.ratio = info.ratio;
+      p.candidates = reindex ? b.cand + static_cast<int64_t>(s.begin[i]) * ncand : nullptr;
+      p.n_cand = reindex ? ncand : 0;
+      p.scale = scale;
+      p.scores = scores + static_cast<int64_t>(s.begin[i]) * width;
+      p.ld = width;
+      cu::launch_indexer_scores(p, stream);
+      const double cols = reindex ? static_cast<double>(ncand) : static_cast<double>(entries);
+      cost.kv_bytes += cols * static_cast<double>(key_bytes);
+      cost.flops += 2.0 * s.rows[i] * cols * ih * id;
+    }
+    if (info.is_candidate_source) {
+      const int bs = c.candidate_block_size;
+      const int64_t nb = (width + bs - 1) / bs;
+      cu::BlockMaxParams bp;
+      bp.scores = scores;
+      bp.rows = n;
+      bp.n = width;
+      bp.ld = width;
+      bp.block = bs;
+      bp.pos = s.pos.as<int32_t>();
+      bp.ratio = info.ratio;
+      bp.out = buf<float>("blk_scores", n * nb);
+      cu::launch_block_max_scores(bp, stream);
+      const int kb = c.candidate_topk_blocks;
+      int32_t* blk = buf<int32_t>("blk_ids", n * kb);
+      topk(bp.out, n, nb, nb, kb, blk);
+      b.cand = buf<int32_t>("cand", n * ncand);
+      cu::BlocksToCandidatesParams cp;
+      cp.block_ids = blk;
+      cp.rows = n;
+      cp.kb = kb;
+      cp.block = bs;
+      cp.n_keys = width;
+      cp.cand = b.cand;
+      cu::launch_blocks_to_candidates(cp, stream);
+    }
+    topk(scores, n, width, width, k, idx);
+    cu::launch_resolve_selection(idx, reindex ? b.cand : nullptr, ncand, s.row_slot.as<int64_t>(),
+                                 owner.cap, n, k, sel, stream);
+  }
+
+  void launch_fill_i32_neg(int32_t* p, int64_t n) {
+    cu::memset_async(p, 0xFF, static_cast<size_t>(n) * 4, stream);
+  }
+
+  // y [n, D] = attention site output of layer l for rows s (a = attn_norm output).
+  void attention(Batch& b, const RowSet& s, int32_t l, const float* a, float* y) {
+    Layer& L = *layers[static_cast<size_t>(l)];
+    const LayerInfo& info = c.layer(l);
+    const int64_t n = s.n, d = c.hidden_size, hd = c.head_dim, q = c.q_lora_rank;
+    const int h = c.num_attention_heads;
+    const int64_t window = c.sliding_window;
+    const size_t rec = c.swa_row_bytes();
+    mark(GpuComponent::kDense);
+    float* qr = buf<float>("qr", n * q);
+    linear(a, d, n, L.wq_a, qr, q);
+    rms(qr, n, q, L.q_norm);
+    float* qh = buf<float>("q", n * h * hd);
+    linear(qr, q, n, L.wq_b, qh, h * hd);
+    float* kv = buf<float>("kv", n * hd);
+    linear(a, d, n, L.wkv, kv, hd);
+    mark(GpuComponent::kAttention);
+    rope(qh, n, h, hd, s.pos.as<int32_t>(), info.rope);
+    rms(kv, n, hd, L.kv_norm);
+    rope(kv, n, 1, hd, s.pos.as<int32_t>(), info.rope);
+    uint8_t* chunk = L.swa_pool.as<uint8_t>() + static_cast<int64_t>(opt.max_seqs) * window * rec;
+    {
+      cu::SwaWriteParams w;
+      w.kv = kv;
+      w.ld_kv = hd;
+      w.rows = n;
+      w.dim = static_cast<int>(hd);
+      w.pos = iota.as<int32_t>();
+      w.ring = chunk;
+      w.ring_size = static_cast<int>(std::max<int64_t>(n, 1));
+      cu::launch_swa_write_fp8(w, stream);
+    }
+    if (info.is_index_source) {
+      mark(GpuComponent::kIndexer);
+      select(b, s, l, qr, a);
+      mark(GpuComponent::kAttention);
+    }
+    float* o = buf<float>("attn_o", n * h * hd);
+    cu::SparseAttentionParams p;
+    p.q = qh;
+    p.rows = n;
+    p.heads = h;
+    p.head_dim = static_cast<int>(hd);
+    p.swa = L.swa_pool.as<uint8_t>();
+    p.swa_idx = s.swa_idx.as<int32_t>();
+    p.swa_k = static_cast<int>(window);
+    p.ring_size = static_cast<int>(window);
+    if (info.ratio > 0) {
+      p.glob = layers[static_cast<size_t>(info.kv_owner)]->main_pool.as<uint8_t>();
+      p.glob_idx = b.sel.at(info.index_owner);
+      p.glob_k = c.index_topk;
+    }
+    p.sink = L.sink.as<float>();
+    p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+    p.pos = s.pos.as<int32_t>();
+    p.freqs = (info.rope == RopeKind::kMain ? freqs_main : freqs_compress).as<double>();
+    p.rd = c.qk_rope_head_dim;
+    p.out = o;
+    cu::launch_sparse_attention(p, stream);
+    const double keys = static_cast<double>(window + p.glob_k);
+    cost.kv_bytes += static_cast<double>(n) *
+                     (static_cast<double>(window * rec) + p.glob_k * c.main_entry_bytes());
+    cost.flops += 4.0 * static_cast<double>(n) * h * hd * keys;
+    cu::launch_copy_records(chunk, n, static_cast<int64_t>(rec), s.ring_dst.as<int64_t>(),
+                            L.swa_pool.as<uint8_t>(), stream);
+    // Grouped low-rank output projection (§2.5): [n, H*hd] -> [n, G*O] -> [n, D]
+    mark(GpuComponent::kDense);
+    const int64_t g = c.o_groups, og = c.o_lora_rank, gin = h * hd / g;
+    float* mid = buf<float>("attn_mid", n * g * og);
+    for (int64_t gi = 0; gi < g; ++gi)
+      linear(o + gi * gin, h * hd, n, L.wo_a, mid + gi * og, g * og, gi * og, og);
+    linear(mid, g * og, n, L.wo_b, y, d);
+  }
+
+  // y [n, D] = MoE of f [n, D] (model.md §5): routed on the host over every expert, local
+  // experts computed, shared expert added.
+  void moe(const RowSet& s, int32_t l, const float* f, float* y) {
+    Layer& L = *layers[static_cast<size_t>(l)];
+    const int64_t n = s.n, d = c.hidden_size, inter = c.moe_intermediate_size;
+    const int k = c.experts_per_tok_of(l);
+    const int64_t e = c.routed_experts_of(l);
+    int32_t* ids = buf<int32_t>("moe_ids", n * k);
+    float* wts = buf<float>("moe_w", n * k);
+    cu::MoeRouterParams rp;
+    rp.x = f;
+    rp.ldx = d;
+    rp.gate_weight = L.gate.as<float>();
+    rp.bias = L.bias.as<float>();
+    rp.num_tokens = n;
+    rp.hidden = d;
+    rp.num_experts = e;
+    rp.top_k = k;
+    rp.temperature = static_cast<float>(c.gate_temp);
+    rp.route_scale = static_cast<float>(c.routed_scaling_factor);
+    rp.topk_ids = ids;
+    rp.topk_weights = wts;
+    cu::launch_moe_router(rp, stream);
+    cost.flops += 2.0 * n * e * d;
+    cost.weight_bytes += static_cast<double>(L.gate.bytes());
+    std::vector<int32_t> h_ids(static_cast<size_t>(n * k));
+    std::vector<float> h_w(static_cast<size_t>(n * k));
+    cu::copy_d2h(h_ids.data(), ids, h_ids.size() * 4, stream);
+    cu::copy_d2h(h_w.data(), wts, h_w.size() * 4, stream);
+    if (s.any_image) {
+      // NOTE: bias_vl replaces bias for image rows (§5): a second routing pass for them.
+      rp.bias = L.bias_vl.as<float>();
+      rp.topk_ids = buf<int32_t>("moe_ids_vl", n * k);
+      rp.topk_weights = buf<float>("moe_w_vl", n * k);
+      cu::launch_moe_router(rp, stream);
+      std::vector<int32_t> v_ids(h_ids.size());
+      std::vector<float> v_w(h_w.size());
+      std::vector<uint8_t> img(static_cast<size_t>(n));
+      cu::copy_d2h(v_ids.data(), rp.topk_ids, v_ids.size() * 4, stream);
+      cu::copy_d2h(v_w.data(), rp.topk_weights, v_w.size() * 4, stream);
+      cu::copy_d2h(img.data(), s.image.as(), img.size(), stream);
+      cu::stream_synchronize(stream);
+      for (int64_t r = 0; r < n; ++r)
+        if (img[static_cast<size_t>(r)] != 0)
+          for (int j = 0; j < k; ++j) {
+            h_ids[static_cast<size_t>(r * k + j)] = v_ids[static_cast<size_t>(r * k + j)];
+            h_w[static_cast<size_t>(r * k + j)] = v_w[static_cast<size_t>(r * k + j)];
+          }
+    }
+    cu::stream_synchronize(stream);
+    // Shared expert (clamped SwiGLU too, oracle choice 6) straight into y.
+    float* g1 = buf<float>("moe_g", n * inter);
+    float* u1 = buf<float>("moe_u", n * inter);
+    linear(f, d, n, L.shared.w1, g1, inter);
+    linear(f, d, n, L.shared.w3, u1, inter);
+    swiglu(g1, u1, g1, n, inter, nullptr);
+    linear(g1, inter, n, L.shared.w2, y, d);
+    // Group the local hits by expert.
+    const int32_t local = static_cast<int32_t>(L.experts.size());
+    std::vector<std::vector<int32_t>> rows_of(static_cast<size_t>(local));
+    std::vector<std::vector<int32_t>> slot_of(static_cast<size_t>(local));
+    for (int64_t r = 0; r < n; ++r)
+      for (int j = 0; j < k; ++j) {
+        const int32_t ex = h_ids[static_cast<size_t>(r * k + j)];
+        if (ex >= 0 && ex < local) {
+          rows_of[static_cast<size_t>(ex)].push_back(static_cast<int32_t>(r));
+          slot_of[static_cast<size_t>(ex)].push_back(static_cast<int32_t>(r * k + j));
+        }
+      }
+    std::vector<int32_t> perm, inv(static_cast<size_t>(n * k), -1);
+    std::vector<float> pw;
+    std::vector<int64_t> off(static_cast<size_t>(local) + 1, 0);
+    for (int32_t ex = 0; ex < local; ++ex) {
+      for (size_t j = 0; j < rows_of[static_cast<size_t>(ex)].size(); ++j) {
+        const int32_t sl = slot_of[static_cast<size_t>(ex)][j];
+        inv[static_cast<size_t>(sl)] = static_cast<int32_t>(perm.size());
+        perm.push_back(rows_of[static_cast<size_t>(ex)][j]);
+        pw.push_back(h_w[static_cast<size_t>(sl)]);
+      }
+      off[static_cast<size_t>(ex) + 1] = static_cast<int64_t>(perm.size());
+    }
+    const int64_t m = static_cast<int64_t>(perm.size());
+    if (m == 0) return;
+    const int32_t* dperm = upload("moe_perm", perm);
+    const int32_t* dinv = upload("moe_inv", inv);
+    const float* dpw = upload("moe_pw", pw);
+    float* xe = buf<float>("moe_xe", m * d);
+    float* ge = buf<float>("moe_ge", m * inter);
+    float* ue = buf<float>("moe_ue", m * inter);
+    float* ye = buf<float>("moe_ye", m * d);
+    cu::launch_gather_rows(f, d, dperm, m, d, xe, d, stream);
+    for (int32_t ex = 0; ex < local; ++ex) {
+      const int64_t o0 = off[static_cast<size_t>(ex)];
+      const int64_t cnt = off[static_cast<size_t>(ex) + 1] - o0;
+      if (cnt == 0) continue;
+      const Ffn& w = L.experts[static_cast<size_t>(ex)];
+      linear(xe + o0 * d, d, cnt, w.w1, ge + o0 * inter, inter);
+      linear(xe + o0 * d, d, cnt, w.w3, ue + o0 * inter, inter);
+      swiglu(ge + o0 * inter, ue + o0 * inter, ge + o0 * inter, cnt, inter, dpw + o0);
+      linear(ge + o0 * inter, inter, cnt, w.w2, ye + o0 * d, d);
+    }
+    cu::launch_moe_combine(ye, dinv, n, k, d, y, stream);
+  }
+
+  void swiglu(const float* g, const float* u, float* out, int64_t rows, int64_t cols,
+              const float* row_weight) {
+    if (rows == 0) return;
+    cu::SwigluParams p;
+    p.gate = g;
+    p.ld_gate = cols;
+    p.up = u;
+    p.ld_up = cols;
+    p.out = out;
+    p.ld_out = cols;
+    p.rows = rows;
+    p.cols = cols;
+    p.limit = static_cast<float>(c.swiglu_limit);
+    p.row_weight = row_weight;
+    cu::launch_swiglu_clamped(p, stream);
+  }
+
+  Result<GpuForwardOutput> forward(std::span<const GpuSequenceInput> inputs, ForwardMode mode) {
+    cost = GpuForwardCost{};
+    Batch b;
+    b.in = inputs;
+    const int64_t d = c.hidden_size, hc = c.hc_mult, hd = c.head_dim;
+    const int32_t hashes = c.engram_num_hashes();
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const GpuSequenceInput& in = inputs[i];
+      if (in.seq < 0 || in.seq >= opt.max_seqs || !seqs[static_cast<size_t>(in.seq)].live)
+        return make_error(ErrorCode::kInvalidArgument, "gpu forward: input {}: bad sequence {}",
+                          i, in.seq);
+      for (size_t j = 0; j < i; ++j)
+        if (inputs[j].seq == in.seq)
+          return make_error(ErrorCode::kInvalidArgument, "gpu forward: sequence {} twice", in.seq);
+      if (in.tokens.empty())
+        return make_error(ErrorCode::kInvalidArgument, "gpu forward: input {}: no tokens", i);
+      if (!in.is_image.empty() && in.is_image.size() != in.tokens.size())
+        return make_error(ErrorCode::kInvalidArgument, "gpu forward: image mask size");
+      for (int32_t t : in.tokens)
+        if (t < 0 || t >= c.vocab_size)
+          return make_error(ErrorCode::kOutOfRange, "gpu forward: token id {} outside vocab", t);
+      Sequence& sq = seqs[static_cast<size_t>(in.seq)];
+      if (sq.num_tokens + static_cast<int64_t>(in.tokens.size()) > opt.max_context)
+        return make_error(ErrorCode::kOutOfRange, "gpu forward: sequence {} beyond {} positions",
+                          in.seq, opt.max_context);
+      b.start.push_back(sq.num_tokens);
+      b.chunk_begin.push_back(static_cast<int32_t>(b.total));
+      b.total += static_cast<int64_t>(in.tokens.size());
+      if (sq.num_tokens == 0) {
+        const int32_t prompt =
+            in.prompt_len >= 0 ? in.prompt_len : static_cast<int32_t>(in.tokens.size());
+        sq.replay_start =
+            mode == ForwardMode::kProduction ? std::max(0, prompt - c.sliding_window) : 0;
+      }
+      for (size_t t = 0; t < in.tokens.size(); ++t)
+        b.image.push_back(in.is_image.empty() ? 0 : in.is_image[t]);
+    }
+    if (b.total > opt.max_rows)
+      return make_error(ErrorCode::kOutOfRange, "gpu forward: {} rows > max_rows {}", b.total,
+                        opt.max_rows);
+    mark(GpuComponent::kOther);
+    // Engram hash ids of every chunk row (§4), on the host from the token ids.
+    b.engram_ids.resize(c.engram_layers.size());
+    if (!random_weights) {
+      for (size_t e = 0; e < c.engram_layers.size(); ++e) {
+        auto& ids = b.engram_ids[e];
+        ids.resize(static_cast<size_t>(b.total * hashes));
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          const auto& in = inputs[i];
+          compute_engram_ids(c, c.engram_layers[e], token_map,
+                             seqs[static_cast<size_t>(in.seq)].history, in.tokens, in.is_image,
+                             std::span<int64_t>(ids).subspan(
+                                 static_cast<size_t>(b.chunk_begin[i] * hashes),
+                                 in.tokens.size() * static_cast<size_t>(hashes)));
+        }
+      }
+    }
+    // Row sets: encoder rows (all) and decoder rows (narrowed by bounded replay).
+    std::vector<int32_t> zero(inputs.size(), 0), row0(inputs.size(), 0), floor(inputs.size(), 0);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const Sequence& sq = seqs[static_cast<size_t>(inputs[i].seq)];
+      floor[i] = sq.replay_start;
+      if (mode == ForwardMode::kProduction && sq.replay_start > b.start[i])
+        row0[i] = std::min(sq.replay_start - b.start[i],
+                           static_cast<int32_t>(inputs[i].tokens.size()));
+    }
+    build_set(b, b.enc, zero, zero, "enc");
+    build_set(b, b.dec, row0, floor, "dec");
+    // X = embed(ids) in every stream  [T, HC, D]; pre = stream 0.
+    int64_t n = b.enc.n;
+    {
+      std::vector<int32_t> tok;
+      for (const auto& in : inputs)
+        for (int32_t t : in.tokens)
+          for (int64_t k = 0; k < hc; ++k) tok.push_back(t);
+      const int32_t* dtok = upload("tok", tok);
+      cu::launch_gather_rows(embed.as<float>(), d, dtok, n * hc, d, buf<float>("x", n * hc * d), d,
+                             stream);
+      std::vector<float> pre(static_cast<size_t>(n * hc), 0.0f);
+      for (int64_t r = 0; r < n; ++r) pre[static_cast<size_t>(r * hc)] = 1.0f;
+      (void)upload("pre", pre);
+    }
+    float* x = buf<float>("x", n * hc * d);
+    float* pre = buf<float>("pre", n * hc);
+    const RowSet* s = &b.enc;
+    const int32_t boundary = c.decoder_start_layer();
+    for (int32_t l : layer_ids) {
+      Layer& L = *layers[static_cast<size_t>(l)];
+      const LayerInfo& info = c.layer(l);
+      if (info.engram_index >= 0 && s->n > 0) {
+        mark(GpuComponent::kEngram);
+        engram(b, *s, l, x);
+      }
+      mark(GpuComponent::kMhc);
+      float* a = buf<float>("a", n * d);
+      collapse(x, n, pre, a);
+      rms(a, n, d, L.attn_norm);
+      if (info.is_kv_source) {
+        mark(GpuComponent::kAttention);
+        compress(b, *s, l, a);
+      }
+      if (l >= boundary && s == &b.enc) {
+        // Bounded replay (§2.6): from the candidate-source layer on, only the decoder rows.
+        if (b.dec.n != b.enc.n) {
+          mark(GpuComponent::kOther);
+          std::vector<int32_t> keep;
+          for (size_t i = 0; i < inputs.size(); ++i)
+            for (int32_t r = 0; r < b.dec.rows[i]; ++r)
+              keep.push_back(b.enc.begin[i] + (b.enc.rows[i] - b.dec.rows[i]) + r);
+          const int32_t* dk = upload("keep", keep);
+          const int64_t m = b.dec.n;
+          float* x2 = buf<float>("x2", std::max<int64_t>(m, 1) * hc * d);
+          float* pre2 = buf<float>("pre2", std::max<int64_t>(m, 1) * hc);
+          float* a2 = buf<float>("a2", std::max<int64_t>(m, 1) * d);
+          cu::launch_gather_rows(x, hc * d, dk, m, hc * d, x2, hc * d, stream);
+          cu::launch_gather_rows(pre, hc, dk, m, hc, pre2, hc, stream);
+          cu::launch_gather_rows(a, d, dk, m, d, a2, d, stream);
+          std::swap(ws["x"], ws["x2"]);
+          std::swap(ws["pre"], ws["pre2"]);
+          std::swap(ws["a"], ws["a2"]);
+          x = x2;
+          pre = pre2;
+          a = a2;
+          n = m;
+        }
+        s = &b.dec;
+      }
+      if (n == 0) continue;
+      mark(GpuComponent::kMhc);
+      float* pre_a = buf<float>("pre_a", n * hc);
+      float* post_a = buf<float>("post_a", n * hc);
+      float* comb_a = buf<float>("comb_a", n * hc * hc);
+      mixes(x, n, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a, post_a, comb_a);
+      float* y = buf<float>("y", n * d);
+      attention(b, *s, l, a, y);
+      mark(GpuComponent::kMhc);
+      expand(x, y, n, post_a, comb_a);
+      float* pre_f = buf<float>("pre_f", n * hc);
+      float* post_f = buf<float>("post_f", n * hc);
+      float* comb_f = buf<float>("comb_f", n * hc * hc);
+      mixes(x, n, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f, post_f, comb_f);
+      float* fbuf = buf<float>("f", n * d);
+      collapse(x, n, pre_a, fbuf);
+      rms(fbuf, n, d, L.ffn_norm);
+      mark(GpuComponent::kMoe);
+      moe(*s, l, fbuf, y);
+      mark(GpuComponent::kMhc);
+      expand(x, y, n, post_f, comb_f);
+      cu::copy_d2d(pre, pre_f, static_cast<size_t>(n * hc) * 4, stream);
+    }
+    if (s == &b.enc && b.dec.n != b.enc.n) s = &b.dec;  // only when no layer reached the boundary
+    // Logits of the last current row of each input that wants them.
+    mark(GpuComponent::kSampling);
+    GpuForwardOutput out;
+    std::vector<int32_t> last_rows;
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].want_logits && s->rows[i] > 0) {
+        out.logit_inputs.push_back(static_cast<int32_t>(i));
+        last_rows.push_back(s->begin[i] + s->rows[i] - 1);
+      }
+    const int64_t m = static_cast<int64_t>(last_rows.size());
+    if (m > 0) {
+      const int64_t v = c.vocab_size;
+      const int32_t* dl = upload("last_rows", last_rows);
+      float* xl = buf<float>("xl", m * hc * d);
+      float* pl = buf<float>("pl", m * hc);
+      cu::launch_gather_rows(x, hc * d, dl, m, hc * d, xl, hc * d, stream);
+      cu::launch_gather_rows(pre, hc, dl, m, hc, pl, hc, stream);
+      float* hfin = buf<float>("hfin", m * d);
+      collapse(xl, m, pl, hfin);
+      rms(hfin, m, d, norm);
+      float* logits = buf<float>("logits", m * v);
+      Linear head_view;  // borrowed view: no ownership transfer
+      {
+        cu::LtGemmParams p;
+        p.precision = opt.tf32_dense ? cu::GemmPrecision::kTf32 : cu::GemmPrecision::kF32;
+        p.a = hfin;
+        p.lda = d;
+        p.b = head.as<float>();
+        p.ldb = d;
+        p.b_transposed = true;
+        p.c = logits;
+        p.ldc = v;
+        p.m = m;
+        p.n = v;
+        p.k = d;
+        lt->run(p);
+        cost.weight_bytes += static_cast<double>(head.bytes());
+        cost.flops += 2.0 * m * v * d;
+      }
+      (void)head_view;
+      int32_t* g = buf<int32_t>("greedy", m);
+      cu::ArgmaxParams ap;
+      ap.logits = logits;
+      ap.rows = m;
+      ap.cols = v;
+      ap.ld = v;
+      ap.out = g;
+      ap.scratch = buf<uint64_t>("argmax_scratch", m);
+      cu::launch_argmax_rows(ap, stream);
+      out.logits.resize(static_cast<size_t>(m * v));
+      out.greedy.resize(static_cast<size_t>(m));
+      cu::copy_d2h(out.logits.data(), logits, out.logits.size() * 4, stream);
+      cu::copy_d2h(out.greedy.data(), g, out.greedy.size() * 4, stream);
+    }
+    mark(GpuComponent::kOther);
+    cu::stream_synchronize(stream);
+    flush_profile();
+    (void)hd;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      Sequence& sq = seqs[static_cast<size_t>(inputs[i].seq)];
+      if (!random_weights && !c.engram_layers.empty())
+        advance_engram_history(c, token_map, inputs[i].tokens, inputs[i].is_image, sq.history);
+      sq.num_tokens += static_cast<int32_t>(inputs[i].tokens.size());
+    }
+    return out;
+  }
+};
+
+DeepseekV41Gpu::DeepseekV41Gpu(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DeepseekV41Gpu::~DeepseekV41Gpu() = default;
+
+Result<std::unique_ptr<DeepseekV41Gpu>> DeepseekV41Gpu::load(const std::filesystem::path& dir,
+                                                             const GpuModelOptions& options) {
+  if (cu::device_count() == 0)
+    return make_error(ErrorCode::kUnimplemented, "gpu model: {}", cu::no_device_reason());
+  MS_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(dir));
+  if (config.model_type != "deepseek_v41")
+    return make_error(ErrorCode::kInvalidArgument, "{}: not deepseek_v41", dir.string());
+  MS_ASSIGN_OR_RETURN(WeightLoader reader, WeightLoader::open(dir));
+  auto impl = std::make_unique<Impl>();
+  impl->c = std::move(config);
+  impl->opt = options;
+  MS_RETURN_IF_ERROR(impl->init_common());
+  if (!impl->c.engram_layers.empty()) {
+    auto identity = EngramTokenMap::identity(impl->c);
+    if (identity) {
+      impl->token_map = std::move(*identity);
+    } else {
+      std::vector<int32_t> pad_only(static_cast<size_t>(impl->c.vocab_size), 0);
+      MS_ASSIGN_OR_RETURN(impl->token_map,
+                          EngramTokenMap::from_table(impl->c, std::move(pad_only)));
+    }
+  }
+  MS_RETURN_IF_ERROR(impl->load_weights(reader));
+  return std::unique_ptr<DeepseekV41Gpu>(new DeepseekV41Gpu(std::move(impl)));
+}
+
+Result<std::unique_ptr<DeepseekV41Gpu>> DeepseekV41Gpu::random(const ModelConfig& config,
+                                                               const GpuModelOptions& options,
+                                                               uint64_t seed) {
+  if (cu::device_count() == 0)
+    return make_error(ErrorCode::kUnimplemented, "gpu model: {}", cu::no_device_reason());
+  auto impl = std::make_unique<Impl>();
+  impl->c = config;
+  impl->opt = options;
+  impl->random_weights = true;
+  impl->rng.seed(seed);
+  MS_RETURN_IF_ERROR(impl->init_common());
+  impl->random_weights_fill();
+  return std::unique_ptr<DeepseekV41Gpu>(new DeepseekV41Gpu(std::move(impl)));
+}
+
+const ModelConfig& DeepseekV41Gpu::config() const { return impl_->c; }
+const std::vector<int32_t>& DeepseekV41Gpu::layers() const { return impl_->layer_ids; }
+void* DeepseekV41Gpu::stream() const { return impl_->stream; }
+size_t DeepseekV41Gpu::weight_bytes() const { return impl_->weight_bytes; }
+size_t DeepseekV41Gpu::cache_bytes() const { return impl_->cache_bytes; }
+
+Result<int32_t> DeepseekV41Gpu::new_sequence() {
+  for (size_t i = 0; i < impl_->seqs.size(); ++i) {
+    Sequence& s = impl_->seqs[i];
+    if (s.live) continue;
+    s = Sequence{};
+    s.live = true;
+    s.entries.assign(static_cast<size_t>(impl_->c.num_hidden_layers), 0);
+    return static_cast<int32_t>(i);
+  }
+  return make_error(ErrorCode::kResourceExhausted, "gpu model: all {} sequence slots in use",
+                    impl_->seqs.size());
+}
+
+void DeepseekV41Gpu::release_sequence(int32_t seq) {
+  MS_CHECK(seq >= 0 && static_cast<size_t>(seq) < impl_->seqs.size());
+  impl_->seqs[static_cast<size_t>(seq)].live = false;
+}
+
+int32_t DeepseekV41Gpu::num_tokens(int32_t seq) const {
+  return impl_->seqs.at(static_cast<size_t>(seq)).num_tokens;
+}
+
+void DeepseekV41Gpu::synthetic_fill(int32_t seq, int32_t context, uint64_t seed,
+                                    int32_t replay_start) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.c;
+  Sequence& s = m.seqs.at(static_cast<size_t>(seq));
+  MS_CHECK(s.live && context <= m.opt.max_context);
+  const int64_t window = c.sliding_window, hd = c.head_dim, id = c.index_head_dim;
+  for (int32_t l : m.layer_ids) {
+    Layer& L = *m.layers[static_cast<size_t>(l)];
+    const LayerInfo& info = c.layer(l);
+    // SWA ring: e4m3 codes, ue8m0 scales around 2^-4.
+    cu::launch_fill_records(L.swa_pool.as<uint8_t>() + seq * window * c.swa_row_bytes(), window,
+                            hd, hd / 32, true, 121, 125, seed * 131 + l, m.stream);
+    if (info.is_kv_source) {
+      const int64_t entries = context / info.ratio;
+      cu::launch_fill_records(L.main_pool.as<uint8_t>() + seq * L.cap * c.main_entry_bytes(),
+                              entries, hd / 2, hd / 16, false, 0x28, 0x38, seed * 137 + l,
+                              m.stream);
+      cu::launch_fill_records(L.index_pool.as<uint8_t>() + seq * L.cap * c.index_entry_bytes(),
+                              entries, id / 2, id / 32, false, 122, 126, seed * 139 + l, m.stream);
+      const int64_t part = static_cast<int64_t>(std::max(info.ratio - 1, 1)) * hd;
+      cu::memset_async(L.part_kv.as<float>() + seq * part, 0, static_cast<size_t>(part) * 4,
+                       m.stream);
+      s.entries[static_cast<size_t>(l)] = entries;
+    }
+  }
+  s.num_tokens = context;
+  s.replay_start = replay_start;
+  s.history = EngramHistory{};
+}
+
+Result<GpuForwardOutput> DeepseekV41Gpu::forward(std::span<const GpuSequenceInput> inputs,
+                                                 ForwardMode mode) {
+  return impl_->forward(inputs, mode);
+}
+
+std::array<double, kNumGpuComponents> DeepseekV41Gpu::component_ms() const {
+  return impl_->comp_ms;
+}
+void DeepseekV41Gpu::reset_profile() { impl_->comp_ms.fill(0.0); }
+void DeepseekV41Gpu::set_profile(bool on) { impl_->opt.profile = on; }
+const GpuForwardCost& DeepseekV41Gpu::last_cost() const { return impl_->cost; }
+
+}  // namespace moeserve::arch

@@ -1,0 +1,128 @@
+// DeepseekV41Gpu: the DeepSeek-V4.1 backbone forward on one CUDA device (model.md §2–§5, §7),
+// written from the CPU forward (deepseek_v41.cpp) and calling only the launchers of
+// backend/cuda/{kernels,model_glue}.h. Weights stay in their checkpoint formats on the device
+// (FP8 e4m3 + ue8m0 32x32 blocks, MXFP4 experts; BF16/F32 tensors as fp32), Engram tables in
+// pinned host memory the GPU reads directly. Per-sequence caches live in device pools with the
+// CPU state's byte formats: SWA rings (e4m3 + ue8m0, 528 B at hd 512), FP4 main entries (288 B),
+// FP4 index keys (68 B), compressor partial groups (fp32).
+// One forward runs a batch of sequences (prefill chunks and decode rows, concatenated); dense
+// work is batched over all rows, per-sequence work (compressor, indexer scores, cache writes)
+// loops over the sequences. Modes as the CPU model (kOracle / kProduction bounded replay).
+// Invariant: forward() advances every sequence it was given by exactly its tokens.
+// NOTE: the MoE routes on the host (one device->host copy of the top-k ids per layer), so a
+// forward is not CUDA-graph capturable yet.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "common/result.h"
+#include "model/arch/causal_lm.h"
+#include "model/config.h"
+
+namespace moeserve::arch {
+
+struct GpuModelOptions {
+  int32_t max_seqs = 8;        // sequence slots (device cache pools)
+  int32_t max_context = 4096;  // positions per sequence
+  int32_t max_rows = 4096;     // rows per forward (sum over sequences)
+  // true: the fp32 linears (BF16 checkpoint tensors: compressor, indexer wk/weights_proj, head)
+  // run on TF32 tensor cores; false: exact fp32 (the test).
+  bool tf32_dense = false;
+  // Backbone layers to run, ascending (empty: all). Each kept layer's KV / index / candidate
+  // owner must be kept too (see subsample_layers).
+  std::vector<int32_t> layers;
+  // Routed experts held per layer (ids [0, local_experts)); -1: all. Routing is over every
+  // expert; hits on experts not held are dropped (one DEP rank's share).
+  int32_t local_experts = -1;
+  // Random-weight models: rows of each Engram table kept in pinned host memory (hash ids are
+  // drawn uniformly over them).
+  int64_t random_engram_rows = int64_t{1} << 20;
+  bool profile = false;  // per-component CUDA-event timing
+};
+
+// `count` layers spread over the backbone plus every owner they need (ascending).
+[[nodiscard]] std::vector<int32_t> subsample_layers(const ModelConfig& config, int32_t count);
+
+enum class GpuComponent : uint8_t {
+  kMoe,
+  kDense,
+  kAttention,
+  kIndexer,
+  kMhc,
+  kEngram,
+  kSampling,
+  kOther,
+  kCount
+};
+[[nodiscard]] const char* gpu_component_name(GpuComponent c);
+inline constexpr size_t kNumGpuComponents = static_cast<size_t>(GpuComponent::kCount);
+
+struct GpuSequenceInput {
+  int32_t seq = -1;  // from new_sequence()
+  std::span<const int32_t> tokens;
+  std::span<const uint8_t> is_image;  // empty or one flag per token
+  int32_t prompt_len = -1;            // kProduction, first chunk: prompt length (-1: this call)
+  bool want_logits = true;            // logits of the last row
+};
+
+struct GpuForwardOutput {
+  std::vector<int32_t> logit_inputs;  // input index of each logits row
+  std::vector<float> logits;          // [logit_inputs.size(), V]
+  std::vector<int32_t> greedy;        // argmax per logits row (on the device)
+};
+
+// What one forward read and computed (the roofline's numerators).
+struct GpuForwardCost {
+  double weight_bytes = 0;  // weights read (as held on the device)
+  double kv_bytes = 0;      // cache bytes read by attention and the indexers
+  double flops = 0;         // matrix FLOPs (linears, attention, indexer scores)
+};
+
+class DeepseekV41Gpu {
+ public:
+  [[nodiscard]] static Result<std::unique_ptr<DeepseekV41Gpu>> load(
+      const std::filesystem::path& dir, const GpuModelOptions& options);
+  // Real shapes of `config`, weights filled on the device with launch_fill_random (no files).
+  [[nodiscard]] static Result<std::unique_ptr<DeepseekV41Gpu>> random(
+      const ModelConfig& config, const GpuModelOptions& options, uint64_t seed);
+  ~DeepseekV41Gpu();
+  DeepseekV41Gpu(const DeepseekV41Gpu&) = delete;
+  DeepseekV41Gpu& operator=(const DeepseekV41Gpu&) = delete;
+
+  [[nodiscard]] const ModelConfig& config() const;
+  [[nodiscard]] const std::vector<int32_t>& layers() const;
+  [[nodiscard]] void* stream() const;
+  [[nodiscard]] size_t weight_bytes() const;  // device bytes of the weights
+  [[nodiscard]] size_t cache_bytes() const;   // device bytes of the cache pools
+
+  [[nodiscard]] Result<int32_t> new_sequence();
+  void release_sequence(int32_t seq);
+  [[nodiscard]] int32_t num_tokens(int32_t seq) const;
+  // Synthetic KV fill: the sequence's caches hold random plausible records as if `context`
+  // tokens had been consumed (SWA rings, every global entry, index keys; empty partial groups).
+  // replay_start: the bounded-replay floor the sequence then carries (a prompt of length P
+  // continuing past `context` has P - window).
+  void synthetic_fill(int32_t seq, int32_t context, uint64_t seed, int32_t replay_start = 0);
+
+  [[nodiscard]] Result<GpuForwardOutput> forward(std::span<const GpuSequenceInput> inputs,
+                                                 ForwardMode mode);
+
+  // Per-component GPU milliseconds accumulated since reset_profile() (options.profile).
+  [[nodiscard]] std::array<double, kNumGpuComponents> component_ms() const;
+  void reset_profile();
+  void set_profile(bool on);
+  [[nodiscard]] const GpuForwardCost& last_cost() const;
+
+  struct Impl;
+
+ private:
+  explicit DeepseekV41Gpu(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace moeserve::arch

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs ON THE DEVICE machine (from build_and_test.sh's fwdbench step or by hand): the
+# `moeserve bench forward --backend cuda` runs of docs/perf/forward-gpu-*.md, each writing
+# OUT_DIR/fwd_<name>.json and .log. A failing run is recorded and the next one still runs.
+#
+#   usage: BIN=build/cuda-release/bin/moeserve tools/device/bench_forward.sh OUT_DIR
+#   env:   FWD_RUNS (default: all names below, in order), FWD_ITERS (default 3)
+set -uo pipefail
+
+out=${1:?usage: bench_forward.sh OUT_DIR}
+bin=${BIN:-build/cuda-release/bin/moeserve}
+iters=${FWD_ITERS:-3}
+cfg=configs/deepseek-v4.1-flash/config.json
+runs=${FWD_RUNS:-decode_s6 decode_s1 prefill8k_prod prefill8k_oracle prefill32k_prod prefill32k_oracle}
+mkdir -p "$out"
+
+# DEP32 rank share: 40 layers, 12 of 384 experts per layer, 64 requests at 128K context.
+args_decode_s6="--batch 64 --context 131072 --tokens-per-seq 6 --local-experts 12"
+args_decode_s1="--batch 64 --context 131072 --tokens-per-seq 1 --local-experts 12"
+# Prefill after a 128K cached prefix on an 8-layer subsample (+ owners), production vs oracle.
+args_prefill8k_prod="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode production"
+args_prefill8k_oracle="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode oracle"
+args_prefill32k_prod="--new-tokens 32768 --cached 131072 --layers 8 --local-experts 12 --mode production"
+args_prefill32k_oracle="--new-tokens 32768 --cached 131072 --layers 8 --local-experts 12 --mode oracle"
+
+status=0
+for name in $runs; do
+  var="args_$name"
+  echo "=== fwd $name: ${!var}"
+  t0=$SECONDS
+  # shellcheck disable=SC2086
+  timeout 240 "$bin" bench forward --backend cuda --random-weights --config "$cfg" \
+    --iterations "$iters" ${!var} -o "$out/fwd_$name.json" 2>&1 | tee "$out/fwd_$name.log"
+  rc=${PIPESTATUS[0]}
+  echo "=== fwd $name: rc=$rc ($((SECONDS - t0)) s)"
+  [[ $rc == 0 ]] || status=1
+done
+exit $status
