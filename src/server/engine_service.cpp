@@ -6,7 +6,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <random>
+#include <string>
+#include <utility>
 
 #include <unistd.h>
 
@@ -17,6 +20,8 @@
 #include "kv/block_hash.h"
 #include "model/arch/deepseek_v41.h"
 #include "model/arch/registry.h"
+#include "model/arch/weight_loader.h"
+#include "model/checkpoint_validator.h"
 #include "model/config.h"
 #include "model/engram_table.h"
 #include "model/tiny_model.h"
@@ -73,6 +78,60 @@ class DsmlParser final : public OutputParser {
   }
   tokenizer::dsv4::ChatOutputParser parser_;
   int32_t next_index_ = 0;
+};
+
+// tool_choice none (or no tools): reasoning is split off, everything after it is content, and
+// DSML markup the model writes stays in the content verbatim.
+class ReasoningOnlyParser final : public OutputParser {
+ public:
+  explicit ReasoningOnlyParser(bool thinking) : in_reasoning_(thinking) {}
+  ParsedDelta push(std::string_view text) override {
+    buffer_ += text;
+    return drain(false);
+  }
+  ParsedDelta finish() override { return drain(true); }
+
+ private:
+  ParsedDelta drain(bool final) {
+    using tokenizer::dsv4::kThinkEnd;
+    using tokenizer::dsv4::kThinkStart;
+    ParsedDelta out;
+    if (in_reasoning_) {
+      if (at_start_) {
+        // The prompt already opened <think>; tolerate the model repeating it.
+        const size_t n = std::min(buffer_.size(), kThinkStart.size());
+        if (!final && buffer_.size() < kThinkStart.size() && kThinkStart.substr(0, n) == buffer_) {
+          return out;
+        }
+        at_start_ = false;
+        if (buffer_.starts_with(kThinkStart)) buffer_.erase(0, kThinkStart.size());
+      }
+      const size_t end = buffer_.find(kThinkEnd);
+      if (end == std::string::npos) {
+        size_t hold = 0;
+        if (!final) {
+          for (size_t k = std::min(buffer_.size(), kThinkEnd.size() - 1); k > 0; --k) {
+            if (std::string_view(buffer_).substr(buffer_.size() - k) == kThinkEnd.substr(0, k)) {
+              hold = k;
+              break;
+            }
+          }
+        }
+        out.reasoning = buffer_.substr(0, buffer_.size() - hold);
+        buffer_.erase(0, buffer_.size() - hold);
+        return out;
+      }
+      out.reasoning = buffer_.substr(0, end);
+      buffer_.erase(0, end + kThinkEnd.size());
+      in_reasoning_ = false;
+    }
+    out.content = std::exchange(buffer_, {});
+    return out;
+  }
+
+  bool in_reasoning_;
+  bool at_start_ = true;
+  std::string buffer_;
 };
 
 #else
@@ -205,12 +264,14 @@ Result<std::string> ensure_embedded_model() {
 
 }  // namespace
 
-// Real checkpoints ship no Engram map: it is derived from the tokenizer (model.md §4 step 1).
-Status install_engram_token_map(arch::CausalLm& lm, const tokenizer::Tokenizer& tok) {
-  const ModelConfig& config = lm.config();
-  if (config.engram_layer_ids.empty()) return ok_status();
-  auto* v41 = dynamic_cast<arch::DeepseekV41Model*>(&lm);
-  if (v41 == nullptr) return ok_status();
+namespace {
+
+// The tokenizer-derived Engram map for a V4.1 config with Engram layers; nullopt otherwise.
+Result<std::optional<EngramTokenMap>> tokenizer_engram_map(const ModelConfig& config,
+                                                           const tokenizer::Tokenizer& tok) {
+  if (config.model_type != "deepseek_v41" || config.engram_layer_ids.empty()) {
+    return std::optional<EngramTokenMap>();
+  }
   if (tok.vocab_size() != config.vocab_size) {
     return make_error(ErrorCode::kInvalidArgument,
                       "the tokenizer has {} tokens but the model's vocab_size is {}",
@@ -223,12 +284,39 @@ Status install_engram_token_map(arch::CausalLm& lm, const tokenizer::Tokenizer& 
                       "engram_compressed_vocab_size is {}",
                       map.num_compressed, config.engram_compressed_vocab_size);
   }
+  const int32_t num_compressed = map.num_compressed;
   MS_ASSIGN_OR_RETURN(EngramTokenMap table,
                       EngramTokenMap::from_table(config, std::move(map.compressed)));
-  v41->set_token_map(std::move(table));
   MS_LOG_INFO("Engram token map derived from the tokenizer ({} -> {} ids)", config.vocab_size,
-              map.num_compressed);
+              num_compressed);
+  return std::optional<EngramTokenMap>(std::move(table));
+}
+
+}  // namespace
+
+// Real checkpoints ship no Engram map: it is derived from the tokenizer (model.md §4 step 1).
+Status install_engram_token_map(arch::CausalLm& lm, const tokenizer::Tokenizer& tok) {
+  auto* v41 = dynamic_cast<arch::DeepseekV41Model*>(&lm);
+  if (v41 == nullptr) return ok_status();
+  MS_ASSIGN_OR_RETURN(std::optional<EngramTokenMap> map, tokenizer_engram_map(lm.config(), tok));
+  if (map) v41->set_token_map(std::move(*map));
   return ok_status();
+}
+
+Result<std::unique_ptr<arch::CausalLm>> load_causal_lm_with_tokenizer(
+    const std::string& dir, Backend& backend, const tokenizer::Tokenizer& tok) {
+  MS_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(dir));
+  MS_ASSIGN_OR_RETURN(std::optional<EngramTokenMap> map, tokenizer_engram_map(config, tok));
+  if (!map) return arch::load_causal_lm(dir, backend);
+  // NOTE: the same steps as DeepseekV41Model::load, but with the map known before the model is
+  // built: load() alone would fall back to (and warn about) a pad-only map that this replaces.
+  MS_ASSIGN_OR_RETURN(arch::WeightLoader reader, arch::WeightLoader::open(dir));
+  const CheckpointValidation validation = validate_checkpoint(config, reader.checkpoint());
+  for (const std::string& w : validation.warnings) MS_LOG_WARN("{}: {}", dir, w);
+  MS_RETURN_IF_ERROR(validation.to_status(dir));
+  MS_ASSIGN_OR_RETURN(arch::ModelWeights weights, arch::load_model_weights(config, reader));
+  return std::unique_ptr<arch::CausalLm>(std::make_unique<arch::DeepseekV41Model>(
+      std::move(config), std::move(weights), std::move(*map), backend));
 }
 
 EngineGenerationService::EngineGenerationService(Config config,
@@ -302,6 +390,29 @@ Result<ChatPrompt> EngineGenerationService::render_chat(const ChatPromptInput& i
   options.add_bos = true;
   ChatPrompt prompt;
   prompt.text = tokenizer::dsv4::encode_chat(messages, tools, options);
+  const bool forced = input.tool_choice == ToolChoiceMode::kRequired ||
+                      input.tool_choice == ToolChoiceMode::kNamed;
+  if (forced && input.add_generation_prompt && !input.tools.empty()) {
+    // NOTE: no constrained decoding here, so tool_choice required / named is enforced by starting
+    // the assistant turn with the DSML block an assistant tool call renders to (after an empty
+    // reasoning in thinking mode): "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"" and, when
+    // the function is known (named, or the only tool), its name and the end of the tag.
+    if (input.tool_choice == ToolChoiceMode::kNamed) {
+      prompt.forced_tool_name = input.tool_choice_name;
+    } else if (input.tools.size() == 1) {
+      prompt.forced_tool_name = input.tools.front().name;
+    }
+    std::string prefix;
+    if (input.thinking) prefix += tokenizer::dsv4::kThinkEnd;
+    prefix += "\n\n";
+    prefix += tokenizer::dsv4::kToolCallsStart;
+    prefix += '\n';
+    prefix += tokenizer::dsv4::kInvokeStart;
+    prefix += " name=\"";
+    if (!prompt.forced_tool_name.empty()) prefix += prompt.forced_tool_name + "\">\n";
+    prompt.text += prefix;
+    prompt.forced_output_prefix = std::move(prefix);
+  }
   prompt.token_ids = tokenizer_->encode(prompt.text, /*add_special_tokens=*/false);
   return prompt;
 #endif
@@ -315,6 +426,7 @@ std::unique_ptr<OutputParser> EngineGenerationService::make_output_parser(
 #else
   static std::atomic<uint64_t> counter{0};
   static const uint64_t salt = std::random_device{}();
+  if (!options.tools_enabled) return std::make_unique<ReasoningOnlyParser>(options.thinking);
   tokenizer::dsv4::ChatOutputParserOptions o;
   o.thinking = options.thinking;
   o.id_prefix = fmt::format("call_{:08x}{:06x}_", salt & 0xffffffffu, counter.fetch_add(1));
@@ -455,9 +567,9 @@ Result<std::unique_ptr<GenerationService>> make_engine_service(const ServeOption
   MS_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok,
                       tokenizer::Tokenizer::load(model_dir));
   MS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, create_backend("cpu"));
+  // The tokenizer first: the Engram map derived from it goes into the model as it is built.
   MS_ASSIGN_OR_RETURN(std::unique_ptr<arch::CausalLm> lm,
-                      arch::load_causal_lm(model_dir, *backend));
-  MS_RETURN_IF_ERROR(install_engram_token_map(*lm, *tok));
+                      load_causal_lm_with_tokenizer(model_dir, *backend, *tok));
   // Batch-invariant GEMM: a request's tokens do not depend on what it is batched with.
   lm->set_batch_invariant(true);
   const ModelConfig& mc = lm->config();
@@ -471,15 +583,15 @@ Result<std::unique_ptr<GenerationService>> make_engine_service(const ServeOption
     }
     max_len = options.max_model_len;
   }
-  constexpr int32_t kMaxSeqs = 64;
+  const int32_t max_seqs = std::max(1, options.max_num_seqs);
   engine::EngineCoreConfig cfg;
   cfg.scheduler.max_model_len = max_len;
-  cfg.scheduler.max_num_seqs = kMaxSeqs;
-  cfg.scheduler.max_num_batched_tokens = std::max(2048, kMaxSeqs);
+  cfg.scheduler.max_num_seqs = max_seqs;
+  cfg.scheduler.max_num_batched_tokens = std::max(2048, max_seqs);
   cfg.scheduler.replay_window = mc.sliding_window;
   const int32_t blocks_per_seq = (max_len + kv::kBlockTokens - 1) / kv::kBlockTokens + 1;
-  cfg.kv.num_global_blocks = kMaxSeqs * blocks_per_seq;
-  cfg.kv.num_state_slots = kMaxSeqs;
+  cfg.kv.num_global_blocks = max_seqs * blocks_per_seq;
+  cfg.kv.num_state_slots = max_seqs;
   cfg.kv.check_invariants = false;
   cfg.eos_token_id = mc.eos_token_id;
   auto forward = std::make_unique<runtime::CausalLmForwardModel>(std::move(lm),

@@ -88,6 +88,12 @@ class EngineGenerationService final : public GenerationService {
 // model; a no-op for models without Engram. Errors if the tokenizer and config disagree.
 [[nodiscard]] Status install_engram_token_map(arch::CausalLm& lm, const tokenizer::Tokenizer& tok);
 
+// Loads the model in `dir` with the tokenizer-derived Engram map built in from the start (no
+// pad-only placeholder map, so no false "no Engram token map" warning); other architectures
+// load as arch::load_causal_lm does.
+[[nodiscard]] Result<std::unique_ptr<arch::CausalLm>> load_causal_lm_with_tokenizer(
+    const std::string& dir, Backend& backend, const tokenizer::Tokenizer& tok);
+
 // Loads the model named by options.model (or generates the embedded tiny model into the cache on
 // first use) with its tokenizer and starts its engine.
 [[nodiscard]] Result<std::unique_ptr<GenerationService>> make_engine_service(

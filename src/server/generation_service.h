@@ -127,6 +127,11 @@ struct ChatPromptInput {
 struct ChatPrompt {
   std::vector<int32_t> token_ids;
   std::string text;  // the rendered prompt (for logs and echo)
+  // tool_choice required / named: the assistant turn was forced to open a tool call. This is the
+  // output text the prompt already ends with (the server feeds it to the output parser ahead of
+  // the model's continuation) and, when known, the function the forced call names.
+  std::string forced_output_prefix;
+  std::string forced_tool_name;
 };
 
 // Incremental text from token ids; never splits a UTF-8 character.

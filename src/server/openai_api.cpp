@@ -1,6 +1,7 @@
 #include "server/openai_api.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <random>
 
@@ -116,6 +117,13 @@ class GenerationJob final : public std::enable_shared_from_this<GenerationJob> {
     std::vector<ToolCall> tool_calls;
     bool any_tool_call = false;
     std::vector<LogprobEntry> logprobs;
+    // tool_choice required / named: the prompt forced the turn to open a tool call.
+    bool forced_tool = false;
+    std::string forced_tool_name;  // empty: the model writes the function name
+    bool forced_parsed = false;    // the output parser produced a call
+    std::string raw_output;        // the model's continuation (for the fallback call)
+    std::string forced_content;    // parser content, held until the end
+    size_t stream_text_offset = 0;  // completions logprobs text_offset of the next streamed token
   };
 
   GenerationJob(OpenAiApi& api, std::shared_ptr<ResponseChannel> channel, Kind kind,
@@ -189,7 +197,13 @@ class GenerationJob final : public std::enable_shared_from_this<GenerationJob> {
       std::string out;
       for (auto& c : choices_) {
         if (kind_ == Kind::kCompletion && echo_ && !c.echo_text.empty()) {
-          append_sse_event(dump(completion_chunk(c, c.echo_text, nullptr, nullptr)), out);
+          json lp;
+          if (completion_logprobs_ >= 0) lp = prompt_logprobs_json(c);
+          c.stream_text_offset = c.echo_text.size();
+          append_sse_event(dump(completion_chunk(c, c.echo_text,
+                                                 completion_logprobs_ >= 0 ? &lp : nullptr,
+                                                 nullptr)),
+                           out);
         }
       }
       for (auto& c : choices_) {
@@ -347,6 +361,34 @@ class GenerationJob final : public std::enable_shared_from_this<GenerationJob> {
             {"text_offset", std::move(offsets)}};
   }
 
+  // echo + logprobs: the prompt's tokens lead the logprobs with `null` logprobs and top_logprobs
+  // (the engine computes no prompt logprobs; OpenAI's first prompt token is `null` too).
+  json prompt_logprobs_json(const Choice& c) const {
+    json tokens = json::array(), token_lps = json::array(), tops = json::array(),
+         offsets = json::array();
+    size_t offset = 0;
+    for (int32_t id : c.prompt_ids) {
+      const int32_t one[1] = {id};
+      std::string t = api_.service().detokenize(one, false);
+      offsets.push_back(offset);
+      // Offsets run over the echoed text: a token it does not contain (BOS) takes no width.
+      if (c.echo_text.compare(offset, t.size(), t) == 0) offset += t.size();
+      tokens.push_back(std::move(t));
+      token_lps.push_back(nullptr);
+      tops.push_back(nullptr);
+    }
+    return {{"tokens", std::move(tokens)},
+            {"token_logprobs", std::move(token_lps)},
+            {"top_logprobs", std::move(tops)},
+            {"text_offset", std::move(offsets)}};
+  }
+
+  static void append_logprobs(json& into, const json& more) {
+    for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+      for (const auto& v : more[key]) into[key].push_back(v);
+    }
+  }
+
   static json chat_logprobs_json(const std::vector<LogprobEntry>& lps) {
     json content = json::array();
     for (const auto& e : lps) {
@@ -430,6 +472,43 @@ class GenerationJob final : public std::enable_shared_from_this<GenerationJob> {
     }
   }
 
+  // tool_choice required / named. Calls the parser completes stream as usual and text outside
+  // them is held to the end. When the continuation never forms a well-formed DSML invoke, the
+  // answer is still one call (as vLLM answers a named tool_choice with the raw generated text as
+  // its arguments): the forced function (or the name the model wrote up to its closing quote)
+  // with the model's raw continuation as `arguments`, which is then not necessarily JSON.
+  void apply_forced_tool_choice(Choice& c, const std::string& text, ParsedDelta& d) {
+    c.raw_output += text;
+    c.forced_content += d.content;
+    d.content.clear();
+    if (!d.tool_calls.empty()) c.forced_parsed = true;
+    if (!c.finished) return;
+    if (c.forced_parsed || c.any_tool_call) {
+      const bool blank = std::all_of(c.forced_content.begin(), c.forced_content.end(),
+                                     [](unsigned char ch) { return std::isspace(ch) != 0; });
+      if (!blank) d.content = std::move(c.forced_content);
+      return;
+    }
+    if (c.finish != FinishReason::kStop && c.finish != FinishReason::kLength) return;
+    ToolCallDelta call;
+    call.index = 0;
+    if (!c.forced_tool_name.empty()) {
+      call.name = c.forced_tool_name;
+      call.arguments = c.raw_output;
+    } else {
+      // The prompt ended inside `invoke name="`: the name runs to the closing quote.
+      const size_t quote = c.raw_output.find('"');
+      call.name = c.raw_output.substr(0, quote);
+      if (quote != std::string::npos) {
+        size_t rest = quote + 1;
+        if (rest < c.raw_output.size() && c.raw_output[rest] == '>') ++rest;
+        if (rest < c.raw_output.size() && c.raw_output[rest] == '\n') ++rest;
+        call.arguments = c.raw_output.substr(rest);
+      }
+    }
+    d.tool_calls.push_back(std::move(call));
+  }
+
   void deliver(Choice& c, const std::string& text, std::vector<LogprobEntry> lps) {
     const char* finish = c.finished ? finish_reason_for(c) : nullptr;
     if (kind_ == Kind::kCompletion) {
@@ -440,7 +519,7 @@ class GenerationJob final : public std::enable_shared_from_this<GenerationJob> {
       }
       std::string out;
       json lp;
-      if (completion_logprobs_ >= 0) lp = completion_logprobs_json(lps, stream_offset_);
+      if (completion_logprobs_ >= 0) lp = completion_logprobs_json(lps, c.stream_text_offset);
       if (!text.empty() || !lps.empty() || finish) {
         json chunk = completion_chunk(c, text, completion_logprobs_ >= 0 ? &lp : nullptr,
                                       finish_reason_for(c) && c.finished ? finish : nullptr);
@@ -459,6 +538,7 @@ class GenerationJob final : public std::enable_shared_from_this<GenerationJob> {
       d.content += tail.content;
       for (auto& t : tail.tool_calls) d.tool_calls.push_back(std::move(t));
     }
+    if (c.forced_tool) apply_forced_tool_choice(c, text, d);
     filter_tool_calls(c, d);
     finish = c.finished ? finish_reason_for(c) : nullptr;
     if (!common_.stream) {
@@ -575,9 +655,17 @@ class GenerationJob final : public std::enable_shared_from_this<GenerationJob> {
     json choices = json::array();
     if (kind_ == Kind::kCompletion) {
       for (auto& c : choices_) {
-        size_t offset = 0;
         json lp = nullptr;
-        if (completion_logprobs_ >= 0) lp = completion_logprobs_json(c.logprobs, offset);
+        if (completion_logprobs_ >= 0) {
+          size_t offset = 0;
+          if (echo_) {
+            lp = prompt_logprobs_json(c);
+            offset = c.echo_text.size();
+            append_logprobs(lp, completion_logprobs_json(c.logprobs, offset));
+          } else {
+            lp = completion_logprobs_json(c.logprobs, offset);
+          }
+        }
         choices.push_back({{"index", c.index},
                            {"text", c.echo_text + c.text},
                            {"logprobs", std::move(lp)},
@@ -628,7 +716,6 @@ class GenerationJob final : public std::enable_shared_from_this<GenerationJob> {
   bool chat_logprobs_ = false;
   bool parallel_tool_calls_ = true;
   int64_t total_prompt_tokens_ = 0;
-  size_t stream_offset_ = 0;
   std::vector<Choice> choices_;
   bool stream_open_ = false;
   bool completed_ = false;
@@ -896,6 +983,12 @@ void OpenAiApi::handle_chat(const HttpRequest& req,
     c.num_prompt_tokens = static_cast<int32_t>(len);
     c.detok = service_.make_detokenizer(r.common.skip_special_tokens);
     c.parser = service_.make_output_parser(parser_options);
+    if (!prompt->forced_output_prefix.empty()) {
+      c.forced_tool = true;
+      c.forced_tool_name = prompt->forced_tool_name;
+      // The forced opening is part of the assistant turn: the parser starts inside the block.
+      (void)c.parser->push(prompt->forced_output_prefix);
+    }
   }
   job_started(key, job);
   job->start();

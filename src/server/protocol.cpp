@@ -477,9 +477,9 @@ void parse_tools(const json& doc, ChatPromptInput& chat) {
     } else {
       fail_type("tool_choice", "a string or an object", *tc);
     }
-    if (chat.tool_choice != ToolChoiceMode::kNone && chat.tool_choice != ToolChoiceMode::kAuto &&
-        tools.empty()) {
-      fail("tool_choice", "'tool_choice' requires 'tools'");
+    // As OpenAI and vLLM: any tool_choice but "none" needs tools to choose from.
+    if (chat.tool_choice != ToolChoiceMode::kNone && tools.empty()) {
+      fail("tool_choice", "'tool_choice' is only allowed when 'tools' are specified");
     }
     if (chat.tool_choice == ToolChoiceMode::kNamed) {
       bool found = false;

@@ -20,6 +20,11 @@ void add_serve_options(CLI::App& cmd, ServeOptions& o) {
                  "Model name in the API (default: the model folder's name)");
   cmd.add_option("--max-model-len", o.max_model_len,
                  "Context length limit (prompt + generated); default: the model's");
+  cmd.add_option("--max-num-seqs", o.max_num_seqs,
+                 "Requests the engine runs at once (KV and state slots are sized for this many "
+                 "sequences of --max-model-len); more wait in its queue")
+      ->check(CLI::Range(1, 65536))
+      ->capture_default_str();
   cmd.add_option("--max-body-bytes", o.http.max_body_bytes, "Request body size limit")
       ->capture_default_str();
   cmd.add_option("--io-threads", o.http.io_threads, "HTTP I/O threads")

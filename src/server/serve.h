@@ -18,10 +18,11 @@ struct ServeOptions {
   std::string api_key;
   std::string served_model_name;
   int32_t max_model_len = 0;  // 0 → the model's
+  int32_t max_num_seqs = 64;  // requests the engine runs at once (the rest wait in its queue)
 };
 
 // Adds --host --port --api-key --served-model-name --max-model-len --max-body-bytes --io-threads
-// --drain-timeout (and --model) to `cmd`.
+// --drain-timeout --idle-timeout --max-num-seqs (and --model) to `cmd`.
 void add_serve_options(CLI::App& cmd, ServeOptions& options);
 
 // Serves until SIGINT/SIGTERM; returns the process exit code (0 after a clean drain).

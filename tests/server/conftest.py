@@ -146,3 +146,7 @@ def model(client):
 
 fake_only = pytest.mark.skipif(impl() != "fake",
                                reason="scripted output needs the fake engine")
+
+
+real_only = pytest.mark.skipif(impl() != "real",
+                               reason="needs the real engine service (DeepSeek-V4 chat encoding)")

@@ -178,6 +178,29 @@ def test_echo(client, model):
     assert r.choices[0].text == "echo me"
 
 
+def test_echo_with_logprobs(client, model):
+    """echo + logprobs: the prompt's tokens lead, with null logprobs (no prompt logprobs here)."""
+    kw = dict(model=model, prompt="echo me", max_tokens=3, temperature=0, echo=True, logprobs=1)
+    r = client.completions.create(**kw)
+    lp, n_prompt = r.choices[0].logprobs, r.usage.prompt_tokens
+    assert len(lp.tokens) == n_prompt + r.usage.completion_tokens
+    assert len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == len(lp.tokens)
+    assert lp.token_logprobs[:n_prompt] == [None] * n_prompt
+    assert lp.top_logprobs[:n_prompt] == [None] * n_prompt
+    assert all(isinstance(x, float) and x <= 0 for x in lp.token_logprobs[n_prompt:])
+    assert lp.text_offset == sorted(lp.text_offset)
+    if r.usage.completion_tokens:
+        assert lp.text_offset[n_prompt] == len("echo me")
+    chunks = list(client.completions.create(stream=True, **kw))
+    tokens, token_lps, offsets = [], [], []
+    for c in chunks:
+        if c.choices and c.choices[0].logprobs:
+            tokens += c.choices[0].logprobs.tokens
+            token_lps += c.choices[0].logprobs.token_logprobs
+            offsets += c.choices[0].logprobs.text_offset
+    assert tokens == lp.tokens and token_lps == lp.token_logprobs and offsets == lp.text_offset
+
+
 def test_tokenize_detokenize(server, model):
     status, body = server.json("POST", "/tokenize", {"model": model, "prompt": "Hello world"})
     assert status == 200
