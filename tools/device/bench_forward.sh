@@ -4,7 +4,8 @@
 # OUT_DIR/fwd_<name>.json and .log. A failing run is recorded and the next one still runs.
 #
 #   usage: BIN=build/cuda-release/bin/moeserve tools/device/bench_forward.sh OUT_DIR
-#   env:   FWD_RUNS (default: all names below, in order), FWD_ITERS (default 3)
+#   env:   FWD_RUNS (default: all names below, in order), FWD_ITERS (default 3),
+#          FWD_TIMEOUT (seconds per run, default 240)
 set -uo pipefail
 
 out=${1:?usage: bench_forward.sh OUT_DIR}
@@ -29,7 +30,7 @@ for name in $runs; do
   echo "=== fwd $name: ${!var}"
   t0=$SECONDS
   # shellcheck disable=SC2086
-  timeout 240 "$bin" bench forward --backend cuda --random-weights --config "$cfg" \
+  timeout "${FWD_TIMEOUT:-240}" "$bin" bench forward --backend cuda --random-weights --config "$cfg" \
     --iterations "$iters" ${!var} -o "$out/fwd_$name.json" 2>&1 | tee "$out/fwd_$name.log"
   rc=${PIPESTATUS[0]}
   echo "=== fwd $name: rc=$rc ($((SECONDS - t0)) s)"

@@ -92,6 +92,25 @@ __global__ void fill_records_kernel(uint8_t* rec, int64_t total, int64_t code_by
   rec[i] = static_cast<uint8_t>(v);
 }
 
+__global__ void sort_rows_kernel(int32_t* x, int k) {
+  __shared__ int32_t keys[2048];
+  int32_t* row = x + static_cast<int64_t>(blockIdx.x) * k;
+  for (int i = threadIdx.x; i < k; i += blockDim.x) {
+    const int32_t v = row[i];
+    keys[i] = v < 0 ? 0x7FFFFFFF : v;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < k; i += blockDim.x) {
+    const int32_t ki = keys[i];
+    int rank = 0;
+    for (int j = 0; j < k; ++j) {
+      const int32_t kj = keys[j];
+      rank += (kj < ki || (kj == ki && j < i)) ? 1 : 0;
+    }
+    row[rank] = ki == 0x7FFFFFFF ? -1 : ki;
+  }
+}
+
 unsigned blocks_for(int64_t n) { return static_cast<unsigned>(ceil_div(n, kThreads)); }
 
 }  // namespace
@@ -140,6 +159,13 @@ void launch_copy_records(const uint8_t* src, int64_t n, int64_t rec_bytes, const
 void launch_fill_f32(float* x, int64_t n, float value, Stream stream) {
   if (n == 0) return;
   fill_f32_kernel<<<blocks_for(n), kThreads, 0, as_cuda_stream(stream)>>>(x, n, value);
+  MS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_sort_rows_ascending(int32_t* x, int64_t rows, int k, Stream stream) {
+  if (rows == 0 || k == 0) return;
+  if (k > 2048) detail::cuda_call_failed(__FILE__, __LINE__, "sort rows", "k <= 2048", "");
+  sort_rows_kernel<<<static_cast<unsigned>(rows), 256, 0, as_cuda_stream(stream)>>>(x, k);
   MS_CUDA_CHECK_LAUNCH();
 }
 

@@ -35,6 +35,11 @@ void launch_copy_records(const uint8_t* src, int64_t n, int64_t rec_bytes, const
 
 void launch_fill_f32(float* x, int64_t n, float value, Stream stream);
 
+// In place: each row of x [rows, k] sorted ascending, negative values (-1 = none) last
+// (k <= 2048). Used to order candidate blocks by entry id, so top-k ties over the candidate
+// list resolve to the lowest entry id as on the CPU.
+void launch_sort_rows_ascending(int32_t* x, int64_t rows, int k, Stream stream);
+
 // Plausible random cache records: per record `code_bytes` random code bytes (e4m3 without NaN
 // when fp8_codes, else any byte = two e2m1 nibbles), then `scale_bytes` scale bytes uniform in
 // [scale_lo, scale_hi].

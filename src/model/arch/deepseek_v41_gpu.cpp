@@ -142,6 +142,14 @@ struct DeepseekV41Gpu::Impl {
   std::vector<Sequence> seqs;
   size_t weight_bytes = 0, cache_bytes = 0;
   GpuForwardCost cost;
+  GpuForwardTrace trace;
+  void trace_rows(std::map<int32_t, std::vector<float>>& m, int32_t l, const float* p,
+                  int64_t count) {
+    std::vector<float>& v = m[l];
+    v.resize(static_cast<size_t>(count));
+    cu::copy_d2h(v.data(), p, v.size() * 4, stream);
+    cu::stream_synchronize(stream);
+  }
 
   // Grow-only scratch buffers, by name.
   std::map<std::string, DeviceMemory> ws;
@@ -225,8 +233,8 @@ struct DeepseekV41Gpu::Impl {
     lin.out = out;
     lin.in = in;
     MS_ASSIGN_OR_RETURN(const Checkpoint::Tensor* t, r.get(name));
-    const bool fp8 = t->dtype == DType::kF8E4M3;
-    const bool fp4 = (t->dtype == DType::kI8 || t->dtype == DType::kU8) &&
+    const bool fp8 = !opt.exact_linears && t->dtype == DType::kF8E4M3;
+    const bool fp4 = !opt.exact_linears && (t->dtype == DType::kI8 || t->dtype == DType::kU8) &&
                      t->shape == Shape{out, in / 2};
     if (fp8 || fp4) {
       MS_ASSIGN_OR_RETURN(const Checkpoint::Tensor* s,
@@ -892,8 +900,13 @@ struct DeepseekV41Gpu::Impl {
       w.dim = static_cast<int>(id);
       w.format = cu::Fp4Record::kIndexBlock32Ue8m0;
       w.cache = buf<uint8_t>("idx_qrec", n * ih * static_cast<int64_t>(c.index_entry_bytes()));
-      w.first_entry = 0;
-      cu::launch_fp4_cache_write(w, stream);
+      // NOTE: the writer's grid has one y-block per row (<= 65535 per launch).
+      for (int64_t r0 = 0; r0 < n * ih; r0 += 65535) {
+        w.x = qi + r0 * id;
+        w.rows = std::min<int64_t>(65535, n * ih - r0);
+        w.first_entry = r0;
+        cu::launch_fp4_cache_write(w, stream);
+      }
       cu::launch_fp4_index_records_to_float(w.cache, n * ih, static_cast<int>(id), qi, stream);
     }
     float* hw = buf<float>("idx_w", n * ih);
@@ -959,6 +972,9 @@ struct DeepseekV41Gpu::Impl {
       const int kb = c.candidate_topk_blocks;
       int32_t* blk = buf<int32_t>("blk_ids", n * kb);
       topk(bp.out, n, nb, nb, kb, blk);
+      // NOTE: candidates in entry order, so Reindex top-k ties pick the lowest entry id (the
+      // CPU's tie rule over its candidate mask).
+      cu::launch_sort_rows_ascending(blk, n, kb, stream);
       b.cand = buf<int32_t>("cand", n * ncand);
       cu::BlocksToCandidatesParams cp;
       cp.block_ids = blk;
@@ -972,6 +988,12 @@ struct DeepseekV41Gpu::Impl {
     topk(scores, n, width, width, k, idx);
     cu::launch_resolve_selection(idx, reindex ? b.cand : nullptr, ncand, s.row_slot.as<int64_t>(),
                                  owner.cap, n, k, sel, stream);
+    if (opt.trace) {
+      std::vector<int32_t>& v = trace.selected[l];
+      v.resize(static_cast<size_t>(n * k));
+      cu::copy_d2h(v.data(), sel, v.size() * 4, stream);
+      cu::stream_synchronize(stream);
+    }
   }
 
   void launch_fill_i32_neg(int32_t* p, int64_t n) {
@@ -1175,6 +1197,7 @@ struct DeepseekV41Gpu::Impl {
 
   Result<GpuForwardOutput> forward(std::span<const GpuSequenceInput> inputs, ForwardMode mode) {
     cost = GpuForwardCost{};
+    trace = GpuForwardTrace{};
     Batch b;
     b.in = inputs;
     const int64_t d = c.hidden_size, hc = c.hc_mult, hd = c.head_dim;
@@ -1300,6 +1323,7 @@ struct DeepseekV41Gpu::Impl {
         }
         s = &b.dec;
       }
+      if (opt.trace) trace_rows(trace.attn_in, l, a, n * d);
       if (n == 0) continue;
       mark(GpuComponent::kMhc);
       float* pre_a = buf<float>("pre_a", n * hc);
@@ -1322,6 +1346,7 @@ struct DeepseekV41Gpu::Impl {
       mark(GpuComponent::kMhc);
       expand(x, y, n, post_f, comb_f);
       cu::copy_d2d(pre, pre_f, static_cast<size_t>(n * hc) * 4, stream);
+      if (opt.trace) trace_rows(trace.layer_out, l, x, n * hc * d);
     }
     if (s == &b.enc && b.dec.n != b.enc.n) s = &b.dec;  // only when no layer reached the boundary
     // Logits of the last current row of each input that wants them.
@@ -1448,6 +1473,8 @@ Result<int32_t> DeepseekV41Gpu::new_sequence() {
     if (s.live) continue;
     s = Sequence{};
     s.live = true;
+    s.history.last_ids.assign(
+        static_cast<size_t>(std::max(impl_->c.engram_max_ngram_size - 1, 0)), -1);
     s.entries.assign(static_cast<size_t>(impl_->c.num_hidden_layers), 0);
     return static_cast<int32_t>(i);
   }
@@ -1493,6 +1520,7 @@ void DeepseekV41Gpu::synthetic_fill(int32_t seq, int32_t context, uint64_t seed,
   s.num_tokens = context;
   s.replay_start = replay_start;
   s.history = EngramHistory{};
+  s.history.last_ids.assign(static_cast<size_t>(std::max(c.engram_max_ngram_size - 1, 0)), -1);
 }
 
 Result<GpuForwardOutput> DeepseekV41Gpu::forward(std::span<const GpuSequenceInput> inputs,
@@ -1506,5 +1534,6 @@ std::array<double, kNumGpuComponents> DeepseekV41Gpu::component_ms() const {
 void DeepseekV41Gpu::reset_profile() { impl_->comp_ms.fill(0.0); }
 void DeepseekV41Gpu::set_profile(bool on) { impl_->opt.profile = on; }
 const GpuForwardCost& DeepseekV41Gpu::last_cost() const { return impl_->cost; }
+const GpuForwardTrace& DeepseekV41Gpu::trace() const { return impl_->trace; }
 
 }  // namespace moeserve::arch

@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -43,6 +44,18 @@ struct GpuModelOptions {
   // drawn uniformly over them).
   int64_t random_engram_rows = int64_t{1} << 20;
   bool profile = false;  // per-component CUDA-event timing
+  // true: FP8/MXFP4 linears dequantised to fp32 at load and run as exact fp32 GEMMs (cuBLASLt,
+  // no TF32): the structural check against the CPU forward without bf16 activation rounding.
+  bool exact_linears = false;
+  bool trace = false;  // keep per-layer attn_norm outputs and layer outputs (trace())
+};
+
+// Per-layer values of the last forward (options.trace), as the CPU ForwardTrace: attn_in [rows,
+// D] (after bounded-replay narrowing), layer_out [rows, HC, D].
+struct GpuForwardTrace {
+  std::map<int32_t, std::vector<float>> attn_in;
+  std::map<int32_t, std::vector<float>> layer_out;
+  std::map<int32_t, std::vector<int32_t>> selected;  // index sources: [rows, index_topk] entries
 };
 
 // `count` layers spread over the backbone plus every owner they need (ascending).
@@ -117,6 +130,7 @@ class DeepseekV41Gpu {
   void reset_profile();
   void set_profile(bool on);
   [[nodiscard]] const GpuForwardCost& last_cost() const;
+  [[nodiscard]] const GpuForwardTrace& trace() const;
 
   struct Impl;
 
