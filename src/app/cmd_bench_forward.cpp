@@ -219,10 +219,9 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
                                            std::vector<int32_t>(static_cast<size_t>(rows_per_seq)));
   // Synthetic KV fill (not in the step time).
   const int32_t context = decode ? opt.context : opt.cached;
-  const int32_t replay_start =
-      (!decode && mode == arch::ForwardMode::kProduction)
-          ? std::max(0, opt.cached + opt.new_tokens - c.sliding_window)
-          : 0;
+  const int32_t replay_start = (!decode && mode == arch::ForwardMode::kProduction)
+                                   ? std::max(0, opt.cached + opt.new_tokens - c.sliding_window)
+                                   : 0;
   std::vector<double> fill_s;
   const auto fill_all = [&](uint64_t salt) {
     const auto t0 = Clock::now();
@@ -334,10 +333,10 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   std::printf("%-28s %14.3f\n", "step ms (median wall)", step_ms);
   std::printf("%-28s %14.1f\n", "tokens/s", rows / (step_ms * 1e-3));
   for (size_t i = 0; i < comp.size(); ++i)
-    std::printf("  %-26s %14.3f\n",
-                fmt::format("{} ms", arch::gpu_component_name(static_cast<arch::GpuComponent>(i)))
-                    .c_str(),
-                comp[i]);
+    std::printf(
+        "  %-26s %14.3f\n",
+        fmt::format("{} ms", arch::gpu_component_name(static_cast<arch::GpuComponent>(i))).c_str(),
+        comp[i]);
   std::printf("%-28s %14.3f\n", "GPU ms (profiled sum)", gpu_ms);
   std::printf("%-28s %14.3e\n", "bytes (weights + kv)", bytes);
   std::printf("%-28s %14.3e\n", "matrix FLOPs", cost.flops);

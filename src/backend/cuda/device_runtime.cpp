@@ -51,18 +51,15 @@ void device_synchronize() { MS_CUDA_CHECK(cudaDeviceSynchronize()); }
 
 void copy_h2d(void* dst, const void* src, size_t bytes, void* stream) {
   if (bytes == 0) return;
-  MS_CUDA_CHECK(
-      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_cuda_stream(stream)));
+  MS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_cuda_stream(stream)));
 }
 void copy_d2h(void* dst, const void* src, size_t bytes, void* stream) {
   if (bytes == 0) return;
-  MS_CUDA_CHECK(
-      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_cuda_stream(stream)));
+  MS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_cuda_stream(stream)));
 }
 void copy_d2d(void* dst, const void* src, size_t bytes, void* stream) {
   if (bytes == 0) return;
-  MS_CUDA_CHECK(
-      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_cuda_stream(stream)));
+  MS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, as_cuda_stream(stream)));
 }
 void memset_async(void* dst, int value, size_t bytes, void* stream) {
   if (bytes == 0) return;
@@ -74,7 +71,9 @@ void* event_create() {
   MS_CUDA_CHECK(cudaEventCreate(&e));
   return e;
 }
-void event_destroy(void* event) { MS_CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(event))); }
+void event_destroy(void* event) {
+  MS_CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(event)));
+}
 void event_record(void* event, void* stream) {
   MS_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), as_cuda_stream(stream)));
 }
@@ -83,8 +82,8 @@ void event_synchronize(void* event) {
 }
 float event_elapsed_ms(void* start, void* end) {
   float ms = 0.0f;
-  MS_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start),
-                                     static_cast<cudaEvent_t>(end)));
+  MS_CUDA_CHECK(
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
   return ms;
 }
 

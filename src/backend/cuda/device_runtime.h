@@ -47,7 +47,8 @@ void graph_destroy(void* graph_exec);
 class DeviceMemory {
  public:
   DeviceMemory() = default;
-  explicit DeviceMemory(size_t bytes) : ptr_(bytes > 0 ? device_malloc(bytes) : nullptr), bytes_(bytes) {}
+  explicit DeviceMemory(size_t bytes)
+      : ptr_(bytes > 0 ? device_malloc(bytes) : nullptr), bytes_(bytes) {}
   ~DeviceMemory() { reset(); }
   DeviceMemory(DeviceMemory&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
     o.ptr_ = nullptr;

@@ -143,16 +143,16 @@ void launch_resolve_selection(const int32_t* idx_in, const int32_t* cand, int64_
 void launch_fp4_index_records_to_float(const uint8_t* rec, int64_t n, int dim, float* out,
                                        Stream stream) {
   if (n == 0) return;
-  fp4_index_to_float_kernel<<<blocks_for(n * dim), kThreads, 0, as_cuda_stream(stream)>>>(
-      rec, n, dim, out);
+  fp4_index_to_float_kernel<<<blocks_for(n * dim), kThreads, 0, as_cuda_stream(stream)>>>(rec, n,
+                                                                                          dim, out);
   MS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_copy_records(const uint8_t* src, int64_t n, int64_t rec_bytes, const int64_t* dst_idx,
                          uint8_t* dst, Stream stream) {
   if (n == 0) return;
-  copy_records_kernel<<<static_cast<unsigned>(n), 128, 0, as_cuda_stream(stream)>>>(
-      src, rec_bytes, dst_idx, dst);
+  copy_records_kernel<<<static_cast<unsigned>(n), 128, 0, as_cuda_stream(stream)>>>(src, rec_bytes,
+                                                                                    dst_idx, dst);
   MS_CUDA_CHECK_LAUNCH();
 }
 
@@ -170,8 +170,7 @@ void launch_sort_rows_ascending(int32_t* x, int64_t rows, int k, Stream stream) 
 }
 
 void launch_fill_records(uint8_t* rec, int64_t n, int64_t code_bytes, int64_t scale_bytes,
-                         bool fp8_codes, int scale_lo, int scale_hi, uint64_t seed,
-                         Stream stream) {
+                         bool fp8_codes, int scale_lo, int scale_hi, uint64_t seed, Stream stream) {
   const int64_t rec_bytes = code_bytes + scale_bytes;
   const int64_t total = n * rec_bytes;
   if (total == 0) return;

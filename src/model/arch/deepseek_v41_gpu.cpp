@@ -83,15 +83,24 @@ struct RowSet {
 
 const char* gpu_component_name(GpuComponent c) {
   switch (c) {
-    case GpuComponent::kMoe: return "moe";
-    case GpuComponent::kDense: return "dense_proj";
-    case GpuComponent::kAttention: return "attention";
-    case GpuComponent::kIndexer: return "indexer_topk";
-    case GpuComponent::kMhc: return "mhc";
-    case GpuComponent::kEngram: return "engram";
-    case GpuComponent::kSampling: return "sampling";
-    case GpuComponent::kOther: return "other";
-    case GpuComponent::kCount: break;
+    case GpuComponent::kMoe:
+      return "moe";
+    case GpuComponent::kDense:
+      return "dense_proj";
+    case GpuComponent::kAttention:
+      return "attention";
+    case GpuComponent::kIndexer:
+      return "indexer_topk";
+    case GpuComponent::kMhc:
+      return "mhc";
+    case GpuComponent::kEngram:
+      return "engram";
+    case GpuComponent::kSampling:
+      return "sampling";
+    case GpuComponent::kOther:
+      return "other";
+    case GpuComponent::kCount:
+      break;
   }
   return "?";
 }
@@ -240,7 +249,8 @@ struct DeepseekV41Gpu::Impl {
       MS_ASSIGN_OR_RETURN(const Checkpoint::Tensor* s,
                           r.get(name.substr(0, name.rfind(".weight")) + ".scale"));
       const Shape want_w = fp8 ? Shape{out, in} : Shape{out, in / 2};
-      const Shape want_s = fp8 ? Shape{(out + 31) / 32, (in + 31) / 32} : Shape{out, (in + 31) / 32};
+      const Shape want_s =
+          fp8 ? Shape{(out + 31) / 32, (in + 31) / 32} : Shape{out, (in + 31) / 32};
       if (!(t->shape == want_w) || !(s->shape == want_s) || s->dtype != DType::kF8E8M0)
         return make_error(ErrorCode::kInvalidArgument, "gpu model: tensor '{}' is {}, expected {}",
                           name, t->shape.to_string(), want_w.to_string());
@@ -295,16 +305,16 @@ struct DeepseekV41Gpu::Impl {
   Status build_layer_caches(Layer& L) {
     const LayerInfo& info = c.layer(L.id);
     const int64_t window = c.sliding_window;
-    L.swa_pool = DeviceMemory(static_cast<size_t>(opt.max_seqs * window + opt.max_rows) *
-                              c.swa_row_bytes());
+    L.swa_pool =
+        DeviceMemory(static_cast<size_t>(opt.max_seqs * window + opt.max_rows) * c.swa_row_bytes());
     cache_bytes += L.swa_pool.bytes();
     if (info.is_kv_source) {
       L.cap = opt.max_context / info.ratio + 1;
       L.main_pool = DeviceMemory(static_cast<size_t>(opt.max_seqs * L.cap) * c.main_entry_bytes());
       L.index_pool =
           DeviceMemory(static_cast<size_t>(opt.max_seqs * L.cap) * c.index_entry_bytes());
-      const int64_t part = static_cast<int64_t>(opt.max_seqs) * std::max(info.ratio - 1, 1) *
-                           c.head_dim * 4;
+      const int64_t part =
+          static_cast<int64_t>(opt.max_seqs) * std::max(info.ratio - 1, 1) * c.head_dim * 4;
       L.part_kv = DeviceMemory(static_cast<size_t>(part));
       L.part_gate = DeviceMemory(static_cast<size_t>(part));
       cache_bytes += L.main_pool.bytes() + L.index_pool.bytes() + 2 * static_cast<size_t>(part);
@@ -336,8 +346,8 @@ struct DeepseekV41Gpu::Impl {
     yp.original_max_position = c.rope_scaling.original_max_position_embeddings;
     yp.beta_fast = c.rope_scaling.beta_fast;
     yp.beta_slow = c.rope_scaling.beta_slow;
-    const std::vector<double> fc = cpu::rope_frequencies(
-        c.compress_rope_theta, rd, c.rope_scaling.enabled ? &yp : nullptr);
+    const std::vector<double> fc =
+        cpu::rope_frequencies(c.compress_rope_theta, rd, c.rope_scaling.enabled ? &yp : nullptr);
     freqs_main = DeviceMemory(fm.size() * 8);
     freqs_compress = DeviceMemory(fc.size() * 8);
     cu::copy_h2d(freqs_main.as(), fm.data(), fm.size() * 8, stream);
@@ -391,8 +401,7 @@ struct DeepseekV41Gpu::Impl {
       if (info.is_kv_source) {
         MS_ASSIGN_OR_RETURN(L->comp_wkv, load_linear(r, ap + "compressor.wkv.weight", hd, d));
         if (info.ratio > 1) {
-          MS_ASSIGN_OR_RETURN(L->comp_wgate,
-                              load_linear(r, ap + "compressor.wgate.weight", hd, d));
+          MS_ASSIGN_OR_RETURN(L->comp_wgate, load_linear(r, ap + "compressor.wgate.weight", hd, d));
         }
         MS_ASSIGN_OR_RETURN(L->comp_norm, load_dense(r, ap + "compressor.norm.weight", {hd}));
         MS_ASSIGN_OR_RETURN(L->idx_wk,
@@ -402,11 +411,10 @@ struct DeepseekV41Gpu::Impl {
       }
       if (info.is_index_source) {
         MS_ASSIGN_OR_RETURN(
-            L->idx_wq_b,
-            load_linear(r, ap + "indexer.wq_b.weight",
-                        static_cast<int64_t>(c.index_n_heads) * c.index_head_dim, q));
-        MS_ASSIGN_OR_RETURN(L->idx_wproj, load_linear(r, ap + "indexer.weights_proj.weight",
-                                                      c.index_n_heads, d));
+            L->idx_wq_b, load_linear(r, ap + "indexer.wq_b.weight",
+                                     static_cast<int64_t>(c.index_n_heads) * c.index_head_dim, q));
+        MS_ASSIGN_OR_RETURN(L->idx_wproj,
+                            load_linear(r, ap + "indexer.weights_proj.weight", c.index_n_heads, d));
       }
       const int64_t e = c.routed_experts_of(l);
       const std::string fp = p + "ffn.";
@@ -445,8 +453,8 @@ struct DeepseekV41Gpu::Impl {
                     static_cast<uint8_t*>(L->engram_codes.host));
         std::copy_n(static_cast<const uint8_t*>(ts->view.data()), ts->nbytes,
                     static_cast<uint8_t*>(L->engram_scales.host));
-        MS_ASSIGN_OR_RETURN(L->engram_wkv, load_linear(r, ep + "wkv.weight", d * (hc + 1),
-                                                       c.engram_embed_dim()));
+        MS_ASSIGN_OR_RETURN(L->engram_wkv,
+                            load_linear(r, ep + "wkv.weight", d * (hc + 1), c.engram_embed_dim()));
         MS_ASSIGN_OR_RETURN(HostTensor qw, r.load_dense(ep + "q_weight", {hc, d}));
         MS_ASSIGN_OR_RETURN(HostTensor kw, r.load_dense(ep + "k_weight", {hc, d}));
         for (int64_t i = 0; i < hc * d; ++i) qw.data<float>()[i] *= kw.data<float>()[i];
@@ -494,8 +502,8 @@ struct DeepseekV41Gpu::Impl {
         L->idx_knorm = random_f32(c.index_head_dim, 0.9f, 1.1f);
       }
       if (info.is_index_source) {
-        L->idx_wq_b = random_linear(K::kFp8, static_cast<int64_t>(c.index_n_heads) *
-                                                 c.index_head_dim, q);
+        L->idx_wq_b =
+            random_linear(K::kFp8, static_cast<int64_t>(c.index_n_heads) * c.index_head_dim, q);
         L->idx_wproj = random_linear(K::kF32, c.index_n_heads, d);
       }
       const int64_t e = c.routed_experts_of(l);
@@ -587,7 +595,8 @@ struct DeepseekV41Gpu::Impl {
         lt->run(p);
         break;
       }
-      case Linear::Kind::kNone: MS_CHECK_MSG(false, "gpu model: linear not loaded");
+      case Linear::Kind::kNone:
+        MS_CHECK_MSG(false, "gpu model: linear not loaded");
     }
   }
 
@@ -605,8 +614,8 @@ struct DeepseekV41Gpu::Impl {
     cu::launch_rms_norm(p, stream);
   }
 
-  void rope(float* x, int64_t rows, int heads, int64_t head_dim, const int32_t* pos,
-            RopeKind kind, bool inverse = false) {
+  void rope(float* x, int64_t rows, int heads, int64_t head_dim, const int32_t* pos, RopeKind kind,
+            bool inverse = false) {
     if (rows == 0) return;
     cu::RopeParams p;
     p.x = x;
@@ -672,14 +681,14 @@ struct DeepseekV41Gpu::Impl {
 
   struct Batch {
     std::span<const GpuSequenceInput> in;
-    std::vector<int32_t> start;            // first position per input
-    std::vector<int32_t> chunk_begin;      // first row of each input in the full chunk list
+    std::vector<int32_t> start;                    // first position per input
+    std::vector<int32_t> chunk_begin;              // first row of each input in the full chunk list
     std::vector<std::vector<int64_t>> engram_ids;  // [engram layer][rows * hashes] (chunk rows)
-    std::vector<uint8_t> image;            // per chunk row
+    std::vector<uint8_t> image;                    // per chunk row
     int64_t total = 0;
     RowSet enc, dec;
-    std::map<int32_t, int32_t*> sel;       // index-source layer -> [rows, topk] pool entries
-    int32_t* cand = nullptr;               // [rows, kb * block] candidate entries (seq-local)
+    std::map<int32_t, int32_t*> sel;  // index-source layer -> [rows, topk] pool entries
+    int32_t* cand = nullptr;          // [rows, kb * block] candidate entries (seq-local)
   };
 
   // Builds a row set: rows [row0_s, T_s) of each input; SWA reads floored at floor_s.
@@ -709,9 +718,8 @@ struct DeepseekV41Gpu::Impl {
         s.src_row.push_back(b.chunk_begin[i] + r);
         pos.push_back(p);
         slot.push_back(b.in[i].seq);
-        ring_dst.push_back(last - p >= window
-                               ? -1
-                               : static_cast<int64_t>(b.in[i].seq) * window + p % window);
+        ring_dst.push_back(
+            last - p >= window ? -1 : static_cast<int64_t>(b.in[i].seq) * window + p % window);
         const uint8_t im = b.image[static_cast<size_t>(b.chunk_begin[i] + r)];
         img.push_back(im);
         s.any_image = s.any_image || im != 0;
@@ -752,9 +760,9 @@ struct DeepseekV41Gpu::Impl {
     for (int64_t r = 0; r < n; ++r)
       for (int32_t h = 0; h < hashes; ++h)
         ids[static_cast<size_t>(r * hashes + h)] =
-            random_weights ? static_cast<int64_t>(rng() % static_cast<uint64_t>(L.engram_rows))
-                           : all[static_cast<size_t>(s.src_row[static_cast<size_t>(r)] * hashes +
-                                                     h)];
+            random_weights
+                ? static_cast<int64_t>(rng() % static_cast<uint64_t>(L.engram_rows))
+                : all[static_cast<size_t>(s.src_row[static_cast<size_t>(r)] * hashes + h)];
     const int64_t* dids = upload("engram_ids", ids);
     const int64_t nid = n * hashes;
     cu::EngramGatherParams gp;
@@ -829,7 +837,8 @@ struct DeepseekV41Gpu::Impl {
       p.out = lat + goff * hd;
       cu::launch_compressor(p, stream);
       const int64_t j0 = seqs[static_cast<size_t>(slot)].entries[static_cast<size_t>(l)];
-      for (int64_t g = 0; g < gcount[i]; ++g) gpos.push_back(static_cast<int32_t>((j0 + g) * ratio));
+      for (int64_t g = 0; g < gcount[i]; ++g)
+        gpos.push_back(static_cast<int32_t>((j0 + g) * ratio));
       goff += gcount[i];
     }
     if (groups_total == 0) return;
@@ -911,19 +920,19 @@ struct DeepseekV41Gpu::Impl {
     }
     float* hw = buf<float>("idx_w", n * ih);
     linear(a, d, n, L.idx_wproj, hw, ih);
-    const float scale =
-        static_cast<float>(1.0 / std::sqrt(static_cast<double>(ih)) / std::sqrt(static_cast<double>(id)));
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ih)) /
+                                           std::sqrt(static_cast<double>(id)));
     const size_t key_bytes = c.index_entry_bytes();
     int32_t* sel = buf<int32_t>(fmt::format("sel_{}", l), n * k);
     b.sel[l] = sel;
     int32_t* idx = buf<int32_t>("idx_topk", n * k);
     const bool reindex = info.mode == LayerMode::kReindex;
-    const int64_t ncand =
-        static_cast<int64_t>(c.candidate_topk_blocks) * c.candidate_block_size;
+    const int64_t ncand = static_cast<int64_t>(c.candidate_topk_blocks) * c.candidate_block_size;
     int64_t width = 0;
     for (size_t i = 0; i < b.in.size(); ++i)
-      width = std::max(width, seqs[static_cast<size_t>(b.in[i].seq)].entries[static_cast<size_t>(
-                                  info.kv_owner)]);
+      width = std::max(
+          width,
+          seqs[static_cast<size_t>(b.in[i].seq)].entries[static_cast<size_t>(info.kv_owner)]);
     if (reindex) width = ncand;
     if (width == 0) {
       launch_fill_i32_neg(sel, n * k);
@@ -1205,8 +1214,8 @@ struct DeepseekV41Gpu::Impl {
     for (size_t i = 0; i < inputs.size(); ++i) {
       const GpuSequenceInput& in = inputs[i];
       if (in.seq < 0 || in.seq >= opt.max_seqs || !seqs[static_cast<size_t>(in.seq)].live)
-        return make_error(ErrorCode::kInvalidArgument, "gpu forward: input {}: bad sequence {}",
-                          i, in.seq);
+        return make_error(ErrorCode::kInvalidArgument, "gpu forward: input {}: bad sequence {}", i,
+                          in.seq);
       for (size_t j = 0; j < i; ++j)
         if (inputs[j].seq == in.seq)
           return make_error(ErrorCode::kInvalidArgument, "gpu forward: sequence {} twice", in.seq);
@@ -1245,11 +1254,11 @@ struct DeepseekV41Gpu::Impl {
         ids.resize(static_cast<size_t>(b.total * hashes));
         for (size_t i = 0; i < inputs.size(); ++i) {
           const auto& in = inputs[i];
-          compute_engram_ids(c, c.engram_layers[e], token_map,
-                             seqs[static_cast<size_t>(in.seq)].history, in.tokens, in.is_image,
-                             std::span<int64_t>(ids).subspan(
-                                 static_cast<size_t>(b.chunk_begin[i] * hashes),
-                                 in.tokens.size() * static_cast<size_t>(hashes)));
+          compute_engram_ids(
+              c, c.engram_layers[e], token_map, seqs[static_cast<size_t>(in.seq)].history,
+              in.tokens, in.is_image,
+              std::span<int64_t>(ids).subspan(static_cast<size_t>(b.chunk_begin[i] * hashes),
+                                              in.tokens.size() * static_cast<size_t>(hashes)));
         }
       }
     }
@@ -1259,8 +1268,8 @@ struct DeepseekV41Gpu::Impl {
       const Sequence& sq = seqs[static_cast<size_t>(inputs[i].seq)];
       floor[i] = sq.replay_start;
       if (mode == ForwardMode::kProduction && sq.replay_start > b.start[i])
-        row0[i] = std::min(sq.replay_start - b.start[i],
-                           static_cast<int32_t>(inputs[i].tokens.size()));
+        row0[i] =
+            std::min(sq.replay_start - b.start[i], static_cast<int32_t>(inputs[i].tokens.size()));
     }
     build_set(b, b.enc, zero, zero, "enc");
     build_set(b, b.dec, row0, floor, "dec");
@@ -1473,8 +1482,8 @@ Result<int32_t> DeepseekV41Gpu::new_sequence() {
     if (s.live) continue;
     s = Sequence{};
     s.live = true;
-    s.history.last_ids.assign(
-        static_cast<size_t>(std::max(impl_->c.engram_max_ngram_size - 1, 0)), -1);
+    s.history.last_ids.assign(static_cast<size_t>(std::max(impl_->c.engram_max_ngram_size - 1, 0)),
+                              -1);
     s.entries.assign(static_cast<size_t>(impl_->c.num_hidden_layers), 0);
     return static_cast<int32_t>(i);
   }
@@ -1502,8 +1511,8 @@ void DeepseekV41Gpu::synthetic_fill(int32_t seq, int32_t context, uint64_t seed,
     Layer& L = *m.layers[static_cast<size_t>(l)];
     const LayerInfo& info = c.layer(l);
     // SWA ring: e4m3 codes, ue8m0 scales around 2^-4.
-    cu::launch_fill_records(L.swa_pool.as<uint8_t>() + seq * window * c.swa_row_bytes(), window,
-                            hd, hd / 32, true, 121, 125, seed * 131 + l, m.stream);
+    cu::launch_fill_records(L.swa_pool.as<uint8_t>() + seq * window * c.swa_row_bytes(), window, hd,
+                            hd / 32, true, 121, 125, seed * 131 + l, m.stream);
     if (info.is_kv_source) {
       const int64_t entries = context / info.ratio;
       cu::launch_fill_records(L.main_pool.as<uint8_t>() + seq * L.cap * c.main_entry_bytes(),

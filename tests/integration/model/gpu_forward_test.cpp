@@ -140,8 +140,8 @@ double greedy_case(bool exact_linears, double tolerance) {
     // logits, on both sides (the first chunks here).
     size_t row = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {
-      const bool gpu_has = row < out->logit_inputs.size() &&
-                           out->logit_inputs[row] == static_cast<int32_t>(i);
+      const bool gpu_has =
+          row < out->logit_inputs.size() && out->logit_inputs[row] == static_cast<int32_t>(i);
       EXPECT_EQ(gpu_has, !cs[i].last.empty()) << "prefill chunk " << chunk << " seq " << i;
       if (!gpu_has) continue;
       const double d = rel_diff(cs[i].last, out->logits.data() + row * v, v);
@@ -153,7 +153,8 @@ double greedy_case(bool exact_linears, double tolerance) {
   }
   // 64 greedy decode steps, both sequences in one GPU batch; each side feeds its own tokens.
   std::vector<int32_t> cpu_next(prompts.size()), gpu_next(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) cpu_next[i] = gpu_next[i] = argmax(cs[i].last.data(), v);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    cpu_next[i] = gpu_next[i] = argmax(cs[i].last.data(), v);
   int mismatched_steps = 0;
   for (int step = 0; step < 64; ++step) {
     std::vector<GpuSequenceInput> gin;
@@ -281,7 +282,8 @@ TEST(GpuForward, ExactLinearsLayerTrace) {
       std::sort(b.begin(), b.end());
       if (a != b) {
         if (differ < 3)
-          fmt::print("layer {} row {}: cpu {} gpu {}\n", l, r, fmt::join(a, ","), fmt::join(b, ","));
+          fmt::print("layer {} row {}: cpu {} gpu {}\n", l, r, fmt::join(a, ","),
+                     fmt::join(b, ","));
         ++differ;
       }
     }
