@@ -998,6 +998,14 @@ struct DeepseekV41Gpu::Impl {
     cu::launch_resolve_selection(idx, reindex ? b.cand : nullptr, ncand, s.row_slot.as<int64_t>(),
                                  owner.cap, n, k, sel, stream);
     if (opt.trace) {
+      std::vector<float>& sv = trace.scores[l];
+      sv.resize(static_cast<size_t>(n * width));
+      cu::copy_d2h(sv.data(), scores, sv.size() * 4, stream);
+      trace.score_width[l] = width;
+      if (info.is_candidate_source) {
+        trace.candidates.resize(static_cast<size_t>(n * ncand));
+        cu::copy_d2h(trace.candidates.data(), b.cand, trace.candidates.size() * 4, stream);
+      }
       std::vector<int32_t>& v = trace.selected[l];
       v.resize(static_cast<size_t>(n * k));
       cu::copy_d2h(v.data(), sel, v.size() * 4, stream);

@@ -56,6 +56,9 @@ struct GpuForwardTrace {
   std::map<int32_t, std::vector<float>> attn_in;
   std::map<int32_t, std::vector<float>> layer_out;
   std::map<int32_t, std::vector<int32_t>> selected;  // index sources: [rows, index_topk] entries
+  std::map<int32_t, std::vector<float>> scores;      // index sources: [rows, width] scores
+  std::map<int32_t, int64_t> score_width;            // columns of scores[l]
+  std::vector<int32_t> candidates;                   // [rows, blocks * block] (seq-local ids)
 };
 
 // `count` layers spread over the backbone plus every owner they need (ascending).
