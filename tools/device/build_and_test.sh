@@ -107,9 +107,9 @@ step_test() {
   "$build/tests/backend_ops/cuda_ops" --gtest_output="json:$out/cuda_ops.json" || status=$?
   "$build/tests/backend_ops/cuda_v41_ops" --gtest_output="json:$out/cuda_v41_ops.json" || status=$?
   "$build/tests/backend_ops/backend_ops" --gtest_output="json:$out/backend_ops.json" || status=$?
-  # The GPU forward against the CPU forward (tiny model, 64 greedy decode steps).
-  "$build/tests/integration/model/integration_model_gpu_forward_test" \
-    --gtest_output="json:$out/gpu_forward.json" | tee "$out/gpu_forward.log" || status=$?
+  # The GPU forward against the CPU forward (tiny model); its output goes to the main log only
+  # (the device tool returns at most 8 files from OUT).
+  "$build/tests/integration/model/integration_model_gpu_forward_test" || status=$?
   ctest --test-dir "$build" -L gpu -E integration_model_gpu_forward_test --output-on-failure || status=$?
   if command -v compute-sanitizer >/dev/null; then
     timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/backend_ops/cuda_ops" \
