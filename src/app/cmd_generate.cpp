@@ -43,6 +43,9 @@ struct GenerateOptions {
   float temperature = 0.0f;
   int64_t seed = -1;
   size_t kv_cache_memory_bytes = size_t{256} << 20;
+  int32_t block_size = 256;
+  int32_t prefix_replay_tokens = 0;
+  bool enable_prefix_caching = true;
 };
 
 // Text prompts through the engine: one EngineCore, all prompts submitted at once so they are
@@ -68,6 +71,9 @@ Result<std::vector<std::string>> generate_text(const GenerateOptions& opt) {
   MS_ASSIGN_OR_RETURN(arch::ForwardMode mode, arch::forward_mode_from_name(opt.mode));
   engine::EngineOptions eo;
   eo.kv_cache_memory_bytes = opt.kv_cache_memory_bytes;
+  eo.block_tokens = opt.block_size;
+  eo.prefix_replay_tokens = opt.prefix_replay_tokens;
+  eo.enable_prefix_caching = opt.enable_prefix_caching;
   eo.max_num_seqs = std::max<int32_t>(1, static_cast<int32_t>(prompts.size()));
   MS_ASSIGN_OR_RETURN(engine::EngineSizing sizing, engine::size_engine(lm->config(), eo));
   auto forward = std::make_unique<runtime::CausalLmForwardModel>(std::move(lm), mode);
@@ -171,6 +177,13 @@ void register_generate_command(CLI::App& app) {
   cmd->add_option("--seed", opt->seed, "text mode: per-request seed (-1: none)");
   cmd->add_option("--kv-cache-memory-bytes", opt->kv_cache_memory_bytes, "text mode: KV budget")
       ->capture_default_str();
+  cmd->add_option("--block-size", opt->block_size, "text mode: tokens per prefix-cache block")
+      ->capture_default_str();
+  cmd->add_option("--prefix-replay-tokens", opt->prefix_replay_tokens,
+                  "text mode: tokens replayed before a prefix hit (0: the sliding window)")
+      ->capture_default_str();
+  cmd->add_flag("!--no-enable-prefix-caching", opt->enable_prefix_caching,
+                "text mode: turn the prefix cache off");
   cmd->add_option("--max-tokens", opt->max_tokens, "tokens to generate")->capture_default_str();
   cmd->add_option("--mode", opt->mode, "oracle|production (bounded replay)")->capture_default_str();
   cmd->add_option("--chunk-size", opt->chunk_size, "prefill chunk size (0: whole prompt)")

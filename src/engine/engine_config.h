@@ -23,6 +23,11 @@ struct EngineOptions {
   double kv_cache_memory_fraction = 0.9;  // of `available_memory_bytes`
   size_t available_memory_bytes = 0;      // free device/host memory after weights
   bool enable_prefix_caching = true;
+  int32_t block_tokens = kv::kBlockTokens;  // --block-size: tokens per prefix-cache block
+  // --prefix-replay-tokens: tokens replayed before a prefix hit to rebuild the SWA rings
+  // (model.md §2.6); 0 = the model's sliding_window. Longer is closer to a miss, up to exact when
+  // it covers the hit.
+  int32_t prefix_replay_tokens = 0;
   bool async_scheduling = false;
 };
 

@@ -36,7 +36,12 @@ EngineCore::EngineCore(const EngineCoreConfig& config,
       executor_(std::move(executor)),
       detokenizer_factory_(std::move(detokenizer)),
       scheduler_(config.scheduler, config.kv),
-      worker_(executor_.get(), config.async_scheduling) {}
+      worker_(executor_.get(), config.async_scheduling) {
+  // The executor allocates the cache memory behind the pools the scheduler hands out.
+  const Status kv_status = executor_->initialize_kv_cache(config.kv);
+  MS_CHECK_MSG(kv_status.has_value(), "KV cache initialisation failed: {}",
+               kv_status.error().to_string());
+}
 
 EngineCore::~EngineCore() {
   // Let in-flight steps finish before the worker and executor go away.
@@ -65,7 +70,8 @@ Result<RequestId> EngineCore::add_request(EngineRequest req) {
   if (detokenizer_factory_) st.detokenizer = detokenizer_factory_(req.prompt_token_ids);
   auto request =
       std::make_unique<sched::Request>(id, std::move(req.prompt_token_ids), std::move(req.params),
-                                       config_.eos_token_id, std::move(req.cache_salt));
+                                       config_.eos_token_id, std::move(req.cache_salt),
+                                       /*arrival_time=*/0.0, config_.kv.block_tokens);
   MS_RETURN_IF_ERROR(scheduler_.add_request(std::move(request)));
   streams_.emplace(id, std::move(st));
   return id;
@@ -214,6 +220,9 @@ Result<std::vector<RequestOutput>> EngineCore::step() {
   if (!result) return tl::unexpected(result.error());
   std::vector<sched::RequestUpdate> updates = scheduler_.update_from_output(*oldest.step, *result);
   process_updates(updates, out);
+  const kv::KvResidencySamples residency = scheduler_.kv().take_residency_samples();
+  metrics_.observe_kv_residency(residency.lifetime, residency.idle_before_evict,
+                                residency.reuse_gap);
   const sched::SchedulerStats s = scheduler_.stats();
   metrics_.set_scheduler_state(s.num_running, s.num_waiting, s.kv_usage, s.prefix_cache_queries,
                                s.prefix_cache_hits, s.num_preemptions);

@@ -11,6 +11,10 @@ std::vector<double> latency_buckets() {
   return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,
           0.75,  1.0,   2.5,  5.0,  7.5,  10.0, 20.0, 40.0, 80.0};
 }
+// Block residency spans milliseconds (a hot prefix) to hours (a long-idle session).
+std::vector<double> residency_buckets() {
+  return {0.001, 0.01, 0.1, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0};
+}
 std::vector<double> token_buckets() {
   return {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000};
 }
@@ -50,7 +54,20 @@ EngineMetrics::EngineMetrics()
       request_prefill_time_(latency_buckets()),
       request_decode_time_(latency_buckets()),
       request_prompt_tokens_(token_buckets()),
-      request_generation_tokens_(token_buckets()) {}
+      request_generation_tokens_(token_buckets()),
+      kv_block_lifetime_(residency_buckets()),
+      kv_block_idle_before_evict_(residency_buckets()),
+      kv_block_reuse_gap_(residency_buckets()) {}
+
+void EngineMetrics::observe_kv_residency(const std::vector<double>& lifetime,
+                                         const std::vector<double>& idle_before_evict,
+                                         const std::vector<double>& reuse_gap) {
+  if (lifetime.empty() && idle_before_evict.empty() && reuse_gap.empty()) return;
+  std::lock_guard lock(mu_);
+  for (double v : lifetime) kv_block_lifetime_.observe(v);
+  for (double v : idle_before_evict) kv_block_idle_before_evict_.observe(v);
+  for (double v : reuse_gap) kv_block_reuse_gap_.observe(v);
+}
 
 void EngineMetrics::set_scheduler_state(int64_t running, int64_t waiting, double kv_usage,
                                         int64_t pc_queries, int64_t pc_hits, int64_t preemptions) {
@@ -143,6 +160,13 @@ std::string EngineMetrics::render_prometheus(const std::string& model_name) cons
                    request_prompt_tokens_);
   render_histogram(out, "moeserve:request_generation_tokens", "Generated tokens per request.",
                    labels, request_generation_tokens_);
+  render_histogram(out, "moeserve:kv_block_lifetime_seconds",
+                   "Cached KV block: fill to eviction.", labels, kv_block_lifetime_);
+  render_histogram(out, "moeserve:kv_block_idle_before_evict_seconds",
+                   "Cached KV block: last access to eviction.", labels, kv_block_idle_before_evict_);
+  render_histogram(out, "moeserve:kv_block_reuse_gap_seconds",
+                   "Cached KV block: time between accesses (prefix hits).", labels,
+                   kv_block_reuse_gap_);
   return out;
 }
 

@@ -58,6 +58,11 @@ class EngineMetrics {
   void record_finished(const FinishedRequest& r);
   void observe_inter_token_latency(double seconds);
   void observe_ttft(double seconds);
+  // KV residency of cached blocks (kv_block_lifetime_seconds, kv_block_idle_before_evict_seconds,
+  // kv_block_reuse_gap_seconds), from kv::BlockPool::take_residency_samples.
+  void observe_kv_residency(const std::vector<double>& lifetime,
+                            const std::vector<double>& idle_before_evict,
+                            const std::vector<double>& reuse_gap);
 
   [[nodiscard]] MetricsSnapshot snapshot() const;
   [[nodiscard]] std::string render_prometheus(const std::string& model_name) const;
@@ -73,6 +78,9 @@ class EngineMetrics {
   Histogram request_decode_time_;
   Histogram request_prompt_tokens_;
   Histogram request_generation_tokens_;
+  Histogram kv_block_lifetime_;
+  Histogram kv_block_idle_before_evict_;
+  Histogram kv_block_reuse_gap_;
 };
 
 }  // namespace moeserve::engine

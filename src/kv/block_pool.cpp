@@ -1,5 +1,7 @@
 #include "kv/block_pool.h"
 
+#include <chrono>
+
 #include "common/check.h"
 
 namespace moeserve::kv {
@@ -82,32 +84,62 @@ void BlockPool::evict_hash(KvBlock& block) {
   block.hash = BlockHash{};
 }
 
+double BlockPool::now() const {
+  if (clock_) return clock_();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 void BlockPool::get_new_blocks(int32_t n, std::vector<int32_t>& out) {
   MS_CHECK_LE(n, num_free_blocks());
+  if (n <= 0) return;
+  const double t = now();
   for (int32_t i = 0; i < n; ++i) {
     const int32_t id = free_queue_.pop_front();
     KvBlock& b = blocks_[static_cast<size_t>(id)];
     MS_DCHECK(b.ref_cnt == 0);
+    if (b.has_hash) {
+      // A cached block loses its contents: that ends its residency.
+      residency_.lifetime.push_back(t - b.filled_at);
+      residency_.idle_before_evict.push_back(t - b.last_access);
+    }
     evict_hash(b);
     b.ref_cnt = 1;
+    b.filled_at = t;
+    b.last_access = t;
     out.push_back(id);
   }
 }
 
 void BlockPool::touch(std::span<const int32_t> block_ids) {
+  if (block_ids.empty()) return;
+  const double t = now();
   for (int32_t id : block_ids) {
     KvBlock& b = blocks_[static_cast<size_t>(id)];
     if (b.ref_cnt == 0) free_queue_.remove(id);
     ++b.ref_cnt;
+    if (b.last_access >= 0.0) residency_.reuse_gap.push_back(t - b.last_access);
+    b.last_access = t;
   }
 }
 
 void BlockPool::free_blocks(std::span<const int32_t> block_ids) {
+  if (block_ids.empty()) return;
+  const double t = now();
   for (int32_t id : block_ids) {
     KvBlock& b = blocks_[static_cast<size_t>(id)];
     MS_CHECK_MSG(b.ref_cnt > 0, "double free of block {}", id);
-    if (--b.ref_cnt == 0) free_queue_.push_back(id);
+    if (--b.ref_cnt == 0) {
+      free_queue_.push_back(id);
+      b.last_access = t;
+    }
   }
+}
+
+KvResidencySamples BlockPool::take_residency_samples() {
+  KvResidencySamples out;
+  std::swap(out, residency_);
+  return out;
 }
 
 bool BlockPool::cache_block(int32_t block_id, const BlockHash& hash) {

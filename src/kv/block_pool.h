@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -25,6 +26,19 @@ struct KvBlock {
   int32_t prev_free = -1;
   int32_t next_free = -1;
   bool in_free_queue = false;
+  // Residency clock readings (seconds; -1 = never): when the block got its current contents and
+  // when a request last took or released it.
+  double filled_at = -1.0;
+  double last_access = -1.0;
+};
+
+// Residency samples of cached blocks (serving.md §4.12, KV residency), in seconds:
+// lifetime = eviction - fill; idle_before_evict = eviction - last access; reuse_gap = a prefix
+// hit's time since the block's previous access.
+struct KvResidencySamples {
+  std::vector<double> lifetime;
+  std::vector<double> idle_before_evict;
+  std::vector<double> reuse_gap;
 };
 
 // Doubly-linked list of free blocks threaded through KvBlock; every operation is O(1).
@@ -75,6 +89,10 @@ class BlockPool {
 
   // Moves the pending stored/removed events out.
   [[nodiscard]] std::vector<KvEvent> take_events();
+  // Moves the residency samples gathered since the last call out.
+  [[nodiscard]] KvResidencySamples take_residency_samples();
+  // The residency clock (seconds, monotonic); default: steady_clock. Tests inject their own.
+  void set_clock(std::function<double()> clock) { clock_ = std::move(clock); }
   void set_emit_events(bool on) { emit_events_ = on; }
 
   // `expected_refs[i]`: how many block tables hold block i. Checks every invariant above.
@@ -82,6 +100,7 @@ class BlockPool {
 
  private:
   void evict_hash(KvBlock& block);
+  [[nodiscard]] double now() const;
 
   std::vector<KvBlock> blocks_;
   FreeBlockQueue free_queue_;
@@ -89,6 +108,8 @@ class BlockPool {
   bool emit_events_ = true;
   std::unordered_map<BlockHash, int32_t, BlockHashHasher> cached_;
   std::vector<KvEvent> events_;
+  std::function<double()> clock_;
+  KvResidencySamples residency_;
 };
 
 }  // namespace moeserve::kv

@@ -77,6 +77,10 @@ class KvCacheManager {
   [[nodiscard]] const BlockPool& global_pool() const { return global_; }
 
   [[nodiscard]] std::vector<KvEvent> take_events() { return global_.take_events(); }
+  [[nodiscard]] KvResidencySamples take_residency_samples() {
+    return global_.take_residency_samples();
+  }
+  void set_clock(std::function<double()> clock) { global_.set_clock(std::move(clock)); }
   [[nodiscard]] Status check_invariants() const;
 
  private:

@@ -1,5 +1,7 @@
 #include "kv/kv_layout.h"
 
+#include <numeric>
+
 #include "common/check.h"
 #include "kv/block_hash.h"
 
@@ -39,12 +41,13 @@ size_t KvLayout::state_slot_bytes() const {
   return total;
 }
 
-KvLayout KvLayout::from_model_config(const ModelConfig& config) {
+KvLayout KvLayout::from_model_config(const ModelConfig& config, int32_t block_tokens) {
   KvLayout layout;
   for (int32_t l : config.kv_source_layer_ids) {
     const int32_t ratio = config.compress_ratios[static_cast<size_t>(l)];
-    MS_CHECK_MSG(ratio > 0 && kBlockTokens % ratio == 0, "layer {} ratio {}", l, ratio);
-    const int32_t entries = kBlockTokens / ratio;
+    MS_CHECK_MSG(ratio > 0 && block_tokens % ratio == 0, "layer {} ratio {} vs block {}", l, ratio,
+                 block_tokens);
+    const int32_t entries = block_tokens / ratio;
     const size_t main_b = config.main_entry_bytes();
     const size_t index_b = config.index_entry_bytes();
     layout.kinds.push_back({CacheKind::kGlobalMain, CacheGroup::kGlobal, l, entries, main_b,
@@ -64,9 +67,10 @@ KvLayout KvLayout::from_model_config(const ModelConfig& config) {
     layout.kinds.push_back({CacheKind::kCompressorState, CacheGroup::kState, l, 0, bytes, bytes});
   }
   if (config.num_nextn_predict_layers > 0) {
-    const size_t row = config.dspark_target_layer_ids.size() *
-                       static_cast<size_t>(config.hidden_size) * 2;  // bf16 taps
-    layout.kinds.push_back({CacheKind::kDsparkRing, CacheGroup::kState, -1, 0, row, row * window});
+    // One context ring per draft stage, rows in the SWA format (model.md §6.1).
+    const size_t row = config.swa_row_bytes();
+    layout.kinds.push_back({CacheKind::kDsparkRing, CacheGroup::kState, -1, 0, row,
+                            row * window * static_cast<size_t>(config.num_nextn_predict_layers)});
   }
   if (!config.engram_layer_ids.empty()) {
     const size_t bytes = static_cast<size_t>(config.engram_max_ngram_size - 1) * sizeof(int32_t);
@@ -74,6 +78,24 @@ KvLayout KvLayout::from_model_config(const ModelConfig& config) {
         {CacheKind::kEngramHistory, CacheGroup::kState, -1, 0, sizeof(int32_t), bytes});
   }
   return layout;
+}
+
+Result<int32_t> check_block_tokens(const ModelConfig& config, int32_t block_tokens) {
+  if (block_tokens <= 0) {
+    return make_error(ErrorCode::kInvalidArgument, "--block-size must be > 0, got {}",
+                      block_tokens);
+  }
+  int32_t align = 1;
+  for (int32_t l : config.kv_source_layer_ids) {
+    const int32_t ratio = config.compress_ratios[static_cast<size_t>(l)];
+    if (ratio <= 0 || block_tokens % ratio != 0) {
+      return make_error(ErrorCode::kInvalidArgument,
+                        "--block-size {} is not a multiple of layer {}'s compression ratio {}",
+                        block_tokens, l, ratio);
+    }
+    align = std::lcm(align, ratio);
+  }
+  return align;
 }
 
 KvLayout KvLayout::uniform(size_t global_block_bytes, size_t state_slot_bytes) {

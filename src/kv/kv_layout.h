@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "kv/block_hash.h"
 #include "model/config.h"
 
 namespace moeserve::kv {
@@ -22,7 +23,7 @@ enum class CacheKind : uint8_t {
   kGlobalIndex,      // FP4 index keys, 68 B each (ID 128)
   kSwaRing,          // FP8 window rows of every layer, W × 528 B per layer
   kCompressorState,  // FP32 partial group (kvc, gate) of a ratio>1 KV-source layer
-  kDsparkRing,       // DSpark main_hidden taps over the window (bf16)
+  kDsparkRing,       // DSpark context rings, one per draft stage (SWA row format)
   kEngramHistory,    // last max_ngram-1 token ids
 };
 [[nodiscard]] const char* cache_kind_name(CacheKind kind);
@@ -44,10 +45,16 @@ struct KvLayout {
   // Bytes one request's state slot costs across every state kind.
   [[nodiscard]] size_t state_slot_bytes() const;
 
-  [[nodiscard]] static KvLayout from_model_config(const ModelConfig& config);
+  // `block_tokens`: tokens per logical block (a multiple of every compression ratio).
+  [[nodiscard]] static KvLayout from_model_config(const ModelConfig& config,
+                                                  int32_t block_tokens = kBlockTokens);
   // Tests and benches without a model: one global and one state kind of the given sizes.
   [[nodiscard]] static KvLayout uniform(size_t global_block_bytes, size_t state_slot_bytes);
 };
+
+// Checks that `block_tokens` is a positive multiple of every KV-source layer's compression ratio
+// and returns the lcm of those ratios (the alignment a replay start needs).
+[[nodiscard]] Result<int32_t> check_block_tokens(const ModelConfig& config, int32_t block_tokens);
 
 struct KvMemoryPlan {
   int32_t num_global_blocks = 0;

@@ -7,7 +7,9 @@
 #include <span>
 #include <vector>
 
+#include "common/result.h"
 #include "kv/block_hash.h"
+#include "kv/kv_cache_manager.h"
 #include "sched/request.h"
 
 namespace moeserve::runtime {
@@ -52,6 +54,11 @@ class ForwardModel {
   [[nodiscard]] virtual Status forward(const BatchMetadata& batch, std::span<float> logits) = 0;
   // The request left the batch (finished, aborted or preempted): its state slot is no longer its.
   virtual void release_request(sched::RequestId /*id*/) {}
+  // Called once before the first step with the pools the KV manager hands out (block ids index
+  // `num_global_blocks`, state slots `num_state_slots`): allocate the cache memory here.
+  [[nodiscard]] virtual Status initialize_kv_cache(const kv::KvCacheConfig& /*config*/) {
+    return ok_status();
+  }
 };
 
 }  // namespace moeserve::runtime

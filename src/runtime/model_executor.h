@@ -5,6 +5,7 @@
 #pragma once
 
 #include "common/result.h"
+#include "kv/kv_cache_manager.h"
 #include "sched/scheduler_output.h"
 
 namespace moeserve::runtime {
@@ -14,6 +15,10 @@ class ModelExecutor {
   virtual ~ModelExecutor() = default;
   [[nodiscard]] virtual Result<sched::ModelRunnerOutput> execute(
       const sched::SchedulerOutput& scheduled) = 0;
+  // Allocates the KV cache memory for the pools of `config` (before the first step).
+  [[nodiscard]] virtual Status initialize_kv_cache(const kv::KvCacheConfig& /*config*/) {
+    return ok_status();
+  }
 };
 
 }  // namespace moeserve::runtime

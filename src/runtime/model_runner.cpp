@@ -9,6 +9,11 @@ ModelRunner::ModelRunner(std::unique_ptr<ForwardModel> model, uint64_t sampler_s
   MS_CHECK(model_ != nullptr);
 }
 
+Status ModelRunner::initialize_kv_cache(const kv::KvCacheConfig& config) {
+  batch_.block_tokens = config.block_tokens;
+  return model_->initialize_kv_cache(config);
+}
+
 void ModelRunner::drop(sched::RequestId id) {
   if (requests_.erase(id) != 0) model_->release_request(id);
 }

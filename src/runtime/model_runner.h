@@ -19,6 +19,7 @@ class ModelRunner final : public ModelExecutor {
 
   [[nodiscard]] Result<sched::ModelRunnerOutput> execute(
       const sched::SchedulerOutput& scheduled) override;
+  [[nodiscard]] Status initialize_kv_cache(const kv::KvCacheConfig& config) override;
 
   // Applies the request bookkeeping of `scheduled` and fills `batch` (no forward, no sampling).
   // Exposed for the scheduler benchmark.

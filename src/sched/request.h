@@ -23,7 +23,8 @@ enum class FinishReason : uint8_t { kNone, kStop, kLength, kAbort, kError };
 class Request {
  public:
   Request(RequestId id, std::vector<int32_t> prompt_token_ids, SamplingParams params,
-          int32_t eos_token_id, std::string cache_salt = {}, double arrival_time = 0.0);
+          int32_t eos_token_id, std::string cache_salt = {}, double arrival_time = 0.0,
+          int32_t block_tokens = kv::kBlockTokens);
 
   [[nodiscard]] RequestId id() const { return id_; }
   [[nodiscard]] const SamplingParams& params() const { return params_; }
@@ -62,6 +63,7 @@ class Request {
   int32_t num_prompt_tokens_;
   std::vector<int32_t> all_token_ids_;
   std::vector<kv::BlockHash> block_hashes_;
+  int32_t block_tokens_ = kv::kBlockTokens;  // prefix-cache block size the hashes are over
 };
 
 }  // namespace moeserve::sched

@@ -155,7 +155,9 @@ SchedulerOutput Scheduler::schedule() {
     kv::PrefixHit hit = kv_.find_prefix_hit(r.block_hashes(), r.num_tokens());
     // A hit of C tokens restarts computation at C - W: those tokens are replayed (encoder only)
     // to rebuild the SWA rings, which are not prefix-cached.
-    const int32_t replay = std::min(hit.num_tokens, config_.replay_window);
+    const int32_t align = std::max(1, config_.replay_align);
+    const int32_t window = (config_.replay_window + align - 1) / align * align;
+    const int32_t replay = std::min(hit.num_tokens, window);
     const int32_t start = hit.num_tokens - replay;
     int32_t n = r.num_tokens() - start;
     if (config_.long_prefill_token_threshold > 0) {

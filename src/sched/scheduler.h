@@ -25,6 +25,9 @@ struct SchedulerConfig {
   int32_t max_model_len = 1 << 20;
   // Encoder replay window after a prefix hit (model.md §2.6): the model's sliding_window. 0: none.
   int32_t replay_window = 128;
+  // The replay start is a multiple of this (the lcm of the compression ratios, so no compressor
+  // group is split; model.md §2.6).
+  int32_t replay_align = 1;
   int32_t num_lookahead_tokens = 0;  // KV room reserved for speculative tokens
 };
 

@@ -61,6 +61,11 @@ class CausalLm {
   // One step over a batch of sequences; each input advances its own state by its tokens.
   [[nodiscard]] virtual Result<std::vector<SequenceOutput>> forward(
       std::span<const SequenceInput> inputs, ForwardMode mode) = 0;
+  // After a prefix-cache hit: brings the per-request history that is not kept in the KV pools
+  // (V4.1: the Engram n-gram history) to the end of `prefix`, the tokens before
+  // state.num_tokens(). Text tokens only.
+  virtual void restore_history(SequenceState& /*state*/,
+                               std::span<const int32_t> /*prefix*/) const {}
   // Bytes of weights one decode token reads (the CPU roofline's numerator).
   [[nodiscard]] virtual double weight_bytes_per_decode_token() const = 0;
   // true (default): batch-invariant reference GEMM; false: the backend's fast GEMM.

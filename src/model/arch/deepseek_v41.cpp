@@ -95,6 +95,16 @@ Result<std::vector<SequenceOutput>> DeepseekV41Model::forward(std::span<const Se
   return outputs;
 }
 
+void DeepseekV41Model::restore_history(SequenceState& state,
+                                       std::span<const int32_t> prefix) const {
+  // The n-gram history only needs the last max_ngram-1 ids; the position count is the prefix's.
+  EngramHistory& h = state.engram_history();
+  const size_t keep = std::min(prefix.size(), h.last_ids.size());
+  std::fill(h.last_ids.begin(), h.last_ids.end(), -1);
+  h.num_tokens = static_cast<int64_t>(prefix.size() - keep);
+  advance_engram_history(config_, token_map_, prefix.last(keep), {}, h);
+}
+
 Result<SequenceOutput> DeepseekV41Model::forward_one(const SequenceInput& in, ForwardMode mode) {
   const ModelConfig& c = config_;
   if (in.state == nullptr) return make_error(ErrorCode::kInvalidArgument, "forward: no state");
@@ -346,6 +356,8 @@ void DeepseekV41Model::compress(Chunk& ch, int32_t l, std::span<const float> a) 
   std::vector<uint8_t> main_bytes(geo.main_entry_bytes), index_bytes(geo.index_key_bytes);
   for (int64_t gi = 0; gi < groups; ++gi) {
     const int64_t j = group_ids[static_cast<size_t>(gi)];
+    // Encoder replay after a prefix hit: the cached entry of this group is kept (read-only).
+    if (j < state.num_global_entries(l)) continue;
     MS_CHECK_EQ(j, state.num_global_entries(l));
     const int64_t rope_pos = j * ratio;  // group j's RoPE position = its first token
     float* lat = latents.data() + gi * hd;
@@ -492,7 +504,8 @@ std::vector<float> DeepseekV41Model::attention(Chunk& ch, int32_t l, std::span<c
 
   // Attention per query row over [SWA window ∪ selected global entries].
   const bool decoder = l >= c.decoder_start_layer();
-  const int32_t floor = decoder ? ch.replay_start : 0;
+  const int32_t floor =
+      decoder ? std::max(ch.replay_start, state.swa_floor()) : state.swa_floor();
   const int32_t first_current_pos = ch.pos(0);
   std::vector<float> o(static_cast<size_t>(n * heads * hd));
   std::vector<float> keys;
@@ -501,8 +514,8 @@ std::vector<float> DeepseekV41Model::attention(Chunk& ch, int32_t l, std::span<c
   for (int64_t r = 0; r < n; ++r) {
     const int32_t p = ch.pos(r);
     keys.clear();
-    // NOTE: production decoder layers never computed rows before replay_start: their SWA reads
-    // are floored there (§2.6).
+    // NOTE: production decoder layers never computed rows before replay_start, and after a prefix
+    // hit no layer has rows before swa_floor: SWA reads are floored there (§2.6).
     for (int32_t kp = std::max({0, p - static_cast<int32_t>(window) + 1, floor}); kp <= p; ++kp) {
       const size_t at = keys.size();
       keys.resize(at + static_cast<size_t>(hd));

@@ -52,6 +52,7 @@ class DeepseekV41Model final : public CausalLm {
   // false: linears use the backend's fast GEMM (results then depend on the batch shape).
   void set_batch_invariant(bool on) override { ops_.batch_invariant = on; }
   [[nodiscard]] std::unique_ptr<SequenceState> new_state() const override;
+  void restore_history(SequenceState& state, std::span<const int32_t> prefix) const override;
   // Replaces the Engram compressed-token map (default: identity, valid for the tiny model).
   void set_token_map(EngramTokenMap map) { token_map_ = std::move(map); }
 

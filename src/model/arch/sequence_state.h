@@ -53,6 +53,10 @@ class SequenceState {
   // decoder SWA reads are floored here. 0 in oracle mode.
   [[nodiscard]] virtual int32_t replay_start() const = 0;
   virtual void set_replay_start(int32_t pos) = 0;
+  // First position with SWA rows in this state: after a prefix-cache hit the rings are rebuilt by
+  // replaying from here (encoder bounded replay, §2.6) and every SWA read is floored here. Global
+  // entries that already exist when the forward reaches their group are left as they are.
+  [[nodiscard]] virtual int32_t swa_floor() const { return 0; }
 
   // SWA ring row of backbone layer `layer` for absolute position `pos`.
   [[nodiscard]] virtual std::span<uint8_t> swa_row(int32_t layer, int32_t pos) = 0;

@@ -25,4 +25,9 @@ if out=$("$bin" generate --model "$dir/missing" --prompt hi 2>&1); then echo "mi
 grep -q "missing" <<<"$out" || { echo "error does not name the folder: $out"; exit 1; }
 if out=$("$bin" generate --model "$dir/m" --prompts-file "$dir/none.txt" 2>&1); then echo "missing file accepted"; exit 1; fi
 grep -q "none.txt" <<<"$out" || { echo "error does not name the file: $out"; exit 1; }
+if out=$("$bin" generate --model "$dir/m" --prompt hi --block-size 15 2>&1); then echo "odd block accepted"; exit 1; fi
+grep -q -- "--block-size 15 is not a multiple" <<<"$out" || { echo "unclear block-size error: $out"; exit 1; }
+# Small blocks: the second prompt extends the first, so it hits the cache; outputs stay valid.
+small=$("$bin" --log-level error generate --model "$dir/m" --prompt "To be, or not to be" --block-size 4 --max-tokens 8)
+[ -n "$small" ] || { echo "empty completion with --block-size 4"; exit 1; }
 echo "generate_text: ok"

@@ -92,3 +92,48 @@ TEST(BlockPool, RandomOpsKeepInvariants) {
 
 }  // namespace
 }  // namespace moeserve::kv
+
+namespace moeserve::kv {
+namespace {
+
+// Residency samples with an injected clock: fill at 1, release at 3, hit at 7 (gap 4), release
+// at 8, evicted by a new allocation at 20 (lifetime 19, idle 12). Uncached blocks never sample.
+TEST(BlockPoolResidency, LifetimeIdleAndReuseGapFollowTheClock) {
+  BlockPool pool(2, /*enable_caching=*/true);
+  double t = 1.0;
+  pool.set_clock([&t] { return t; });
+  std::vector<int32_t> ids;
+  pool.get_new_blocks(1, ids);
+  const int32_t cached_id = ids[0];
+  ASSERT_TRUE(pool.cache_block(cached_id, BlockHash{42, 7}));
+  t = 3.0;
+  pool.free_blocks(ids);
+  t = 7.0;
+  pool.touch(ids);
+  t = 8.0;
+  pool.free_blocks(ids);
+  // cached_id was released last, so the never-cached block is at the front of the free queue and
+  // is taken without a residency sample.
+  std::vector<int32_t> first;
+  t = 10.0;
+  pool.get_new_blocks(1, first);
+  ASSERT_NE(first[0], cached_id);
+  KvResidencySamples s = pool.take_residency_samples();
+  EXPECT_TRUE(s.lifetime.empty());
+  ASSERT_EQ(s.reuse_gap.size(), 1u);
+  EXPECT_DOUBLE_EQ(s.reuse_gap[0], 4.0);
+  t = 20.0;
+  std::vector<int32_t> second;
+  pool.get_new_blocks(1, second);
+  ASSERT_EQ(second[0], cached_id);
+  s = pool.take_residency_samples();
+  ASSERT_EQ(s.lifetime.size(), 1u);
+  EXPECT_DOUBLE_EQ(s.lifetime[0], 19.0);
+  ASSERT_EQ(s.idle_before_evict.size(), 1u);
+  EXPECT_DOUBLE_EQ(s.idle_before_evict[0], 12.0);
+  EXPECT_TRUE(s.reuse_gap.empty());
+  EXPECT_FALSE(pool.lookup(BlockHash{42, 7}).has_value());
+}
+
+}  // namespace
+}  // namespace moeserve::kv
