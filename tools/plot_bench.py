@@ -52,11 +52,15 @@ def pareto(points):
     return sorted(keep, key=lambda i: points[i][0])
 
 
+NOTE = ""  # --note: an extra title line (hardware, build, caveats)
+
+
 def title_suffix(runs):
     c = runs[0]["cfg"]
     wl = f"trace {os.path.basename(c['trace'])}" if c.get("workload") == "trace" else \
         f"random ISL {c.get('isl')} / OSL {c.get('osl')}"
-    return f"{c.get('model', '')} — {wl} — {c.get('num_gpus', 1)} GPU(s)"
+    s = f"{c.get('model', '')} — {wl} — {c.get('num_gpus', 1)} GPU(s)"
+    return s + ("\n" + NOTE if NOTE else "")
 
 
 def plot_pareto(runs, out):
@@ -121,7 +125,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("results", nargs="+", help="serve result JSON files")
     ap.add_argument("--out-dir", default=".", help="where the PNGs go")
+    ap.add_argument("--note", default="", help="extra title line, e.g. 'CPU, 2 cores, Release'")
     args = ap.parse_args()
+    global NOTE
+    NOTE = args.note
     runs = load(args.results)
     if not runs:
         sys.exit("no serve results to plot")

@@ -2,7 +2,9 @@
 
 MOESERVE_BIN              the moeserve binary (default build/bench/bin/moeserve)
 MOESERVE_FAKE_SERVE_BIN   tests/server's moeserve_fake_serve (the real HTTP server, scripted engine)
-MOESERVE_BENCH_REAL=1     also run the tests marked `real` against `moeserve serve` (tiny model)
+MOESERVE_BENCH_REAL=0     skip the tests against the real `moeserve serve` (embedded tiny model;
+                          they run by default)
+MOESERVE_CACHE_DIR        where `moeserve serve` generates the embedded model (CTest: the build tree)
 """
 import json
 import os
@@ -77,6 +79,15 @@ def fake_server():
     srv.stop()
 
 
+def prom(text, name):
+    """Sum of a Prometheus metric's samples (any labels) in /metrics text; None if absent."""
+    total = None
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total = (total or 0) + float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def run_bench(args, out_json=None, timeout=300, check=None):
     """Runs `moeserve bench ...`; returns (returncode, stdout, parsed JSON or None)."""
     cmd = [moeserve_bin(), "--log-level", "warn", "bench"] + [str(a) for a in args]
@@ -124,11 +135,12 @@ def toy_server():
 
 @pytest.fixture(scope="module")
 def real_server():
-    """`moeserve serve` on the embedded tiny model; opt-in (MOESERVE_BENCH_REAL=1) until it serves."""
-    if os.environ.get("MOESERVE_BENCH_REAL") != "1":
-        pytest.skip("set MOESERVE_BENCH_REAL=1 to run against `moeserve serve`")
+    """`moeserve serve` on the embedded tiny model (random weights, the real engine and prefix
+    cache). MOESERVE_BENCH_REAL=0 skips the tests that use it."""
+    if os.environ.get("MOESERVE_BENCH_REAL") == "0":
+        pytest.skip("MOESERVE_BENCH_REAL=0")
     port = free_port()
-    srv = LiveServer([moeserve_bin(), "serve", "--host", "127.0.0.1", "--port", str(port)], port,
-                     timeout=300)
+    srv = LiveServer([moeserve_bin(), "--log-level", "warn", "serve", "--host", "127.0.0.1",
+                      "--port", str(port), "--max-model-len", "2048"], port, timeout=300)
     yield srv
     srv.stop()

@@ -7,17 +7,9 @@ import threading
 
 import pytest
 
-from conftest import ideal_cached, run_bench
+from conftest import ideal_cached, prom, run_bench
 
 COMMON = ["--duration", "60", "--request-timeout", "30", "--token-lo", "32", "--token-hi", "127"]
-
-
-def prom(text, name):
-    total = None
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total = (total or 0) + float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def test_random_counters_add_up(fake_server, tmp_path):
@@ -271,23 +263,69 @@ def test_trace_replay_real_prefix_cache(toy_server, tmp_path):
     assert pc["queries"] == res["input_tokens"]
 
 
-def test_real_tiny_model(real_server, tmp_path):
-    out = tmp_path / "real.json"
-    _, _, j = run_bench(["serve", "--base-url", real_server.base_url, "--isl", "64", "--osl", "8",
-                         "--concurrency", "2", "--max-requests", "6", "--duration", "120",
-                         "--token-lo", "1000", "--token-hi", "4000"], out, check=0)
-    res = j["results"]
-    assert res["num_ok"] == 6 and res["input_tokens"] == 6 * 64 and res["output_tokens"] == 6 * 8
+def _lane_trace(tmp_path):
+    """8 sessions of exactly 8 turns, no sub-agents: the 25-75% start band is turns 2..6."""
+    trace = tmp_path / "lanes.jsonl"
+    run_bench(["make-trace", "-o", trace, "--sessions", "8", "--min-turns", "8", "--max-turns",
+               "8", "--system-tokens", "128", "--first-user-tokens", "64", "--min-append", "16",
+               "--max-append", "64", "--max-output", "4", "--min-output", "2", "--subagent-prob",
+               "0", "--seed", "9"], check=0)
+    rows = [json.loads(l) for l in open(trace)]
+    assert len(rows) == 64 and {r["turn"] for r in rows} == set(range(8))
+    return trace, rows
+
+
+def _by_lane(reqs):
+    lanes = {}
+    for r in sorted(reqs, key=lambda r: r["start_s"]):
+        lanes.setdefault(r["lane"], []).append(r)
+    return lanes
 
 
 def test_random_lane_start_skips_into_the_first_session(fake_server, tmp_path):
-    trace, rows = _small_trace(tmp_path)
+    """AgentX lane warm-up: each lane's first session starts at a uniformly random 25-75% point of
+    its turns; the skipped turns are never sent (nor in the idealised cache); later sessions of the
+    lane start at turn 0. Without the flag every lane starts at turn 0."""
+    trace, rows = _lane_trace(tmp_path)
+    turns_of = {}
+    for r in rows:
+        turns_of.setdefault(r["session_id"], []).append(r["turn"])
+    lanes_n = 4
     out = tmp_path / "ls.json"
+    # One pass over the trace is at least 4 x 2 (first sessions) + 4 x 8 (the next four) = 40
+    # requests, so 40 stays in the first pass (no session repeats) and every lane starts a second
+    # session.
     _, _, j = run_bench(["serve", "--base-url", fake_server.base_url, "--trace", trace,
-                         "--concurrency", "1", "--idle-scale", "0", "--random-lane-start",
-                         "--max-requests", 5] + COMMON, out, check=0)
-    first = min(j["requests"], key=lambda r: r["start_s"])
-    turns = sum(1 for r in rows if r["session_id"] == first["session_id"])
-    assert first["session_id"] == rows[0]["session_id"]
-    assert int(0.25 * turns) <= first["turn"] <= int(0.75 * turns)
-    assert first["turn"] >= 1
+                         "--concurrency", lanes_n, "--idle-scale", "0", "--random-lane-start",
+                         "--max-requests", 40, "--seed", 3] + COMMON, out, check=0)
+    lanes = _by_lane(j["requests"])
+    assert sorted(lanes) == list(range(lanes_n))
+    first_turns = []
+    for lane, reqs in lanes.items():
+        first = reqs[0]
+        n = len(turns_of[first["session_id"]])
+        assert int(0.25 * n) <= first["turn"] <= int(0.75 * n), (lane, first)
+        first_turns.append(first["turn"])
+        # The first session continues from there, in order, without the skipped turns.
+        mine = [r["turn"] for r in reqs if r["session_id"] == first["session_id"]]
+        assert mine == list(range(first["turn"], n))
+        # The skipped turns are not in the idealised cache: nothing of this session was sent
+        # before (sessions share only the 128-token system prompt = 2 hash blocks, which another
+        # lane may have sent).
+        assert first["trace_cached_tokens"] <= 128
+        # Later sessions of the lane start at turn 0 and go in order.
+        later = [r for r in reqs if r["session_id"] != first["session_id"]]
+        assert later, lane
+        assert later[0]["turn"] == 0
+    # The lanes draw their start points independently (fixed seed: not all the same).
+    assert len(set(first_turns)) > 1, first_turns
+    # No request of a session is sent twice.
+    keys = [(r["session_id"], r["turn"]) for r in j["requests"]]
+    assert len(keys) == len(set(keys))
+
+    out = tmp_path / "plain.json"
+    _, _, j = run_bench(["serve", "--base-url", fake_server.base_url, "--trace", trace,
+                         "--concurrency", lanes_n, "--idle-scale", "0", "--max-requests", 8,
+                         "--seed", 3] + COMMON, out, check=0)
+    for lane, reqs in _by_lane(j["requests"]).items():
+        assert reqs[0]["turn"] == 0
