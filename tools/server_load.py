@@ -31,6 +31,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
 
 
+def thread_cpu_seconds(pid: int) -> dict:
+    """utime+stime of every thread of the process, by thread id."""
+    out = {}
+    ticks = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks
+        except OSError:
+            pass
+    return out
+
+
 class Stats:
     def __init__(self):
         self.ok = 0
@@ -150,6 +164,7 @@ async def main_async(args):
     started = asyncio.Event()
     tasks = []
     cpu0 = cpu_seconds(args.server_pid) if args.server_pid else None
+    threads0 = thread_cpu_seconds(args.server_pid) if args.server_pid else {}
     t0 = time.perf_counter()
     for i in range(args.connections):
         tasks.append(asyncio.create_task(one(args, stats, i, started, all_open)))
@@ -165,6 +180,10 @@ async def main_async(args):
         stats.error("timeout")
     wall = time.perf_counter() - t0
     cpu = cpu_seconds(args.server_pid) - cpu0 if args.server_pid else None
+    threads = {}
+    if args.server_pid:
+        for tid, v in thread_cpu_seconds(args.server_pid).items():
+            threads[tid] = round(v - threads0.get(tid, 0.0), 3)
     stop_poll.set()
     await poller
     fe = sorted(stats.first_event)
@@ -180,6 +199,9 @@ async def main_async(args):
         "server_cpu_s": round(cpu, 3) if cpu is not None else None,
         "server_cpu_us_per_token": round(cpu / stats.tokens * 1e6, 2)
         if cpu is not None and stats.tokens else None,
+        # Per-thread CPU seconds over the run (tid order: main, then the threads it started; in
+        # `moeserve serve` the engine loop thread starts before the HTTP I/O threads).
+        "server_cpu_s_by_thread": dict(sorted(threads.items())),
     }
     print(json.dumps(result, indent=2))
     return 0 if stats.ok == args.connections else 1
