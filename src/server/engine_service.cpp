@@ -390,8 +390,8 @@ Result<ChatPrompt> EngineGenerationService::render_chat(const ChatPromptInput& i
   options.add_bos = true;
   ChatPrompt prompt;
   prompt.text = tokenizer::dsv4::encode_chat(messages, tools, options);
-  const bool forced = input.tool_choice == ToolChoiceMode::kRequired ||
-                      input.tool_choice == ToolChoiceMode::kNamed;
+  const bool forced =
+      input.tool_choice == ToolChoiceMode::kRequired || input.tool_choice == ToolChoiceMode::kNamed;
   if (forced && input.add_generation_prompt && !input.tools.empty()) {
     // NOTE: no constrained decoding here, so tool_choice required / named is enforced by starting
     // the assistant turn with the DSML block an assistant tool call renders to (after an empty

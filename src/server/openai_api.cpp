@@ -119,10 +119,10 @@ class GenerationJob final : public std::enable_shared_from_this<GenerationJob> {
     std::vector<LogprobEntry> logprobs;
     // tool_choice required / named: the prompt forced the turn to open a tool call.
     bool forced_tool = false;
-    std::string forced_tool_name;  // empty: the model writes the function name
-    bool forced_parsed = false;    // the output parser produced a call
-    std::string raw_output;        // the model's continuation (for the fallback call)
-    std::string forced_content;    // parser content, held until the end
+    std::string forced_tool_name;   // empty: the model writes the function name
+    bool forced_parsed = false;     // the output parser produced a call
+    std::string raw_output;         // the model's continuation (for the fallback call)
+    std::string forced_content;     // parser content, held until the end
     size_t stream_text_offset = 0;  // completions logprobs text_offset of the next streamed token
   };
 
@@ -200,9 +200,8 @@ class GenerationJob final : public std::enable_shared_from_this<GenerationJob> {
           json lp;
           if (completion_logprobs_ >= 0) lp = prompt_logprobs_json(c);
           c.stream_text_offset = c.echo_text.size();
-          append_sse_event(dump(completion_chunk(c, c.echo_text,
-                                                 completion_logprobs_ >= 0 ? &lp : nullptr,
-                                                 nullptr)),
+          append_sse_event(dump(completion_chunk(
+                               c, c.echo_text, completion_logprobs_ >= 0 ? &lp : nullptr, nullptr)),
                            out);
         }
       }
