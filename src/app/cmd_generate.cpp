@@ -64,9 +64,9 @@ Result<std::vector<std::string>> generate_text(const GenerateOptions& opt) {
   MS_ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok,
                       tokenizer::Tokenizer::load(opt.model));
   MS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, create_backend(opt.backend));
+  // The Engram token map comes from the tokenizer at load (no identity-map warning first).
   MS_ASSIGN_OR_RETURN(std::unique_ptr<arch::CausalLm> lm,
-                      arch::load_causal_lm(opt.model, *backend));
-  MS_RETURN_IF_ERROR(server::install_engram_token_map(*lm, *tok));
+                      server::load_causal_lm_with_tokenizer(opt.model, *backend, *tok));
   lm->set_batch_invariant(true);
   MS_ASSIGN_OR_RETURN(arch::ForwardMode mode, arch::forward_mode_from_name(opt.mode));
   engine::EngineOptions eo;

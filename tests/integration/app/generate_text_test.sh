@@ -19,6 +19,10 @@ printf 'To be, or not to be\nROMEO:\n' > "$dir/prompts.txt"
 fromfile=$("$bin" --log-level error generate --model "$dir/m" --prompts-file "$dir/prompts.txt" --max-tokens 8)
 [ "$fromfile" = "$both" ] || { echo "--prompts-file differs from --prompt"; exit 1; }
 
+# The Engram map comes from the tokenizer at load: no false "pad-only" warning before it.
+log=$("$bin" generate --model "$dir/m" --prompt "ROMEO:" --max-tokens 2 2>&1)
+if grep -q "pad-only" <<<"$log"; then echo "false pad-only warning: $log"; exit 1; fi
+grep -q "derived from the tokenizer" <<<"$log" || { echo "no tokenizer-derived map: $log"; exit 1; }
 if out=$("$bin" generate --model "$dir/m" 2>&1); then echo "no prompt accepted"; exit 1; fi
 grep -q "give --prompt-ids, --prompt or --prompts-file" <<<"$out" || { echo "unclear error: $out"; exit 1; }
 if out=$("$bin" generate --model "$dir/missing" --prompt hi 2>&1); then echo "missing model accepted"; exit 1; fi
