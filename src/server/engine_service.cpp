@@ -18,6 +18,7 @@
 
 #include "common/logging.h"
 #include "kv/block_hash.h"
+#include "kv/kv_layout.h"
 #include "model/arch/deepseek_v41.h"
 #include "model/arch/registry.h"
 #include "model/arch/weight_loader.h"
@@ -588,9 +589,15 @@ Result<std::unique_ptr<GenerationService>> make_engine_service(const ServeOption
   cfg.scheduler.max_model_len = max_len;
   cfg.scheduler.max_num_seqs = max_seqs;
   cfg.scheduler.max_num_batched_tokens = std::max(2048, max_seqs);
-  cfg.scheduler.replay_window = mc.sliding_window;
-  const int32_t blocks_per_seq = (max_len + kv::kBlockTokens - 1) / kv::kBlockTokens + 1;
+  MS_ASSIGN_OR_RETURN(const int32_t replay_align, kv::check_block_tokens(mc, options.block_size));
+  cfg.scheduler.replay_window =
+      options.prefix_replay_tokens > 0 ? options.prefix_replay_tokens : mc.sliding_window;
+  cfg.scheduler.replay_align = replay_align;
+  const int32_t block = options.block_size;
+  const int32_t blocks_per_seq = (max_len + block - 1) / block + 1;
   cfg.kv.num_global_blocks = max_seqs * blocks_per_seq;
+  cfg.kv.block_tokens = block;
+  cfg.kv.enable_prefix_caching = options.enable_prefix_caching;
   cfg.kv.num_state_slots = max_seqs;
   cfg.kv.check_invariants = false;
   cfg.eos_token_id = mc.eos_token_id;

@@ -25,6 +25,17 @@ void add_serve_options(CLI::App& cmd, ServeOptions& o) {
                  "sequences of --max-model-len); more wait in its queue")
       ->check(CLI::Range(1, 65536))
       ->capture_default_str();
+  cmd.add_option("--block-size", o.block_size,
+                 "Tokens per prefix-cache block (a multiple of every compression ratio)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd.add_option("--prefix-replay-tokens", o.prefix_replay_tokens,
+                 "Tokens replayed before a prefix-cache hit to rebuild the sliding window "
+                 "(0: the model's sliding_window; longer is closer to a miss)")
+      ->check(CLI::Range(0, 1 << 30))
+      ->capture_default_str();
+  cmd.add_flag("!--no-enable-prefix-caching", o.enable_prefix_caching,
+               "Turn the prefix cache off");
   cmd.add_option("--max-body-bytes", o.http.max_body_bytes, "Request body size limit")
       ->capture_default_str();
   cmd.add_option("--io-threads", o.http.io_threads, "HTTP I/O threads")

@@ -19,10 +19,14 @@ struct ServeOptions {
   std::string served_model_name;
   int32_t max_model_len = 0;  // 0 → the model's
   int32_t max_num_seqs = 64;  // requests the engine runs at once (the rest wait in its queue)
+  int32_t block_size = 256;          // tokens per prefix-cache block (--block-size)
+  int32_t prefix_replay_tokens = 0;  // tokens replayed before a prefix hit; 0 → sliding window
+  bool enable_prefix_caching = true;
 };
 
 // Adds --host --port --api-key --served-model-name --max-model-len --max-body-bytes --io-threads
-// --drain-timeout --idle-timeout --max-num-seqs (and --model) to `cmd`.
+// --drain-timeout --idle-timeout --max-num-seqs --block-size --prefix-replay-tokens
+// --no-enable-prefix-caching (and --model) to `cmd`.
 void add_serve_options(CLI::App& cmd, ServeOptions& options);
 
 // Serves until SIGINT/SIGTERM; returns the process exit code (0 after a clean drain).
