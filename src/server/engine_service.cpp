@@ -155,21 +155,6 @@ tokenizer::ChatRole to_role(const std::string& role) {
 }
 #endif
 
-FinishReason to_finish(engine::FinishReason r) {
-  switch (r) {
-    case engine::FinishReason::kStop:
-      return FinishReason::kStop;
-    case engine::FinishReason::kLength:
-      return FinishReason::kLength;
-    case engine::FinishReason::kAbort:
-      return FinishReason::kAbort;
-    case engine::FinishReason::kError:
-      return FinishReason::kError;
-    default:
-      return FinishReason::kNone;
-  }
-}
-
 GenerationOutput to_output(engine::RequestOutput&& o) {
   GenerationOutput out;
   out.token_ids = std::move(o.new_token_ids);
@@ -181,7 +166,7 @@ GenerationOutput to_output(engine::RequestOutput&& o) {
     out.logprobs.push_back(std::move(t));
   }
   if (o.finished) {
-    out.finish_reason = to_finish(o.finish_reason);
+    out.finish_reason = o.finish_reason;
     if (out.finish_reason == FinishReason::kNone) out.finish_reason = FinishReason::kStop;
   }
   if (out.finish_reason == FinishReason::kStop && !o.stop_reason.empty() &&

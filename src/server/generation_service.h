@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "sched/request.h"
 
 namespace moeserve::server {
 
@@ -43,7 +44,8 @@ struct GenerationRequest {
   SamplingOptions sampling;
 };
 
-enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
+// The engine's finish reasons (one enum and one name table: sched/request.h).
+using sched::FinishReason;
 
 struct TopLogprob {
   int32_t token_id = 0;

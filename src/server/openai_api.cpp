@@ -41,19 +41,9 @@ uint64_t process_salt() {
   return salt;
 }
 
+// OpenAI's finish_reason: null while running, else the engine's name.
 const char* finish_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kAbort:
-      return "abort";
-    case FinishReason::kError:
-      return "error";
-    default:
-      return nullptr;
-  }
+  return r == FinishReason::kNone ? nullptr : sched::finish_reason_name(r);
 }
 
 ApiError context_error(int32_t max_model_len, int64_t prompt_len, int64_t max_tokens,
