@@ -294,15 +294,10 @@ Result<std::unique_ptr<arch::CausalLm>> load_causal_lm_with_tokenizer(
   MS_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(dir));
   MS_ASSIGN_OR_RETURN(std::optional<EngramTokenMap> map, tokenizer_engram_map(config, tok));
   if (!map) return arch::load_causal_lm(dir, backend);
-  // NOTE: the same steps as DeepseekV41Model::load, but with the map known before the model is
-  // built: load() alone would fall back to (and warn about) a pad-only map that this replaces.
-  MS_ASSIGN_OR_RETURN(arch::WeightLoader reader, arch::WeightLoader::open(dir));
-  const CheckpointValidation validation = validate_checkpoint(config, reader.checkpoint());
-  for (const std::string& w : validation.warnings) MS_LOG_WARN("{}: {}", dir, w);
-  MS_RETURN_IF_ERROR(validation.to_status(dir));
-  MS_ASSIGN_OR_RETURN(arch::ModelWeights weights, arch::load_model_weights(config, reader));
-  return std::unique_ptr<arch::CausalLm>(std::make_unique<arch::DeepseekV41Model>(
-      std::move(config), std::move(weights), std::move(*map), backend));
+  // The map is known before the model is built, so load() never makes a placeholder map.
+  MS_ASSIGN_OR_RETURN(std::unique_ptr<arch::DeepseekV41Model> model,
+                      arch::DeepseekV41Model::load(dir, backend, std::move(*map)));
+  return std::unique_ptr<arch::CausalLm>(std::move(model));
 }
 
 EngineGenerationService::EngineGenerationService(Config config,

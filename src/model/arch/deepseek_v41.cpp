@@ -38,8 +38,8 @@ struct DeepseekV41Model::Chunk {
   }
 };
 
-Result<std::unique_ptr<DeepseekV41Model>> DeepseekV41Model::load(const std::filesystem::path& dir,
-                                                                 Backend& backend) {
+Result<std::unique_ptr<DeepseekV41Model>> DeepseekV41Model::load(
+    const std::filesystem::path& dir, Backend& backend, std::optional<EngramTokenMap> token_map) {
   MS_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(dir));
   if (config.model_type != "deepseek_v41")
     return make_error(ErrorCode::kInvalidArgument, "{}: model_type '{}' is not deepseek_v41",
@@ -52,7 +52,9 @@ Result<std::unique_ptr<DeepseekV41Model>> DeepseekV41Model::load(const std::file
   MS_RETURN_IF_ERROR(validation.to_status(dir.string()));
   MS_ASSIGN_OR_RETURN(ModelWeights weights, load_model_weights(config, reader));
   EngramTokenMap map;
-  if (!config.engram_layer_ids.empty()) {
+  if (token_map) {
+    map = std::move(*token_map);
+  } else if (!config.engram_layer_ids.empty()) {
     auto identity = EngramTokenMap::identity(config);
     if (identity) {
       map = std::move(*identity);

@@ -40,8 +40,11 @@ struct ForwardStats {
 
 class DeepseekV41Model final : public CausalLm {
  public:
+  // `token_map`: the Engram compressed-token map when the caller knows it (from the tokenizer);
+  // without it the identity map (tiny configs) or, failing that, a pad-only map with a warning.
   [[nodiscard]] static Result<std::unique_ptr<DeepseekV41Model>> load(
-      const std::filesystem::path& dir, Backend& backend);
+      const std::filesystem::path& dir, Backend& backend,
+      std::optional<EngramTokenMap> token_map = std::nullopt);
   DeepseekV41Model(ModelConfig config, ModelWeights weights, EngramTokenMap token_map,
                    Backend& backend);
 
