@@ -245,6 +245,35 @@ def test_checkpoint_layout(tiny):
     assert not any(k.startswith("hc_head") for k in raw)
 
 
+def test_act_quant_mxfp8_before_block_scaled_linears(tiny):
+    """Spec §5 [UNCERTAIN]: inputs of FP8 / MXFP4 linears are fq_fp8 b32; BF16/F32 linears are not."""
+    m, _ = tiny
+    bs = m.block_scaled
+    for name in ["layers.0.attn.wq_a", "layers.0.attn.wq_b", "layers.0.attn.wkv", "layers.0.attn.wo_a",
+                 "layers.0.attn.wo_b", "layers.2.attn.indexer.wq_b", "layers.0.ffn.shared_experts.w2",
+                 "layers.3.ffn.experts.7.w1", "layers.3.ffn.experts.7.w2", "layers.4.engram.wkv",
+                 "mtp.0.main_proj", "mtp.2.attn.wq_a", "mtp.1.ffn.experts.0.w3"]:
+        assert name in bs, name
+    for name in ["head", "embed", "layers.2.attn.compressor.wkv", "layers.2.attn.compressor.wgate",
+                 "layers.2.attn.indexer.wk", "layers.2.attn.indexer.weights_proj", "layers.0.ffn.gate",
+                 "layers.1.engram.table", "mtp.2.markov_head.head"]:
+        assert name not in bs, name
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((5, 64)) * 3.0
+    for name in ["layers.0.attn.wq_a", "layers.3.ffn.experts.7.w1", "mtp.0.attn.wkv"]:
+        W = m.w[name + ".weight"]
+        y = m.lin(x, name)
+        assert np.array_equal(y, F.fq_fp8(x, 32) @ W.T)
+        assert not np.allclose(y, x @ W.T, rtol=1e-6, atol=0.0)
+    g = m.w["layers.0.ffn.gate.weight"]
+    assert np.array_equal(m.lin(x, "layers.0.ffn.gate"), x @ g.T)
+    off = Model(m.cfg, m.w, block_scaled=bs, act_quant=False)
+    assert np.array_equal(off.lin(x, "layers.0.attn.wq_a"), x @ m.w["layers.0.attn.wq_a.weight"].T)
+    ids = [5, 17, 3, 99, 42, 7, 1, 200]
+    on_logits, off_logits = m.logits_all_positions(ids), off.logits_all_positions(ids)
+    assert np.all(np.isfinite(on_logits)) and not np.allclose(on_logits, off_logits, rtol=1e-9, atol=0.0)
+
+
 def test_engram_hash_blocking(tiny):
     m, _ = tiny
     h = m.hasher

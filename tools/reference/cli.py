@@ -28,7 +28,8 @@ def dump(a) -> dict:
     if len(ids) == 0:
         raise SystemExit("no ids")
     cmap = np.load(a.cmap) if a.cmap else None
-    m = Model.from_dir(a.model, compressed_map=cmap, moe_norm_top1=(a.moe_norm_top1 == "always"))
+    m = Model.from_dir(a.model, compressed_map=cmap, moe_norm_top1=(a.moe_norm_top1 == "always"),
+                       act_quant=not a.no_act_quant)
     image = np.zeros(len(ids), dtype=bool)
     for p in _ints(a.image_pos):
         image[p] = True
@@ -100,6 +101,8 @@ def main(argv=None):
     d.add_argument("--anchor", type=int, default=None, help="draft anchor (default argmax of last logits)")
     d.add_argument("--image-pos", default="", help="comma-separated positions that are image tokens")
     d.add_argument("--cmap", default=None, help=".npy int array [vocab] Engram compressed map (-1 DEAD)")
+    d.add_argument("--no-act-quant", action="store_true",
+                   help="no MXFP8 activation fake-quant before FP8/MXFP4 linears (spec §5 [UNCERTAIN])")
     d.add_argument("--moe-norm-top1", choices=["always", "skip"], default="always",
                    help="normalize routing weights when top-k == 1 (default always; spec §5)")
     d.add_argument("--layers", action="store_true",

@@ -112,6 +112,8 @@ def _oracle_stub(hf_cfg, weights, gate_temp=1.0, moe_norm_top1=True):
         swiglu_limit=float(hf_cfg.swiglu_limit))
     m = object.__new__(M.Model)
     m.cfg, m.w, m.moe_norm_top1 = c, weights, moe_norm_top1
+    # transformers runs its linears on unquantized inputs: no MXFP8 activation fake-quant.
+    m.block_scaled, m.act_quant = frozenset(), False
     return m
 
 

@@ -4,8 +4,12 @@ Explicit rounding points (all others are exact float64):
   * weights: dequantized from the checkpoint (FP8 32x32 / MXFP4 / BF16) exactly;
   * window KV: fq_fp8 (block 32, ue8m0 pow2 scale) over all hd channels incl. the RoPE tail;
   * compressor: pooled sum rounded to bf16 before compressor.norm (ratio 2 AND ratio 1);
-  * main cache: fq_fp4 block 16 with e4m3 scale; index keys/queries: fq_fp4 block 32 ue8m0.
-NOTE: no activation quantization (MXFP8) before GEMMs ([UNCERTAIN] in spec §5) is applied.
+  * main cache: fq_fp4 block 16 with e4m3 scale; index keys/queries: fq_fp4 block 32 ue8m0;
+  * activations into every linear stored block-scaled in the checkpoint (FP8 e4m3 32x32 or MXFP4):
+    MXFP8 fake-quant, fq_fp8 block 32 along the input dim (Model.lin; act_quant=True).
+NOTE [UNCERTAIN] spec §5: V4.1 engines use MXFP8 (block 32) activations, inferred from the 32x32
+weight blocks and TRT-LLM projection_quantization="mxfp8" (V4 used block-128 ue8m0 FP8).
+BF16/F32 linears (compressor, indexer wk/weights_proj, router gate, head, mHC, ...) see raw x.
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import numpy as np
 from . import formats as F
 from .config import Config
 from .engram import EngramHasher
-from .safetensors_np import load_model_dir
+from .safetensors_np import load_model_dir_with_formats
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -100,14 +104,21 @@ def topk_mask(scores, allowed, k):
 
 
 class Model:
-    def __init__(self, cfg: Config, weights: dict, compressed_map=None, moe_norm_top1=True):
+    def __init__(self, cfg: Config, weights: dict, compressed_map=None, moe_norm_top1=True,
+                 block_scaled=(), act_quant=True):
         """compressed_map: int array [vocab] of Engram compressed ids (-1 = DEAD); identity if
         None and engram_compressed_vocab_size == vocab_size.
         moe_norm_top1: NOTE [UNCERTAIN] spec §5 normalizes routing weights unconditionally while
-        §10 caution 4 says HF normalizes only when top-k > 1; default True = always normalize."""
+        §10 caution 4 says HF normalizes only when top-k > 1; default True = always normalize.
+        block_scaled: names (without '.weight') of the linears the checkpoint stores FP8 / MXFP4
+        (safetensors_np.block_scaled_linears; from_dir fills it).
+        act_quant: MXFP8 activations into those linears (spec §5 [UNCERTAIN]); False for
+        comparisons against HF transformers, which runs its linears on unquantized inputs."""
         self.cfg = cfg
         self.w = weights
         self.moe_norm_top1 = moe_norm_top1
+        self.block_scaled = frozenset(block_scaled)
+        self.act_quant = act_quant
         c = cfg
         self.freqs_main = rope_freqs(c.rd, c.rope_theta, None)
         self.freqs_comp = rope_freqs(c.rd, c.compress_rope_theta, c.rope_scaling)
@@ -125,12 +136,20 @@ class Model:
 
     @classmethod
     def from_dir(cls, model_dir, **kw):
-        cfgd, w = load_model_dir(model_dir)
-        return cls(Config(cfgd), w, **kw)
+        cfgd, w, block_scaled = load_model_dir_with_formats(model_dir)
+        return cls(Config(cfgd), w, block_scaled=block_scaled, **kw)
 
     # ------------------------------------------------------------------ small pieces
+    def act_in(self, x, name):
+        """The input of linear `name` as its GEMM reads it: MXFP8 fake-quant (fq_fp8, block 32
+        along the input dim) when the checkpoint stores the weight FP8 / MXFP4 and act_quant is
+        on, else x.  NOTE [UNCERTAIN] spec §5 (MXFP8 block 32 inferred, see module docstring)."""
+        if self.act_quant and name in self.block_scaled:
+            return F.fq_fp8(x, 32)
+        return x
+
     def lin(self, x, name):
-        return x @ self.w[name + ".weight"].T
+        return self.act_in(x, name) @ self.w[name + ".weight"].T
 
     def norm(self, x, name):
         return rmsnorm(x, self.w[name + ".weight"], self.cfg.eps)
@@ -228,7 +247,7 @@ class Model:
         o = np.einsum("thn,nd->thd", e / denom, K)
         o = apply_rope(o, pos, freqs, inverse=True)
         T = q.shape[0]
-        og = o.reshape(T, c.G, c.H * c.hd // c.G)
+        og = self.act_in(o.reshape(T, c.G, c.H * c.hd // c.G), prefix + "wo_a")
         wo_a = self.w[prefix + "wo_a.weight"].reshape(c.G, c.O, c.H * c.hd // c.G)
         yg = np.einsum("tgi,goi->tgo", og, wo_a).reshape(T, c.G * c.O)
         return self.lin(yg, prefix + "wo_b")
@@ -375,7 +394,7 @@ class Model:
         for l in range(c.L):
             X, pre, pos = self.layer(l, X, pre, pos, st)
         h = self.norm(self.collapse(X, pre), "norm")
-        st["logits"] = h @ self.w["head.weight"].T
+        st["logits"] = self.lin(h, "head")
         st["rows"] = pos
         if c.dspark_targets and all(t in st["taps"] for t in c.dspark_targets):
             tp = st["taps"][c.dspark_targets[0]][0]

@@ -151,6 +151,19 @@ def dequantize(raw: dict[str, Tensor], dtype=np.float64) -> dict[str, np.ndarray
     return out
 
 
+def block_scaled_linears(raw: dict[str, Tensor]) -> frozenset[str]:
+    """Names (without '.weight') of the linears a raw checkpoint stores block-scaled: FP8 e4m3 with
+    32x32 ue8m0 blocks or MXFP4 (I8/U8 + ue8m0).  The Engram table (FP8 rows) is not a linear.
+    These are the linears whose input activations get MXFP8 fake-quant (model.Model.lin)."""
+    out = set()
+    for name, t in raw.items():
+        if not name.endswith(".weight") or name.endswith("engram.table.weight"):
+            continue
+        if name[: -len(".weight")] + ".scale" in raw and t.dtype in ("F8_E4M3", "I8", "U8"):
+            out.add(name[: -len(".weight")])
+    return frozenset(out)
+
+
 def load_config(model_dir: str) -> dict:
     with open(os.path.join(model_dir, "config.json")) as f:
         return json.load(f)
@@ -159,3 +172,9 @@ def load_config(model_dir: str) -> dict:
 def load_model_dir(model_dir: str, dtype=np.float64):
     """-> (config dict (composite HF layout), {name: dequantized array})."""
     return load_config(model_dir), dequantize(read_dir(model_dir), dtype)
+
+
+def load_model_dir_with_formats(model_dir: str, dtype=np.float64):
+    """-> (config dict, {name: dequantized array}, block_scaled_linears of the checkpoint)."""
+    raw = read_dir(model_dir)
+    return load_config(model_dir), dequantize(raw, dtype), block_scaled_linears(raw)

@@ -506,8 +506,7 @@ std::vector<float> DeepseekV41Model::attention(Chunk& ch, int32_t l, std::span<c
 
   // Attention per query row over [SWA window ∪ selected global entries].
   const bool decoder = l >= c.decoder_start_layer();
-  const int32_t floor =
-      decoder ? std::max(ch.replay_start, state.swa_floor()) : state.swa_floor();
+  const int32_t floor = decoder ? std::max(ch.replay_start, state.swa_floor()) : state.swa_floor();
   const int32_t first_current_pos = ch.pos(0);
   std::vector<float> o(static_cast<size_t>(n * heads * hd));
   std::vector<float> keys;
@@ -570,21 +569,22 @@ double DeepseekV41Model::weight_bytes_per_decode_token() const {
   for (int32_t l = 0; l < c.num_hidden_layers; ++l) {
     const BlockWeights& w = weights_.layers[static_cast<size_t>(l)];
     const AttentionWeights& a = w.attn;
-    for (const HostTensor* t :
+    for (const LinearWeight* t :
          {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b, &a.compressor_wkv, &a.compressor_wgate,
-          &a.indexer_wk, &a.indexer_wq_b, &a.indexer_weights_proj, &w.hc_attn.fn, &w.hc_ffn.fn,
-          &w.moe.gate, &w.moe.shared.w1, &w.moe.shared.w2, &w.moe.shared.w3})
-      bytes += tensor_bytes(*t);
+          &a.indexer_wk, &a.indexer_wq_b, &a.indexer_weights_proj, &w.moe.gate, &w.moe.shared.w1,
+          &w.moe.shared.w2, &w.moe.shared.w3})
+      bytes += tensor_bytes(t->weight);
+    bytes += tensor_bytes(w.hc_attn.fn) + tensor_bytes(w.hc_ffn.fn);
     if (!w.moe.experts.empty()) {
       const FfnWeights& e = w.moe.experts.front();
-      bytes +=
-          c.experts_per_tok_of(l) * (tensor_bytes(e.w1) + tensor_bytes(e.w2) + tensor_bytes(e.w3));
+      bytes += c.experts_per_tok_of(l) *
+               (tensor_bytes(e.w1.weight) + tensor_bytes(e.w2.weight) + tensor_bytes(e.w3.weight));
     }
     if (w.engram)
-      bytes += tensor_bytes(w.engram->wkv) +
+      bytes += tensor_bytes(w.engram->wkv.weight) +
                c.engram_num_hashes() * (c.engram_head_dim + c.engram_head_dim / 32.0);
   }
-  bytes += tensor_bytes(weights_.head) + c.hidden_size * 4.0;
+  bytes += tensor_bytes(weights_.head.weight) + c.hidden_size * 4.0;
   return bytes;
 }
 

@@ -7,16 +7,31 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "common/check.h"
+#include "common/fake_quant.h"
 #include "common/numeric.h"
 
 namespace moeserve::arch {
 
+std::vector<float> quantize_activations_mxfp8(std::span<const float> x, int64_t rows, int64_t in) {
+  MS_CHECK_EQ(x.size(), static_cast<size_t>(rows * in));
+  MS_CHECK_EQ(in % static_cast<int64_t>(kFp8Block), 0);
+  // Rows are whole blocks, so one pass over the flat buffer quantises each row on its own.
+  std::vector<float> q(x.size());
+  fq_fp8_block32_pow2(x, q);
+  return q;
+}
+
 std::vector<float> linear(const LinearOps& ops, std::span<const float> x, int64_t rows,
-                          TensorView w) {
+                          TensorView w, bool mxfp8_input) {
   const int64_t out = w.dim(0), in = w.dim(1);
   MS_CHECK_EQ(x.size(), static_cast<size_t>(rows * in));
   std::vector<float> y(static_cast<size_t>(rows * out));
   if (rows == 0) return y;
+  std::vector<float> xq;
+  if (mxfp8_input) {
+    xq = quantize_activations_mxfp8(x, rows, in);
+    x = xq;
+  }
   GemmParams p;
   p.a = TensorView(const_cast<float*>(x.data()), DType::kF32, Shape{rows, in});
   p.b = w;
@@ -216,7 +231,7 @@ std::vector<float> expert_ffn(const LinearOps& ops, const FfnWeights& w, std::sp
                               int64_t rows, double limit, std::span<const float> row_weight) {
   std::vector<float> g = linear(ops, x, rows, w.w1);
   const std::vector<float> u = linear(ops, x, rows, w.w3);
-  const int64_t inter = w.w1.shape()[0];
+  const int64_t inter = w.w1.weight.shape()[0];
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < inter; ++i) {
       const size_t at = static_cast<size_t>(r * inter + i);
@@ -338,7 +353,8 @@ std::vector<float> output_projection(const LinearOps& ops, const ModelConfig& co
     for (int64_t r = 0; r < rows; ++r)
       std::copy_n(o.data() + r * width + g * group_in, group_in, og.data() + r * group_in);
     const std::vector<float> part =
-        linear(ops, og, rows, w.wo_a.view().slice_rows(g * group_out, (g + 1) * group_out));
+        linear(ops, og, rows, w.wo_a.weight.view().slice_rows(g * group_out, (g + 1) * group_out),
+               w.wo_a.block_scaled);
     for (int64_t r = 0; r < rows; ++r)
       std::copy_n(part.data() + r * group_out, group_out,
                   mid.data() + r * groups * group_out + g * group_out);

@@ -24,12 +24,28 @@ struct LinearOps {
   bool batch_invariant = true;
 };
 
-// y[rows, out] = x[rows, in] · W[out, in]^T.
+// MXFP8 activations (model.md §5): every row of x[rows, in] fake-quantised in blocks of 32 along
+// `in` by fq_fp8_block32_pow2 (amax clamped to 1e-4, s = 2^ceil(log2(amax/448)), e4m3 codes).
+// `in` must be a multiple of 32.
+// NOTE: [UNCERTAIN] in the spec: V4 used block-128 ue8m0 FP8 activations; V4.1 engines are taken
+// to use MXFP8 (block 32), inferred from the 32x32 weight blocks and TRT-LLM's
+// projection_quantization="mxfp8". The GPU kernels round the same GEMM inputs.
+[[nodiscard]] std::vector<float> quantize_activations_mxfp8(std::span<const float> x, int64_t rows,
+                                                            int64_t in);
+
+// y[rows, out] = x[rows, in] · W[out, in]^T; with mxfp8_input, x goes through
+// quantize_activations_mxfp8 first.
 [[nodiscard]] std::vector<float> linear(const LinearOps& ops, std::span<const float> x,
-                                        int64_t rows, TensorView w);
+                                        int64_t rows, TensorView w, bool mxfp8_input = false);
 [[nodiscard]] inline std::vector<float> linear(const LinearOps& ops, std::span<const float> x,
                                                int64_t rows, const HostTensor& w) {
   return linear(ops, x, rows, w.view());
+}
+// A checkpoint linear: MXFP8 inputs exactly when the checkpoint stored it FP8 / MXFP4
+// (block_scaled); BF16/F32 linears (compressor, indexer wk / weights_proj, router, head) see x.
+[[nodiscard]] inline std::vector<float> linear(const LinearOps& ops, std::span<const float> x,
+                                               int64_t rows, const LinearWeight& w) {
+  return linear(ops, x, rows, w.weight.view(), w.block_scaled);
 }
 
 // In place: x[r,:] *= rsqrt(mean(x[r,:]^2) + eps) * weight (weight may be null = ones).

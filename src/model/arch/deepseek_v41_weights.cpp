@@ -8,9 +8,9 @@ namespace {
 
 Result<FfnWeights> load_ffn(const WeightLoader& r, const std::string& p, int64_t d, int64_t inter) {
   FfnWeights f;
-  MS_ASSIGN_OR_RETURN(f.w1, r.load_linear(p + "w1.weight", inter, d));
-  MS_ASSIGN_OR_RETURN(f.w3, r.load_linear(p + "w3.weight", inter, d));
-  MS_ASSIGN_OR_RETURN(f.w2, r.load_linear(p + "w2.weight", d, inter));
+  MS_ASSIGN_OR_RETURN(f.w1, r.load_linear_weight(p + "w1.weight", inter, d));
+  MS_ASSIGN_OR_RETURN(f.w3, r.load_linear_weight(p + "w3.weight", inter, d));
+  MS_ASSIGN_OR_RETURN(f.w2, r.load_linear_weight(p + "w2.weight", d, inter));
   return f;
 }
 
@@ -29,36 +29,40 @@ Result<BlockWeights> load_block(const ModelConfig& c, const WeightLoader& r, con
   MS_ASSIGN_OR_RETURN(b.ffn_norm, r.load_dense(p + "ffn_norm.weight", {d}));
   AttentionWeights& a = b.attn;
   const std::string ap = p + "attn.";
-  MS_ASSIGN_OR_RETURN(a.wq_a, r.load_linear(ap + "wq_a.weight", q, d));
+  MS_ASSIGN_OR_RETURN(a.wq_a, r.load_linear_weight(ap + "wq_a.weight", q, d));
   MS_ASSIGN_OR_RETURN(a.q_norm, r.load_dense(ap + "q_norm.weight", {q}));
-  MS_ASSIGN_OR_RETURN(a.wq_b, r.load_linear(ap + "wq_b.weight", h * hd, q));
-  MS_ASSIGN_OR_RETURN(a.wkv, r.load_linear(ap + "wkv.weight", hd, d));
+  MS_ASSIGN_OR_RETURN(a.wq_b, r.load_linear_weight(ap + "wq_b.weight", h * hd, q));
+  MS_ASSIGN_OR_RETURN(a.wkv, r.load_linear_weight(ap + "wkv.weight", hd, d));
   MS_ASSIGN_OR_RETURN(a.kv_norm, r.load_dense(ap + "kv_norm.weight", {hd}));
-  MS_ASSIGN_OR_RETURN(a.wo_a, r.load_linear(ap + "wo_a.weight", g * o, h * hd / g));
-  MS_ASSIGN_OR_RETURN(a.wo_b, r.load_linear(ap + "wo_b.weight", d, g * o));
+  MS_ASSIGN_OR_RETURN(a.wo_a, r.load_linear_weight(ap + "wo_a.weight", g * o, h * hd / g));
+  MS_ASSIGN_OR_RETURN(a.wo_b, r.load_linear_weight(ap + "wo_b.weight", d, g * o));
   MS_ASSIGN_OR_RETURN(a.attn_sink, r.load_dense(ap + "attn_sink", {h}));
   if (info.is_kv_source) {
-    MS_ASSIGN_OR_RETURN(a.compressor_wkv, r.load_linear(ap + "compressor.wkv.weight", hd, d));
+    MS_ASSIGN_OR_RETURN(a.compressor_wkv,
+                        r.load_linear_weight(ap + "compressor.wkv.weight", hd, d));
     if (info.ratio > 1) {
-      MS_ASSIGN_OR_RETURN(a.compressor_wgate, r.load_linear(ap + "compressor.wgate.weight", hd, d));
+      MS_ASSIGN_OR_RETURN(a.compressor_wgate,
+                          r.load_linear_weight(ap + "compressor.wgate.weight", hd, d));
     }
     MS_ASSIGN_OR_RETURN(a.compressor_norm, r.load_dense(ap + "compressor.norm.weight", {hd}));
     MS_ASSIGN_OR_RETURN(a.indexer_wk,
-                        r.load_linear(ap + "indexer.wk.weight", c.index_head_dim, hd));
+                        r.load_linear_weight(ap + "indexer.wk.weight", c.index_head_dim, hd));
     MS_ASSIGN_OR_RETURN(a.indexer_k_norm,
                         r.load_dense(ap + "indexer.k_norm.weight", {c.index_head_dim}));
   }
   if (info.is_index_source) {
-    MS_ASSIGN_OR_RETURN(a.indexer_wq_b,
-                        r.load_linear(ap + "indexer.wq_b.weight",
-                                      static_cast<int64_t>(c.index_n_heads) * c.index_head_dim, q));
-    MS_ASSIGN_OR_RETURN(a.indexer_weights_proj,
-                        r.load_linear(ap + "indexer.weights_proj.weight", c.index_n_heads, d));
+    MS_ASSIGN_OR_RETURN(
+        a.indexer_wq_b,
+        r.load_linear_weight(ap + "indexer.wq_b.weight",
+                             static_cast<int64_t>(c.index_n_heads) * c.index_head_dim, q));
+    MS_ASSIGN_OR_RETURN(
+        a.indexer_weights_proj,
+        r.load_linear_weight(ap + "indexer.weights_proj.weight", c.index_n_heads, d));
   }
   const int64_t e = c.routed_experts_of(info.layer_id);
   const int64_t inter = c.moe_intermediate_size;
   const std::string fp = p + "ffn.";
-  MS_ASSIGN_OR_RETURN(b.moe.gate, r.load_linear(fp + "gate.weight", e, d));
+  MS_ASSIGN_OR_RETURN(b.moe.gate, r.load_linear_weight(fp + "gate.weight", e, d));
   MS_ASSIGN_OR_RETURN(b.moe.bias, r.load_dense(fp + "gate.bias", {e}));
   if (!info.is_draft) {
     MS_ASSIGN_OR_RETURN(b.moe.bias_vl, r.load_dense(fp + "gate.bias_vl", {e}));
@@ -85,8 +89,8 @@ Result<BlockWeights> load_block(const ModelConfig& c, const WeightLoader& r, con
                         (dim + 31) / 32);
     ew.table = EngramTable(WeightLoader::bytes(*tw), WeightLoader::bytes(*ts), rows,
                            static_cast<int32_t>(dim), r.keep_alive());
-    MS_ASSIGN_OR_RETURN(ew.wkv,
-                        r.load_linear(ep + "wkv.weight", d * (hc + 1), c.engram_embed_dim()));
+    MS_ASSIGN_OR_RETURN(
+        ew.wkv, r.load_linear_weight(ep + "wkv.weight", d * (hc + 1), c.engram_embed_dim()));
     MS_ASSIGN_OR_RETURN(HostTensor qw, r.load_dense(ep + "q_weight", {hc, d}));
     MS_ASSIGN_OR_RETURN(HostTensor kw, r.load_dense(ep + "k_weight", {hc, d}));
     ew.qk_weight = HostTensor(DType::kF32, Shape{hc, d});
@@ -103,7 +107,7 @@ Result<ModelWeights> load_model_weights(const ModelConfig& c, const WeightLoader
   ModelWeights w;
   const int64_t v = c.vocab_size, d = c.hidden_size;
   MS_ASSIGN_OR_RETURN(w.embed, r.load_dense("embed.weight", {v, d}));
-  MS_ASSIGN_OR_RETURN(w.head, r.load_linear("head.weight", v, d));
+  MS_ASSIGN_OR_RETURN(w.head, r.load_linear_weight("head.weight", v, d));
   MS_ASSIGN_OR_RETURN(w.norm, r.load_dense("norm.weight", {d}));
   for (int32_t l = 0; l < c.num_hidden_layers; ++l) {
     MS_ASSIGN_OR_RETURN(BlockWeights b, load_block(c, r, c.layer(l), fmt::format("layers.{}.", l)));
@@ -120,7 +124,7 @@ Result<ModelWeights> load_model_weights(const ModelConfig& c, const WeightLoader
     const int64_t taps = static_cast<int64_t>(c.dspark_target_layer_ids.size());
     const std::string last = fmt::format("mtp.{}.", stages - 1);
     const int64_t rank = c.dspark_markov_rank;
-    MS_ASSIGN_OR_RETURN(ds.main_proj, r.load_linear("mtp.0.main_proj.weight", d, taps * d));
+    MS_ASSIGN_OR_RETURN(ds.main_proj, r.load_linear_weight("mtp.0.main_proj.weight", d, taps * d));
     MS_ASSIGN_OR_RETURN(ds.main_norm, r.load_dense("mtp.0.main_norm.weight", {d}));
     MS_ASSIGN_OR_RETURN(ds.norm, r.load_dense(last + "norm.weight", {d}));
     MS_ASSIGN_OR_RETURN(ds.markov_embed,

@@ -21,14 +21,15 @@ struct HcWeights {
   HostTensor scale;  // [3]
 };
 
+// Linears are LinearWeight: fp32 plus the checkpoint's block_scaled flag (MXFP8 inputs, §5).
 struct FfnWeights {
-  HostTensor w1;  // [I, D]
-  HostTensor w3;  // [I, D]
-  HostTensor w2;  // [D, I]
+  LinearWeight w1;  // [I, D]
+  LinearWeight w3;  // [I, D]
+  LinearWeight w2;  // [D, I]
 };
 
 struct MoeWeights {
-  HostTensor gate;     // [E, D]
+  LinearWeight gate;   // [E, D]
   HostTensor bias;     // [E]
   HostTensor bias_vl;  // [E] (empty for draft stages)
   std::vector<FfnWeights> experts;
@@ -36,17 +37,18 @@ struct MoeWeights {
 };
 
 struct AttentionWeights {
-  HostTensor wq_a, q_norm, wq_b, wkv, kv_norm, wo_a, wo_b, attn_sink;
+  LinearWeight wq_a, wq_b, wkv, wo_a, wo_b;
+  HostTensor q_norm, kv_norm, attn_sink;
   // KV sources only.
-  HostTensor compressor_wkv, compressor_wgate /* ratio > 1 */, compressor_norm;
-  HostTensor indexer_wk, indexer_k_norm;
+  LinearWeight compressor_wkv, compressor_wgate /* ratio > 1 */, indexer_wk;
+  HostTensor compressor_norm, indexer_k_norm;
   // Index sources only.
-  HostTensor indexer_wq_b, indexer_weights_proj;
+  LinearWeight indexer_wq_b, indexer_weights_proj;
 };
 
 struct EngramWeights {
   EngramTable table;
-  HostTensor wkv;        // [D*(HC+1), NE]
+  LinearWeight wkv;      // [D*(HC+1), NE]
   HostTensor qk_weight;  // [HC, D] = q_weight * k_weight (only the product is used)
 };
 
@@ -60,7 +62,7 @@ struct BlockWeights {
 
 struct DSparkWeights {
   std::vector<BlockWeights> stages;
-  HostTensor main_proj;     // [D, 3D]
+  LinearWeight main_proj;   // [D, 3D]
   HostTensor main_norm;     // [D]
   HostTensor norm;          // [D]
   HostTensor markov_embed;  // [V, R]
@@ -69,9 +71,9 @@ struct DSparkWeights {
 };
 
 struct ModelWeights {
-  HostTensor embed;  // [V, D]
-  HostTensor head;   // [V, D]
-  HostTensor norm;   // [D]
+  HostTensor embed;   // [V, D]
+  LinearWeight head;  // [V, D]
+  HostTensor norm;    // [D]
   std::vector<BlockWeights> layers;
   std::optional<DSparkWeights> dspark;  // present when the config has draft stages
 };

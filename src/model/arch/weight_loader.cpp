@@ -98,4 +98,13 @@ Result<HostTensor> WeightLoader::load_linear(const std::string& name, int64_t ou
   return result;
 }
 
+Result<LinearWeight> WeightLoader::load_linear_weight(const std::string& name, int64_t out,
+                                                      int64_t in) const {
+  MS_ASSIGN_OR_RETURN(const Checkpoint::Tensor* t, get(name));
+  LinearWeight w;
+  w.block_scaled = t->dtype != DType::kBF16 && t->dtype != DType::kF32;
+  MS_ASSIGN_OR_RETURN(w.weight, load_linear(name, out, in));
+  return w;
+}
+
 }  // namespace moeserve::arch

@@ -18,6 +18,14 @@
 
 namespace moeserve::arch {
 
+// A linear weight as the CPU forward holds it: fp32 [out, in] plus whether the checkpoint stored it
+// block-scaled (FP8 e4m3 with 32x32 ue8m0 blocks, or MXFP4). Block-scaled linears read MXFP8
+// activations (model.md §5; arch::linear applies the fake-quant).
+struct LinearWeight {
+  HostTensor weight;
+  bool block_scaled = false;
+};
+
 class WeightLoader {
  public:
   // Maps a checkpoint (a directory or one .safetensors file; CheckpointLoader rules).
@@ -44,6 +52,9 @@ class WeightLoader {
   // (I8/U8 [out, in/2] + ue8m0 [out, in/32]), or a plain BF16/F32 tensor.
   [[nodiscard]] Result<HostTensor> load_linear(const std::string& name, int64_t out,
                                                int64_t in) const;
+  // load_linear plus the checkpoint format: block_scaled for FP8 e4m3 and MXFP4 tensors.
+  [[nodiscard]] Result<LinearWeight> load_linear_weight(const std::string& name, int64_t out,
+                                                        int64_t in) const;
 
  private:
   std::shared_ptr<const Checkpoint> checkpoint_;

