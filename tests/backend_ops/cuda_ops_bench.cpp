@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -211,7 +212,7 @@ void run_v41_ops(Bench& b, std::vector<Result>& results) {
     auto s = b.buffer(DType::kF32, {c.t, c.n});
     results.push_back(b.run(
         "indexer scores (fp4 keys)", dims({c.t, c.n, 32, 128}), 68.0 * c.n + 4.0 * c.t * c.n,
-        2.0 * c.t * c.n * 32 * 128, Rate::kF32, [&](int) {
+        2.0 * c.t * c.n * 32 * 128, Rate::kBf16, [&](int) {
           cuda::launch_indexer_scores(
               {q.data_as<float>(), w.data_as<float>(), c.t, 32, 128, keys.data_as<uint8_t>(), c.n,
                pos.data_as<int32_t>(), 1, nullptr, 0, 0.0883883f, s.data_as<float>(), c.n},
@@ -265,7 +266,7 @@ void run_v41_ops(Bench& b, std::vector<Result>& results) {
     p.out = o.data_as<float>();
     results.push_back(b.run("sparse attention 128+512", dims({t, 64, 640, 512}),
                             t * (128.0 * 528 + 512.0 * 288 + 2.0 * 4 * 64 * 512),
-                            4.0 * t * 64 * 640 * 512, Rate::kF32,
+                            4.0 * t * 64 * 640 * 512, Rate::kBf16,
                             [&](int) { cuda::launch_sparse_attention(p, stream); }));
     b.release();
   }
@@ -437,6 +438,91 @@ int run_bench(const std::string& out_dir) {
                ss[r % ss.size()].data_as<uint8_t>(), y.data_as<float>(), n, m, n, k},
               stream);
         }));
+    b.release();
+  }
+  // The forward's MoE path: MXFP8 activation quant, then the grouped MXFP4 GEMM over 12 local
+  // experts (w1: N=2304, K=5120) with device-side row counts: 6 rows per expert (DEP32 decode
+  // share) and 128 (prefill).
+  for (int64_t per : {6, 128}) {
+    const int64_t local = 12, n = 2304, k = 5120, m = per * local;
+    auto xf = b.buffer(DType::kF32, {m, k});
+    auto x = b.buffer(DType::kBF16, {m, k});
+    results.push_back(b.run("act quant mxfp8 -> bf16", dims({m, k}), 6.0 * m * k, 0, Rate::kNone,
+                            [&](int) {
+                              cuda::ActQuantParams q;
+                              q.x = xf.data_as<float>();
+                              q.ldx = k;
+                              q.rows = m;
+                              q.cols = k;
+                              q.out = x.data();
+                              q.ldo = k;
+                              cuda::launch_act_quant_mxfp8(q, stream);
+                            }));
+    std::vector<int32_t> off(static_cast<size_t>(local + 1));
+    for (int64_t e = 0; e <= local; ++e) off[static_cast<size_t>(e)] = static_cast<int32_t>(e * per);
+    auto doff = b.buffer(DType::kI32, {local + 1}, 0, 0);
+    b.backend().copy_from_host(doff, TensorView(off.data(), DType::kI32, {local + 1}));
+    std::vector<std::vector<TensorView>> wsets;  // [copy][expert]
+    std::vector<TensorView> ptr_bufs;
+    const int copies = 3;
+    for (int cpy = 0; cpy < copies; ++cpy) {
+      std::vector<const uint8_t*> w(static_cast<size_t>(local)), sc(static_cast<size_t>(local));
+      for (int64_t e = 0; e < local; ++e) {
+        w[static_cast<size_t>(e)] = b.buffer(DType::kFp4E2m1, {n, k}).data_as<uint8_t>();
+        sc[static_cast<size_t>(e)] = b.buffer(DType::kF8E8M0, {n, k / 32}, 120, 130).data_as<uint8_t>();
+      }
+      w.insert(w.end(), sc.begin(), sc.end());
+      auto pb = b.buffer(DType::kI64, {2 * local}, 0, 0);
+      b.backend().copy_from_host(pb, TensorView(w.data(), DType::kI64, {2 * local}));
+      ptr_bufs.push_back(pb);
+    }
+    auto y = b.buffer(DType::kF32, {m, n});
+    const double bytes = local * (n * k / 2.0 + n * k / 32.0) + 2.0 * m * k + 4.0 * m * n;
+    results.push_back(b.run("grouped mxfp4 gemm (12 experts)", dims({m, n, k}), bytes,
+                            2.0 * m * n * k, Rate::kBf16, [&](int i) {
+                              const auto* ptr = static_cast<const uint8_t* const*>(
+                                  ptr_bufs[static_cast<size_t>(i) % ptr_bufs.size()].data());
+                              cuda::GroupedMxfp4GemmParams g;
+                              g.a = x.data();
+                              g.lda = k;
+                              g.offsets = doff.data_as<int32_t>();
+                              g.num_experts = static_cast<int>(local);
+                              g.max_rows = per;
+                              g.w = ptr;
+                              g.w_scale = ptr + local;
+                              g.y = y.data_as<float>();
+                              g.ldy = n;
+                              g.n = n;
+                              g.k = k;
+                              g.rows_hint = per;
+                              cuda::launch_grouped_mxfp4_gemm(g, stream);
+                            }));
+    b.release();
+  }
+  // The dense FP8 linears as the forward runs them: the weight dequantised to bf16 at load,
+  // cuBLASLt bf16 x bf16 -> fp32 (wq_b and wo_b at a 64 x 6 decode step).
+  for (const auto [m, n, k] : {std::tuple{int64_t{384}, int64_t{32768}, int64_t{1280}},
+                               std::tuple{int64_t{384}, int64_t{5120}, int64_t{8192}}}) {
+    auto x = b.buffer(DType::kBF16, {m, k});
+    auto ws = b.weights(DType::kBF16, {n, k});
+    auto y = b.buffer(DType::kF32, {m, n});
+    cuda::CublasLtGemm lt(stream);
+    results.push_back(b.run("dense linear bf16 (cuBLASLt)", dims({m, n, k}),
+                            2.0 * m * k + 2.0 * n * k + 4.0 * m * n, 2.0 * m * n * k, Rate::kBf16,
+                            [&](int i) {
+                              cuda::LtGemmParams g;
+                              g.precision = cuda::GemmPrecision::kBf16F32;
+                              g.a = x.data();
+                              g.lda = k;
+                              g.b = ws[static_cast<size_t>(i) % ws.size()].data();
+                              g.ldb = k;
+                              g.c = y.data();
+                              g.ldc = n;
+                              g.m = m;
+                              g.n = n;
+                              g.k = k;
+                              lt.run(g);
+                            }));
     b.release();
   }
   // Router (fused scores + top-6).

@@ -289,16 +289,34 @@ TEST_P(CudaRouter, MatchesCpu) {
                   host_view(bias, DType::kF32, {c.experts}), cfg,
                   host_view(ref_ids, DType::kI32, {c.tokens, c.top_k}),
                   host_view(ref_w, DType::kF32, {c.tokens, c.top_k}));
+  // Both ways: dots in the kernel, and precomputed logits (the model's batched fp32 GEMM; here
+  // the host's double dots rounded to fp32).
+  std::vector<float> logits(static_cast<size_t>(c.tokens * c.experts));
+  for (int64_t t = 0; t < c.tokens; ++t)
+    for (int64_t e = 0; e < c.experts; ++e) {
+      double dot = 0;
+      for (int64_t i = 0; i < c.hidden; ++i)
+        dot += static_cast<double>(x[t * c.hidden + i]) * w[e * c.hidden + i];
+      logits[static_cast<size_t>(t * c.experts + e)] = static_cast<float>(dot);
+    }
+  for (bool precomputed : {false, true}) {
+  SCOPED_TRACE(precomputed ? "precomputed logits" : "dots in the kernel");
   auto dx = upload(x);
   auto dw = upload(w);
   auto db = upload(bias);
+  auto dl = upload(logits);
   auto dids = upload(std::vector<int32_t>(ref_ids.size(), -1));
   auto dwts = poisoned_floats(static_cast<int64_t>(ref_w.size()));
-  cuda::launch_moe_router(
-      {dx->view().data_as<float>(), c.hidden, dw->view().data_as<float>(),
-       db->view().data_as<float>(), c.tokens, c.hidden, c.experts, c.top_k, c.temperature, 1.5f,
-       dids->view().data_as<int32_t>(), dwts->view().data_as<float>()},
-      stream_);
+  cuda::MoeRouterParams rp{dx->view().data_as<float>(), c.hidden, dw->view().data_as<float>(),
+                           db->view().data_as<float>(), c.tokens, c.hidden, c.experts, c.top_k,
+                           c.temperature, 1.5f, dids->view().data_as<int32_t>(),
+                           dwts->view().data_as<float>()};
+  if (precomputed) {
+    rp.logits = dl->view().data_as<float>();
+    rp.x = nullptr;
+    rp.gate_weight = nullptr;
+  }
+  cuda::launch_moe_router(rp, stream_);
   const auto ids = download<int32_t>(*dids);
   const auto wts = download<float>(*dwts);
   // Selection scores on the CPU in double, to judge near ties.
@@ -325,6 +343,7 @@ TEST_P(CudaRouter, MatchesCpu) {
     }
   }
   EXPECT_LE(mismatches, c.tokens / 16 + 1);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -5,7 +5,9 @@
 #
 #   usage: tools/device/build_and_test.sh OUT_DIR
 #   env:   STEPS (default "env unpack gtest configure build test bench torch"; add "fwdbench" for
-#          the GPU forward benchmarks of tools/device/bench_forward.sh), JOBS (default nproc)
+#          the GPU forward benchmarks of tools/device/bench_forward.sh), JOBS (default nproc),
+#          BUILD_TARGETS (build only these targets), TEST_FILTER (gtest filter of the op tests),
+#          GPU_FWD_ARGS (extra arguments of the GPU forward test, e.g. a gtest filter)
 #
 # Everything is compiled on the device with its own compiler (googletest too); from the sysroot
 # only headers and C libraries are used (fmt and spdlog header-only), so no C++ ABI crosses
@@ -93,6 +95,12 @@ step_configure() {
 }
 
 step_build() {
+  # BUILD_TARGETS: build only these (saves device minutes when the CPU-only targets are not run).
+  if [[ -n "${BUILD_TARGETS:-}" ]]; then
+    # shellcheck disable=SC2086
+    cmake --build "$build" -j "$jobs" --target $BUILD_TARGETS
+    return $?
+  fi
   # -k 0: keep going, so one broken target elsewhere does not hide the GPU results.
   cmake --build "$build" -j "$jobs" -- -k 0
   local status=$?
@@ -104,13 +112,19 @@ step_build() {
 
 step_test() {
   local status=0
-  "$build/tests/backend_ops/cuda_ops" --gtest_output="json:$out/cuda_ops.json" || status=$?
-  "$build/tests/backend_ops/cuda_v41_ops" --gtest_output="json:$out/cuda_v41_ops.json" || status=$?
-  "$build/tests/backend_ops/backend_ops" --gtest_output="json:$out/backend_ops.json" || status=$?
+  local filter=${TEST_FILTER:-*}
+  "$build/tests/backend_ops/cuda_ops" --gtest_filter="$filter" --gtest_output="json:$out/cuda_ops.json" || status=$?
+  "$build/tests/backend_ops/cuda_v41_ops" --gtest_filter="$filter" --gtest_output="json:$out/cuda_v41_ops.json" || status=$?
+  if [[ -z "${BUILD_TARGETS:-}" ]]; then
+    "$build/tests/backend_ops/backend_ops" --gtest_output="json:$out/backend_ops.json" || status=$?
+  fi
   # The GPU forward against the CPU forward (tiny model); its output goes to the main log only
   # (the device tool returns at most 8 files from OUT).
-  "$build/tests/integration/model/integration_model_gpu_forward_test" || status=$?
-  ctest --test-dir "$build" -L gpu -E integration_model_gpu_forward_test --output-on-failure || status=$?
+  # shellcheck disable=SC2086
+  "$build/tests/integration/model/integration_model_gpu_forward_test" ${GPU_FWD_ARGS:-} || status=$?
+  if [[ -z "${BUILD_TARGETS:-}" ]]; then
+    ctest --test-dir "$build" -L gpu -E integration_model_gpu_forward_test --output-on-failure || status=$?
+  fi
   if command -v compute-sanitizer >/dev/null; then
     timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/backend_ops/cuda_ops" \
       --gtest_filter='*7x100x160*:*r3_c1001*:*r2_c7*:*t1_h64*:*Ties*' >/tmp/memcheck.log 2>&1 || status=$?

@@ -62,8 +62,9 @@ CublasLtGemm::~CublasLtGemm() {
 void CublasLtGemm::run(const LtGemmParams& p) {
   if (p.m == 0 || p.n == 0) return;
   MS_CHECK(p.k > 0);
-  const bool bf16 = p.precision == GemmPrecision::kBf16;
-  const cudaDataType_t data_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const bool bf16_in = p.precision == GemmPrecision::kBf16 || p.precision == GemmPrecision::kBf16F32;
+  const cudaDataType_t data_type = bf16_in ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t out_type = p.precision == GemmPrecision::kBf16 ? CUDA_R_16BF : CUDA_R_32F;
   const cublasComputeType_t compute =
       p.precision == GemmPrecision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 
@@ -82,7 +83,7 @@ void CublasLtGemm::run(const LtGemmParams& p) {
     MS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, data_type, u(p.n), u(p.k), p.ldb));
   }
   MS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, data_type, u(p.k), u(p.m), p.lda));
-  MS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, data_type, u(p.n), u(p.m), p.ldc));
+  MS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, out_type, u(p.n), u(p.m), p.ldc));
 
   const ShapeKey key{static_cast<int>(p.precision),
                      p.m,

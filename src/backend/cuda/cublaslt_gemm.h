@@ -12,6 +12,7 @@ enum class GemmPrecision : uint8_t {
   kF32,   // fp32 operands and output, fp32 arithmetic (no TF32)
   kTf32,  // fp32 operands and output, TF32 tensor cores
   kBf16,  // bf16 operands and output, fp32 accumulation
+  kBf16F32,  // bf16 operands, fp32 output, fp32 accumulation
 };
 
 struct LtGemmParams {

@@ -101,6 +101,93 @@ struct Mxfp4GemmParams {
 };
 void launch_mxfp4_gemm(const Mxfp4GemmParams& p, Stream stream);
 
+// ---- quantised-activation GEMM path (model.md §5) and the device-side MoE -----------------
+
+// MXFP8 activation fake-quant before an FP8/MXFP4-weight GEMM (model.md §5 [UNCERTAIN] choice:
+// block 32 along K, common/fake_quant.h fq_fp8_block32_pow2: s = 2^ceil(log2(max(amax,1e-4)/448)),
+// q = e4m3(x / s) * s). out[r, :cols] = fq(x[row(r), :cols]) with row(r) = row_index ? row_index[r]
+// : r, for r < (device_rows ? *device_rows : rows); out is bf16 bits (exact: e4m3 * 2^k) or fp32.
+// cols % 32 == 0.
+struct ActQuantParams {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  const int32_t* row_index = nullptr;
+  int64_t rows = 0;                      // rows to write (upper bound when device_rows is set)
+  const int32_t* device_rows = nullptr;  // optional: the row count, read on the device
+  int64_t cols = 0;
+  void* out = nullptr;
+  ActivationType out_type = ActivationType::kBF16;
+  int64_t ldo = 0;
+};
+void launch_act_quant_mxfp8(const ActQuantParams& p, Stream stream);
+
+// out[r, c] = fq(silu(min(g, limit)) * clamp(u, ±limit) * row_weight[r]) (the routed expert's
+// clamped SwiGLU times its routing weight, then the MXFP8 fake-quant of w2's input) for r <
+// *device_rows (or rows); bf16 bits or fp32 as above. cols % 32 == 0.
+struct SwigluQuantParams {
+  const float* gate = nullptr;
+  const float* up = nullptr;
+  int64_t ld = 0;  // pitch of gate and up
+  const float* row_weight = nullptr;
+  int64_t rows = 0;
+  const int32_t* device_rows = nullptr;
+  int64_t cols = 0;
+  float limit = 10.0f;
+  void* out = nullptr;
+  ActivationType out_type = ActivationType::kBF16;
+  int64_t ldo = 0;
+};
+void launch_swiglu_quant_mxfp8(const SwigluQuantParams& p, Stream stream);
+
+// Groups the top-k hits of `rows` tokens by local expert on the device (no host sync): hits on
+// experts in [0, local) are kept; image rows (image[r] != 0, when ids_vl is given) take the
+// bias_vl routing (ids_vl, weights_vl). Outputs: offsets[local + 1] (exclusive prefix of the
+// per-expert counts; offsets[local] = kept hits), perm_row[p] = token of grouped hit p,
+// perm_weight[p] its routing weight, inv[r * k + j] = grouped position of hit (r, j) or -1.
+// The order inside one expert is unspecified (each row's GEMM result does not depend on it).
+// local <= 4096.
+struct MoeGroupParams {
+  const int32_t* ids = nullptr;  // [rows, k]
+  const float* weights = nullptr;
+  const int32_t* ids_vl = nullptr;
+  const float* weights_vl = nullptr;
+  const uint8_t* image = nullptr;
+  int64_t rows = 0;
+  int k = 0;
+  int local = 0;
+  int32_t* offsets = nullptr;
+  int32_t* perm_row = nullptr;
+  float* perm_weight = nullptr;
+  int32_t* inv = nullptr;
+};
+void launch_moe_group(const MoeGroupParams& p, Stream stream);
+
+// Grouped MXFP4 GEMM over the grouped rows: for expert e and offsets[e] <= r < offsets[e + 1]:
+// y[r, :n] = a[r, :k] · dequant(W_e)^T, with a bf16 (MXFP8 values), W_e packed e2m1 [n, k/2] at
+// w[e] and ue8m0 scales [n, k/32] at w_scale[e] (device arrays of device pointers). Row counts
+// stay on the device; max_rows bounds every expert's count (e.g. the token count). k % 32 == 0,
+// a 16-byte aligned with lda % 8 == 0. rows_hint (expected rows per expert) picks the tile.
+struct GroupedMxfp4GemmParams {
+  const void* a = nullptr;
+  int64_t lda = 0;
+  const int32_t* offsets = nullptr;
+  int num_experts = 0;
+  int64_t max_rows = 0;
+  const uint8_t* const* w = nullptr;
+  const uint8_t* const* w_scale = nullptr;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  int64_t rows_hint = 0;
+};
+void launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream);
+
+// out[N, K] (bf16 bits) = dequant(W) of an FP8 e4m3 [N, K] weight with 32x32 ue8m0 block scales
+// (exact: e4m3 * 2^k is a bf16 value). K % 32 == 0.
+void launch_dequant_fp8_block_to_bf16(const uint8_t* w, const uint8_t* w_scale, int64_t n,
+                                      int64_t k, void* out, Stream stream);
+
 // The MoE router of model.md §5, one block per token (fp32 throughout):
 //   z = x · Wg^T / temperature, s = sqrt(softplus(z)) (softplus(z) = z above 20),
 //   ids = top_k of s + bias (descending; ties -> lowest expert id),
@@ -119,6 +206,9 @@ struct MoeRouterParams {
   float route_scale = 1.5f;
   int32_t* topk_ids = nullptr;    // [num_tokens, top_k]
   float* topk_weights = nullptr;  // [num_tokens, top_k]
+  // Optional: x · Wg^T [num_tokens, num_experts] already computed (e.g. one fp32 GEMM for the
+  // batch); then x and gate_weight are not read.
+  const float* logits = nullptr;
 };
 void launch_moe_router(const MoeRouterParams& p, Stream stream);
 

@@ -17,7 +17,7 @@ constexpr int kArgmaxThreads = 256;
 __global__ void __launch_bounds__(kRouterThreads) moe_router_kernel(MoeRouterParams p) {
   extern __shared__ float smem[];
   float* xs = smem;                       // [hidden]
-  float* score = xs + p.hidden;           // [num_experts] s = sqrt(softplus(z))
+  float* score = xs + (p.logits ? 0 : p.hidden);  // [num_experts] s = sqrt(softplus(z))
   float* select = score + p.num_experts;  // [num_experts] s + bias, -inf once taken
   __shared__ ArgMax warp_best[32];
   __shared__ int32_t chosen[kMaxTopK];
@@ -26,15 +26,21 @@ __global__ void __launch_bounds__(kRouterThreads) moe_router_kernel(MoeRouterPar
   const int lane = tid & 31;
   const int warp = tid >> 5;
   const int warps = blockDim.x >> 5;
-  const float* x = p.x + static_cast<int64_t>(blockIdx.x) * p.ldx;
-  for (int64_t i = tid; i < p.hidden; i += blockDim.x) xs[i] = x[i];
+  if (p.logits == nullptr) {
+    const float* x = p.x + static_cast<int64_t>(blockIdx.x) * p.ldx;
+    for (int64_t i = tid; i < p.hidden; i += blockDim.x) xs[i] = x[i];
+  }
   __syncthreads();
 
   for (int64_t e = warp; e < p.num_experts; e += warps) {
-    const float* w = p.gate_weight + e * p.hidden;
     float dot = 0.0f;
-    for (int64_t i = lane; i < p.hidden; i += 32) dot = fmaf(xs[i], w[i], dot);
-    dot = warp_sum(dot);
+    if (p.logits != nullptr) {
+      dot = p.logits[static_cast<int64_t>(blockIdx.x) * p.num_experts + e];
+    } else {
+      const float* w = p.gate_weight + e * p.hidden;
+      for (int64_t i = lane; i < p.hidden; i += 32) dot = fmaf(xs[i], w[i], dot);
+      dot = warp_sum(dot);
+    }
     if (lane == 0) {
       const float z = dot / p.temperature;
       const float softplus = z > 20.0f ? z : log1pf(expf(z));
@@ -139,7 +145,8 @@ void launch_moe_router(const MoeRouterParams& p, Stream stream) {
     detail::cuda_call_failed(__FILE__, __LINE__, "launch_moe_router", "bad arguments",
                              "1 <= top_k <= min(16, num_experts), num_experts <= 1024");
   }
-  const size_t smem = sizeof(float) * static_cast<size_t>(p.hidden + 2 * p.num_experts);
+  const size_t smem =
+      sizeof(float) * static_cast<size_t>((p.logits ? 0 : p.hidden) + 2 * p.num_experts);
   if (smem > 48 * 1024) {
     MS_CUDA_CHECK(cudaFuncSetAttribute(
         moe_router_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

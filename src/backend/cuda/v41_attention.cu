@@ -1,9 +1,18 @@
-// V4.1 sparse attention core (model.md §2.5), correctness-first: one block per (query, 16 heads),
-// 256 threads (16 per head, each owning 16 channel pairs of the 512). The query's key list (SWA
-// ring records, FP8, then selected main entries, FP4) is compacted in order; tiles of 32 keys are
-// dequantised into shared memory (fp32, exact) and consumed with an online softmax that starts
-// from the sink (m = sink, l = 1); K = V. The trailing rd output channels get the inverse RoPE.
-// NOTE: fp32 CUDA cores, no split over keys: decode batches of one query use heads/16 blocks.
+// V4.1 sparse attention core (model.md §2.5) on fp16 tensor cores: one block per (query, 16
+// heads), 8 warps. The query's key list (SWA ring records, FP8, then selected main entries, FP4)
+// is compacted in order; tiles of 32 keys are dequantised to fp16 in shared memory twice: once
+// for the logits of every key (kept in shared memory, <= 1024 per row), once for P . V after an
+// exact softmax that starts from the sink. q and P are split into fp16 hi + lo parts (2^-22
+// relative, about fp32: the output feeds wo_a's MXFP8 quantisation, where a 1e-5 error would
+// move values across rounding points), and the dequantised cache values are exact in fp16 for
+// the magnitudes kv_norm gives. K = V. The trailing rd output channels get the inverse RoPE.
+// NOTE: the four head groups of a row each dequantise the row's keys (twice); a row-per-block
+// variant with register-resident accumulators (mma.sync) would read them once.
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <algorithm>
+
 #include "backend/cuda/cuda_util.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/v41_device.cuh"
@@ -11,22 +20,140 @@
 namespace moeserve::cuda {
 namespace {
 
+using namespace nvcuda;
+
 constexpr int kHd = 512;
 constexpr int kHeadsPerBlock = 16;
-constexpr int kThreads = 256;
-constexpr int kTile = 32;
+constexpr int kThreads = 256;  // 8 warps
+constexpr int kTile = 32;      // keys per tile (2 x 16)
 constexpr int kMaxKeys = 1024;
 constexpr int kGlobFlag = 1 << 30;
-constexpr int kPairs = kHd / 32;  // channel pairs per thread
+constexpr int kQPad = kHd + 8;       // fp16 pitch of q / key rows (1040 B)
+constexpr int kPPad = kTile + 8;     // fp16 pitch of the probability tile
+// q * scale and P are multiplied by 2^8 before the fp16 split (exact), so the lo parts of most
+// values stay normal fp16 (|q * scale| < 256 fits); the logits and the output are scaled back.
+constexpr float kPow = 256.0f;
+constexpr int kOPad = kHd + 4;       // fp32 pitch of the output staging
+constexpr int kWarps = kThreads / 32;
+constexpr int kDimsPerWarp = kHd / kWarps;  // 64 output channels per warp (4 fragments)
+constexpr int kKSplit = kWarps / (kTile / 16);  // logits: K-dim parts per key fragment (4)
 
-__global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttentionParams p) {
-  extern __shared__ float kt[];  // [kTile][kHd]
-  __shared__ int32_t list[kMaxKeys];
+struct AttnSmem {
+  int s_pitch;  // fp32 pitch of the logits rows
+  size_t q_hi, q_lo, kt, sc, list, p_hi, p_lo, bytes;
+};
+
+AttnSmem attn_smem(int nk_cap) {
+  AttnSmem a{};
+  a.s_pitch = nk_cap + 4;
+  size_t off = 0;
+  const auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off += (bytes + 127) / 128 * 128;
+    return at;
+  };
+  a.q_hi = take(sizeof(__half) * kHeadsPerBlock * kQPad);
+  a.q_lo = take(sizeof(__half) * kHeadsPerBlock * kQPad);
+  // Key tile (fp16); the logits partials (8 x 16 x 16 fp32) and the output staging (fp32,
+  // 16 x 516) reuse it.
+  a.kt = take(std::max({sizeof(__half) * kTile * kQPad,
+                        sizeof(float) * kHeadsPerBlock * kOPad, sizeof(float) * kWarps * 256}));
+  a.sc = take(sizeof(float) * kHeadsPerBlock * a.s_pitch);
+  a.list = take(sizeof(int32_t) * nk_cap);
+  a.p_hi = take(sizeof(__half) * kHeadsPerBlock * kPPad);
+  a.p_lo = take(sizeof(__half) * kHeadsPerBlock * kPPad);
+  a.bytes = off;
+  return a;
+}
+
+// v = hi + lo + O(2^-22 |v|) in fp16 (the callers pre-scale by kPow so that lo stays normal).
+__device__ __forceinline__ void split_half(float v, __half* hi, __half* lo) {
+  const __half h = __float2half_rn(v);
+  *hi = h;
+  *lo = __float2half_rn(v - __half2float(h));
+}
+
+// Dequantises keys [t0, t0 + kTile) of the list into kt (fp16; zeros past nk). Every
+// thread first loads its 8 items (8 channels each), then decodes them.
+__device__ __forceinline__ void load_key_tile(const SparseAttentionParams& p, const int32_t* list,
+                                              int nk, int t0, __half (*kt)[kQPad]) {
+  constexpr int kSwaRec = kHd + kHd / 32;
+  constexpr int kGlobRec = kHd / 2 + kHd / 16;
+  constexpr int kItems = kTile * (kHd / 8) / kThreads;
+  uint2 raw[kItems];
+  uint32_t sb[kItems];
+  int kind[kItems];  // 0 none, 1 SWA (FP8), 2 global (FP4)
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const int i = threadIdx.x + it * kThreads;
+    const int key = i / (kHd / 8), oct = i % (kHd / 8);
+    kind[it] = 0;
+    raw[it] = make_uint2(0, 0);
+    sb[it] = 0;
+    if (t0 + key < nk) {
+      const int id = list[t0 + key];
+      if (id & kGlobFlag) {
+        const uint8_t* rec = p.glob + static_cast<int64_t>(id & ~kGlobFlag) * kGlobRec;
+        raw[it].x = *reinterpret_cast<const uint32_t*>(rec + 4 * oct);
+        sb[it] = rec[kHd / 2 + oct / 2];
+        kind[it] = 2;
+      } else {
+        const uint8_t* rec = p.swa + static_cast<int64_t>(id) * kSwaRec;
+        raw[it] = *reinterpret_cast<const uint2*>(rec + 8 * oct);
+        sb[it] = rec[kHd + oct / 4];
+        kind[it] = 1;
+      }
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < kItems; ++it) {
+    const int i = threadIdx.x + it * kThreads;
+    const int key = i / (kHd / 8), oct = i % (kHd / 8);
+    float v[8];
+    if (kind[it] == 2) {
+      const float s = v41::e4m3_decode(sb[it]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = v41::e2m1_decode((raw[it].x >> (4 * e)) & 0xF) * s;
+    } else {
+      const float s = kind[it] == 1 ? v41::ue8m0_decode(sb[it]) : 0.0f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        v[e] = v41::e4m3_decode((raw[it].x >> (8 * e)) & 0xFF) * s;
+        v[4 + e] = v41::e4m3_decode((raw[it].y >> (8 * e)) & 0xFF) * s;
+      }
+    }
+    uint32_t w[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const __half2 pr = __floats2half2_rn(v[2 * e], v[2 * e + 1]);
+      w[e] = *reinterpret_cast<const uint32_t*>(&pr);
+    }
+    *reinterpret_cast<uint4*>(&kt[key][8 * oct]) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+// One block per (query row, 16 heads). Pass 1: logits S = (q * scale) . k for every key of the
+// row's list (fp16 tensor cores; q split into fp16 hi + lo) into shared memory.
+// Softmax with the sink in fp32 (max over sink and logits; the sink adds exp(sink - max) to the
+// denominator only). Pass 2: O = P . V over the same tiles (P split hi + lo; K = V), then O / sum
+// and the inverse RoPE of the trailing rd channels (angles in double).
+__global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttentionParams p,
+                                                                    AttnSmem lay) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  auto* q_hi = reinterpret_cast<__half(*)[kQPad]>(smem + lay.q_hi);
+  auto* q_lo = reinterpret_cast<__half(*)[kQPad]>(smem + lay.q_lo);
+  auto* kt = reinterpret_cast<__half(*)[kQPad]>(smem + lay.kt);
+  auto* ost = reinterpret_cast<float(*)[kOPad]>(smem + lay.kt);
+  float* sc = reinterpret_cast<float*>(smem + lay.sc);
+  int32_t* list = reinterpret_cast<int32_t*>(smem + lay.list);
+  auto* p_hi = reinterpret_cast<__half(*)[kPPad]>(smem + lay.p_hi);
+  auto* p_lo = reinterpret_cast<__half(*)[kPPad]>(smem + lay.p_lo);
   __shared__ int32_t warp_count[kThreads / 32];
-  __shared__ float lgs[kHeadsPerBlock][kTile];
+  __shared__ float head_sum[kHeadsPerBlock];
   const int64_t t = blockIdx.x;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int pos = p.pos[t];
+  const int h0 = blockIdx.y * kHeadsPerBlock;
 
   // Ordered compaction of the valid key ids.
   const int nlist = p.swa_k + p.glob_k;
@@ -59,92 +186,103 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttent
   }
   const int nk = base;
 
-  const int hl = tid / 16, sub = tid % 16;
-  const int h = blockIdx.y * kHeadsPerBlock + hl;
-  const float* qh = p.q + (t * p.heads + h) * kHd;
-  float q[2 * kPairs], acc[2 * kPairs];
-#pragma unroll
-  for (int m = 0; m < kPairs; ++m) {
-    const float2 v = *reinterpret_cast<const float2*>(qh + 2 * sub + 32 * m);
-    q[2 * m] = v.x * p.scale;
-    q[2 * m + 1] = v.y * p.scale;
-    acc[2 * m] = acc[2 * m + 1] = 0.0f;
+  // q * scale (fp32, as the CPU), times 2^8, split into fp16 hi + lo.
+  for (int i = tid; i < kHeadsPerBlock * kHd; i += kThreads) {
+    const int h = i / kHd, c = i % kHd;
+    split_half(p.q[(t * p.heads + h0 + h) * kHd + c] * p.scale * kPow, &q_hi[h][c], &q_lo[h][c]);
   }
-  float run_max = p.sink[h], run_sum = 1.0f;
-  constexpr int kSwaRec = kHd + kHd / 32;
-  constexpr int kGlobRec = kHd / 2 + kHd / 16;
 
+  // Pass 1: logits. Warp w -> key fragment w % 2, channels [128 (w / 2), + 128); the four
+  // partial fragments of a key fragment are added in channel order.
+  float* part = reinterpret_cast<float*>(smem + lay.kt);
   for (int t0 = 0; t0 < nk; t0 += kTile) {
     __syncthreads();
-    for (int i = tid; i < kTile * (kHd / 4); i += kThreads) {
-      const int key = i / (kHd / 4), quad = i % (kHd / 4);
-      float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (t0 + key < nk) {
-        const int id = list[t0 + key];
-        if (id & kGlobFlag) {
-          const uint8_t* rec = p.glob + static_cast<int64_t>(id & ~kGlobFlag) * kGlobRec;
-          const uint32_t b = *reinterpret_cast<const uint16_t*>(rec + 2 * quad);
-          const float s = v41::e4m3_decode(rec[kHd / 2 + quad / 4]);
-          v = make_float4(v41::e2m1_decode(b & 0xF) * s, v41::e2m1_decode((b >> 4) & 0xF) * s,
-                          v41::e2m1_decode((b >> 8) & 0xF) * s, v41::e2m1_decode(b >> 12) * s);
-        } else {
-          const uint8_t* rec = p.swa + static_cast<int64_t>(id) * kSwaRec;
-          const uint32_t b = *reinterpret_cast<const uint32_t*>(rec + 4 * quad);
-          const float s = v41::ue8m0_decode(rec[kHd + quad / 8]);
-          v = make_float4(v41::e4m3_decode(b & 0xFF) * s, v41::e4m3_decode((b >> 8) & 0xFF) * s,
-                          v41::e4m3_decode((b >> 16) & 0xFF) * s, v41::e4m3_decode(b >> 24) * s);
-        }
-      }
-      *reinterpret_cast<float4*>(kt + key * kHd + 4 * quad) = v;
-    }
+    load_key_tile(p, list, nk, t0, kt);
     __syncthreads();
-    // Logits of the tile into shared memory (one 16-lane group per head), then the online softmax.
-#pragma unroll 1
-    for (int j = 0; j < kTile; ++j) {
-      const float* kr = kt + j * kHd + 2 * sub;
-      float d = 0.0f;
-#pragma unroll
-      for (int m = 0; m < kPairs; ++m) {
-        const float2 kv = *reinterpret_cast<const float2*>(kr + 32 * m);
-        d = fmaf(q[2 * m], kv.x, d);
-        d = fmaf(q[2 * m + 1], kv.y, d);
-      }
-      d += __shfl_xor_sync(0xffffffffu, d, 8);
-      d += __shfl_xor_sync(0xffffffffu, d, 4);
-      d += __shfl_xor_sync(0xffffffffu, d, 2);
-      d += __shfl_xor_sync(0xffffffffu, d, 1);
-      if (sub == 0) lgs[hl][j] = t0 + j < nk ? d : -INFINITY;
+    const int nf = warp % (kTile / 16), kq = warp / (kTile / 16);
+    constexpr int kSpan = kHd / kKSplit;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+#pragma unroll 4
+    for (int kk = kq * kSpan; kk < (kq + 1) * kSpan; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ah, al;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> bk;
+      wmma::load_matrix_sync(ah, &q_hi[0][kk], kQPad);
+      wmma::load_matrix_sync(al, &q_lo[0][kk], kQPad);
+      wmma::load_matrix_sync(bk, &kt[nf * 16][kk], kQPad);
+      wmma::mma_sync(acc, ah, bk, acc);
+      wmma::mma_sync(acc, al, bk, acc);
     }
-    __syncwarp();
-    float tile_max = -INFINITY;
-#pragma unroll 8
-    for (int j = 0; j < kTile; ++j) tile_max = fmaxf(tile_max, lgs[hl][j]);
-    const float new_max = fmaxf(run_max, tile_max);
-    const float corr = expf(run_max - new_max);
-    run_sum *= corr;
+    __syncthreads();  // kt is read by every warp before the partials overwrite it
+    wmma::store_matrix_sync(part + warp * 256, acc, 16, wmma::mem_row_major);
+    __syncthreads();
+    for (int e = tid; e < kHeadsPerBlock * kTile; e += kThreads) {
+      const int h = e / kTile, key = e % kTile;
+      const int f = key / 16, col = key % 16;
+      float v = 0.0f;
 #pragma unroll
-    for (int m = 0; m < 2 * kPairs; ++m) acc[m] *= corr;
-#pragma unroll 2
-    for (int j = 0; j < kTile; ++j) {
-      const float pj = expf(lgs[hl][j] - new_max);
-      run_sum += pj;
-      const float* kr = kt + j * kHd + 2 * sub;
-#pragma unroll
-      for (int m = 0; m < kPairs; ++m) {
-        const float2 kv = *reinterpret_cast<const float2*>(kr + 32 * m);
-        acc[2 * m] = fmaf(pj, kv.x, acc[2 * m]);
-        acc[2 * m + 1] = fmaf(pj, kv.y, acc[2 * m + 1]);
-      }
+      for (int q = 0; q < kKSplit; ++q) v += part[(q * (kTile / 16) + f) * 256 + h * 16 + col];
+      sc[h * lay.s_pitch + t0 + key] = v * (1.0f / kPow);
     }
-    run_max = new_max;
+  }
+  __syncthreads();
+
+  // Softmax numerators in place, warp w -> heads 2w, 2w + 1.
+  for (int hh = 0; hh < kHeadsPerBlock / kWarps; ++hh) {
+    const int h = warp * (kHeadsPerBlock / kWarps) + hh;
+    float* row = sc + h * lay.s_pitch;
+    const float sink = p.sink[h0 + h];
+    float m = sink;
+    for (int j = lane; j < nk; j += 32) m = fmaxf(m, row[j]);
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float sum = 0.0f;
+    for (int j = lane; j < nk; j += 32) {
+      const float e = expf(row[j] - m);
+      row[j] = e;
+      sum += e;
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) head_sum[h] = sum + expf(sink - m);
   }
 
-  const float inv = 1.0f / run_sum;
-  float* out = p.out + (t * p.heads + h) * kHd;
+  // Pass 2: O = P . V, warp w -> channels [64w, 64w + 64) (4 fragments).
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> oacc[kDimsPerWarp / 16];
 #pragma unroll
-  for (int m = 0; m < kPairs; ++m) {
-    const int c = 2 * sub + 32 * m;
-    float a = acc[2 * m] * inv, b = acc[2 * m + 1] * inv;
+  for (int i = 0; i < kDimsPerWarp / 16; ++i) wmma::fill_fragment(oacc[i], 0.0f);
+  for (int t0 = 0; t0 < nk; t0 += kTile) {
+    __syncthreads();
+    load_key_tile(p, list, nk, t0, kt);
+    for (int i = tid; i < kHeadsPerBlock * kTile; i += kThreads) {
+      const int h = i / kTile, j = i % kTile;
+      const float v = t0 + j < nk ? sc[h * lay.s_pitch + t0 + j] * kPow : 0.0f;
+      split_half(v, &p_hi[h][j], &p_lo[h][j]);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kTile; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ph, pl;
+      wmma::load_matrix_sync(ph, &p_hi[0][kk], kPPad);
+      wmma::load_matrix_sync(pl, &p_lo[0][kk], kPPad);
+#pragma unroll
+      for (int i = 0; i < kDimsPerWarp / 16; ++i) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> bv;
+        wmma::load_matrix_sync(bv, &kt[kk][warp * kDimsPerWarp + i * 16], kQPad);
+        wmma::mma_sync(oacc[i], ph, bv, oacc[i]);
+        wmma::mma_sync(oacc[i], pl, bv, oacc[i]);
+      }
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kDimsPerWarp / 16; ++i)
+    wmma::store_matrix_sync(&ost[0][warp * kDimsPerWarp + i * 16], oacc[i], kOPad,
+                            wmma::mem_row_major);
+  __syncthreads();
+
+  for (int i = tid; i < kHeadsPerBlock * (kHd / 2); i += kThreads) {
+    const int h = i / (kHd / 2), c = 2 * (i % (kHd / 2));
+    const float inv = 1.0f / (head_sum[h] * kPow);
+    float a = ost[h][c] * inv, b = ost[h][c + 1] * inv;
     if (p.freqs != nullptr && c >= kHd - p.rd) {
       double s, co;
       sincos(static_cast<double>(pos) * p.freqs[(c - (kHd - p.rd)) / 2], &s, &co);
@@ -152,7 +290,7 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttent
       a = static_cast<float>(x0 * co + x1 * s);
       b = static_cast<float>(-x0 * s + x1 * co);
     }
-    *reinterpret_cast<float2*>(out + c) = make_float2(a, b);
+    *reinterpret_cast<float2*>(p.out + (t * p.heads + h0 + h) * kHd + c) = make_float2(a, b);
   }
 }
 
@@ -163,15 +301,20 @@ void launch_sparse_attention(const SparseAttentionParams& p, Stream stream) {
   if (p.head_dim != kHd || p.heads % kHeadsPerBlock != 0 || p.swa_k + p.glob_k > kMaxKeys)
     detail::cuda_call_failed(__FILE__, __LINE__, "sparse attention shape",
                              "head_dim 512, heads % 16 == 0, swa_k + glob_k <= 1024", "");
-  constexpr int smem = kTile * kHd * 4;
+  const int nk_cap = std::max(kTile, (p.swa_k + p.glob_k + kTile - 1) / kTile * kTile);
+  const AttnSmem lay = attn_smem(nk_cap);
   static const bool configured = [] {
     MS_CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_kernel,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(attn_smem(kMaxKeys).bytes)));
+    // Two blocks per SM fit at <= 640 keys (~113 KB each).
+    MS_CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_kernel,
+                                       cudaFuncAttributePreferredSharedMemoryCarveout, 100));
     return true;
   }();
   (void)configured;
   const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads / kHeadsPerBlock));
-  sparse_attention_kernel<<<grid, kThreads, smem, as_cuda_stream(stream)>>>(p);
+  sparse_attention_kernel<<<grid, kThreads, lay.bytes, as_cuda_stream(stream)>>>(p, lay);
   MS_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,8 +1,10 @@
-// V4.1 selection ops: indexer scores over FP4 index keys (one warp per key, lane = head, the
-// query block in shared memory), exact row top-k (histogram threshold on the top 12 bits of the
-// order-preserving score bits across the whole GPU, warp-aggregated compaction of the entries at
+// V4.1 selection ops: indexer scores over FP4 index keys (bf16 tensor cores on a shared key
+// tile), exact row top-k (histogram threshold on the top 12 bits of the order-preserving score bits across the whole GPU, warp-aggregated compaction of the entries at
 // or above it, a per-row 64-bit radix select on (score bits, ~index) so ties go to the lower index,
 // and a bitonic sort of the k survivors), candidate blocks, and top-k/top-p sampling.
+#include <cuda_bf16.h>
+#include <mma.h>
+
 #include <algorithm>
 
 #include "backend/cuda/cuda_util.cuh"
@@ -15,50 +17,130 @@ namespace {
 // ---- indexer scores -----------------------------------------------------------------------------
 
 constexpr int kIdxDim = 128;
-constexpr int kIdxKeysPerBlock = 64;
-constexpr int kIdxThreads = 256;
+constexpr int kIdxKeys = 64;         // keys per CTA (4 warps x 16)
+constexpr int kIdxThreads = 128;
+constexpr int kIdxHeadChunk = 32;    // heads per MMA pass
+constexpr int kIdxRowsPerCta = 8;    // query rows sharing one key tile (no candidates)
 constexpr int kIdxMaxHeads = 64;
+constexpr int kIdxPad = kIdxDim + 8;  // bf16 pitch (272 B)
+constexpr int kIdxSPad = kIdxKeys + 4;
 
+// Tensor-core indexer scores: the CTA dequantises 64 FP4 key records to bf16 (exact) in shared
+// memory once and reuses them for up to 8 query rows (rows with candidate lists gather their own
+// keys). Each query row is split into bf16 hi + lo parts (exact for the FP4 index queries the
+// model passes, 2^-16 relative otherwise), 32 heads at a time: S[h, key] = q_h . k in fp32 by
+// WMMA, then score[key] = scale * sum_h w_h * relu(S[h, key]).
 __global__ void __launch_bounds__(kIdxThreads)
     indexer_score_kernel(IndexerScoreParams p, int64_t cols) {
-  __shared__ float qs[kIdxMaxHeads * (kIdxDim + 1)];
-  __shared__ float ws[kIdxMaxHeads];
-  __shared__ float ks[kIdxThreads / 32][kIdxDim];
-  const int64_t t = blockIdx.y;
-  for (int i = threadIdx.x; i < p.heads * kIdxDim; i += blockDim.x)
-    qs[(i / kIdxDim) * (kIdxDim + 1) + i % kIdxDim] = p.q[t * p.heads * kIdxDim + i];
-  for (int i = threadIdx.x; i < p.heads; i += blockDim.x) ws[i] = p.w[t * p.heads + i];
-  __syncthreads();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t visible = min(p.n_keys, (static_cast<int64_t>(p.pos[t]) + 1) / p.ratio);
+  using namespace nvcuda;
+  __shared__ alignas(128) __nv_bfloat16 kt[kIdxKeys][kIdxPad];
+  __shared__ alignas(128) __nv_bfloat16 qhi[kIdxHeadChunk][kIdxPad];
+  __shared__ alignas(128) __nv_bfloat16 qlo[kIdxHeadChunk][kIdxPad];
+  __shared__ alignas(128) float st[kIdxHeadChunk][kIdxSPad];
+  __shared__ float acc_key[kIdxKeys];
+  __shared__ int64_t key_id[kIdxKeys];
   constexpr int kRec = kIdxDim / 2 + kIdxDim / 32;
-  for (int kk = warp; kk < kIdxKeysPerBlock; kk += kIdxThreads / 32) {
-    const int64_t c = static_cast<int64_t>(blockIdx.x) * kIdxKeysPerBlock + kk;
-    if (c >= cols) break;
-    const int64_t j = p.candidates ? p.candidates[t * p.n_cand + c] : c;
-    if (j < 0 || j >= visible) {
-      if (lane == 0) p.scores[t * p.ld + c] = -INFINITY;
-      continue;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kIdxKeys;
+  const int rows_here = p.candidates ? 1 : kIdxRowsPerCta;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * rows_here;
+
+  // Key tile for row t (candidates) or for every row: ids, then 4 threads per key record.
+  const auto load_keys = [&](int64_t t) {
+    if (tid < kIdxKeys) {
+      const int64_t c = c0 + tid;
+      int64_t j = -1;
+      if (c < cols) j = p.candidates ? p.candidates[t * p.n_cand + c] : c;
+      key_id[tid] = (j >= 0 && j < p.n_keys) ? j : -1;
     }
-    const uint8_t* rec = p.keys + j * kRec;
-    const uint32_t bytes = *reinterpret_cast<const uint16_t*>(rec + 2 * lane);
-    const float s = v41::ue8m0_decode(rec[kIdxDim / 2 + lane / 8]);
-    __syncwarp();
-    ks[warp][4 * lane + 0] = v41::e2m1_decode(bytes & 0xF) * s;
-    ks[warp][4 * lane + 1] = v41::e2m1_decode((bytes >> 4) & 0xF) * s;
-    ks[warp][4 * lane + 2] = v41::e2m1_decode((bytes >> 8) & 0xF) * s;
-    ks[warp][4 * lane + 3] = v41::e2m1_decode((bytes >> 12) & 0xF) * s;
-    __syncwarp();
-    float acc = 0.0f;
-    for (int h = lane; h < p.heads; h += 32) {
-      const float* qh = qs + h * (kIdxDim + 1);
-      float dot = 0.0f;
-#pragma unroll 16
-      for (int d = 0; d < kIdxDim; ++d) dot = fmaf(qh[d], ks[warp][d], dot);
-      acc = fmaf(ws[h], fmaxf(dot, 0.0f), acc);
+    __syncthreads();
+    for (int i = tid; i < kIdxKeys * 4; i += kIdxThreads) {
+      const int key = i >> 2, part = i & 3;  // part: 32 dims = 16 bytes + 1 scale
+      const int64_t j = key_id[key];
+      uint32_t out[16];
+      if (j >= 0) {
+        const uint8_t* rec = p.keys + j * kRec;
+        // Records are 68 B: only 4-byte aligned.
+        const auto* w32 = reinterpret_cast<const uint32_t*>(rec + part * 16);
+        const float s = v41::ue8m0_decode(rec[kIdxDim / 2 + part]);
+        const uint32_t words[4] = {w32[0], w32[1], w32[2], w32[3]};
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const uint32_t byte = (words[q] >> (8 * b)) & 0xFFu;
+            const __nv_bfloat162 v = __floats2bfloat162_rn(v41::e2m1_decode(byte & 0xF) * s,
+                                                           v41::e2m1_decode(byte >> 4) * s);
+            out[q * 4 + b] = *reinterpret_cast<const uint32_t*>(&v);
+          }
+      } else {
+#pragma unroll
+        for (int q = 0; q < 16; ++q) out[q] = 0;
+      }
+      uint4* dst = reinterpret_cast<uint4*>(&kt[key][part * 32]);
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        dst[q] = make_uint4(out[q * 4], out[q * 4 + 1], out[q * 4 + 2], out[q * 4 + 3]);
     }
-    acc = warp_sum(acc);
-    if (lane == 0) p.scores[t * p.ld + c] = acc * p.scale;
+    __syncthreads();
+  };
+
+  if (!p.candidates) load_keys(t0);
+  for (int r = 0; r < rows_here; ++r) {
+    const int64_t t = t0 + r;
+    if (t >= p.rows) break;
+    if (p.candidates) load_keys(t);
+    if (tid < kIdxKeys) acc_key[tid] = 0.0f;
+    for (int h0 = 0; h0 < p.heads; h0 += kIdxHeadChunk) {
+      const int hn = min(kIdxHeadChunk, p.heads - h0);
+      for (int i = tid; i < kIdxHeadChunk * kIdxDim; i += kIdxThreads) {
+        const int h = i / kIdxDim, d = i % kIdxDim;
+        const float v = h < hn ? p.q[(t * p.heads + h0 + h) * kIdxDim + d] : 0.0f;
+        const __nv_bfloat16 hi = __float2bfloat16_rn(v);
+        qhi[h][d] = hi;
+        qlo[h][d] = __float2bfloat16_rn(v - __bfloat162float(hi));
+      }
+      __syncthreads();
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
+      wmma::fill_fragment(acc[0], 0.0f);
+      wmma::fill_fragment(acc[1], 0.0f);
+#pragma unroll
+      for (int kk = 0; kk < kIdxDim; kk += 16) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> bf;
+        wmma::load_matrix_sync(bf, &kt[warp * 16][kk], kIdxPad);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> ah, al;
+          wmma::load_matrix_sync(ah, &qhi[m * 16][kk], kIdxPad);
+          wmma::load_matrix_sync(al, &qlo[m * 16][kk], kIdxPad);
+          wmma::mma_sync(acc[m], ah, bf, acc[m]);
+          wmma::mma_sync(acc[m], al, bf, acc[m]);
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+        wmma::store_matrix_sync(&st[m * 16][warp * 16], acc[m], kIdxSPad, wmma::mem_row_major);
+      __syncthreads();
+      // Two threads per key, 16 heads each, in head order; then the pair adds up.
+      {
+        const int key = tid >> 1, half = tid & 1;
+        float a = 0.0f;
+        for (int h = half * 16; h < half * 16 + 16 && h < hn; ++h)
+          a = fmaf(p.w[t * p.heads + h0 + h], fmaxf(st[h][key], 0.0f), a);
+        a += __shfl_xor_sync(0xFFFFFFFFu, a, 1);
+        if (half == 0) acc_key[key] += a;
+      }
+      __syncthreads();
+    }
+    if (tid < kIdxKeys) {
+      const int64_t c = c0 + tid;
+      if (c < cols) {
+        const int64_t visible = min(p.n_keys, (static_cast<int64_t>(p.pos[t]) + 1) / p.ratio);
+        const int64_t j = key_id[tid];
+        p.scores[t * p.ld + c] = (j < 0 || j >= visible) ? -INFINITY : acc_key[tid] * p.scale;
+      }
+    }
+    __syncthreads();
   }
 }
 
@@ -338,8 +420,9 @@ void launch_indexer_scores(const IndexerScoreParams& p, Stream stream) {
   if (p.rows == 0 || cols == 0) return;
   if (p.head_dim != kIdxDim || p.heads > kIdxMaxHeads)
     detail::cuda_call_failed(__FILE__, __LINE__, "indexer shape", "head_dim 128, heads <= 64", "");
-  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kIdxKeysPerBlock)),
-                  static_cast<unsigned>(p.rows));
+  const int rows_per_cta = p.candidates ? 1 : kIdxRowsPerCta;
+  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kIdxKeys)),
+                  static_cast<unsigned>(ceil_div(p.rows, rows_per_cta)));
   indexer_score_kernel<<<grid, kIdxThreads, 0, as_cuda_stream(stream)>>>(p, cols);
   MS_CUDA_CHECK_LAUNCH();
 }

@@ -27,6 +27,9 @@ struct ForwardTrace {
   std::map<int32_t, std::vector<float>> layer_out;  // streams leaving the layer [rows, HC, D]
   std::map<int32_t, std::vector<int32_t>> layer_positions;
   std::map<int32_t, std::vector<int32_t>> experts;     // [rows, top_k]
+  std::map<int32_t, std::vector<float>> attn_out;      // attention output y [rows, D]
+  std::map<int32_t, std::vector<float>> ffn_in;        // ffn_norm output f [rows, D]
+  std::map<int32_t, std::vector<float>> ffn_out;       // MoE output [rows, D]
   std::map<int32_t, std::vector<int64_t>> engram_ids;  // [T, hashes]
   // Per index-source layer: selected global entries per chunk row.
   std::map<int32_t, std::vector<std::vector<int32_t>>> selected;

@@ -254,6 +254,9 @@ void DeepseekV41Model::run_layer(Chunk& ch, int32_t l) {
   if (ch.trace != nullptr) {
     ch.trace->experts[l] = std::move(moe_trace.experts);
     ch.trace->layer_out[l] = ch.x;
+    ch.trace->attn_out[l] = y_attn;
+    ch.trace->ffn_in[l] = f;
+    ch.trace->ffn_out[l] = y_ffn;
   }
 }
 

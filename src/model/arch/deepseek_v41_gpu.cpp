@@ -31,8 +31,14 @@ struct Linear {
   enum class Kind : uint8_t { kNone, kFp8, kMxfp4, kF32 };
   Kind kind = Kind::kNone;
   DeviceMemory w, scale;
+  // kFp8: the weight dequantised to bf16 [out, in] at load (exact), for the cuBLASLt bf16 GEMM.
+  DeviceMemory wbf16;
   int64_t out = 0, in = 0;
+  // The checkpoint weight is FP8 or MXFP4: the input rows get the MXFP8 fake-quant first
+  // (model.md §5 [UNCERTAIN]: MXFP8, block 32), also when the weight is held as fp32.
+  bool act_quant = false;
 
+  // Bytes the roofline counts: the checkpoint format (FP8 / MXFP4 + scales), not the bf16 copy.
   [[nodiscard]] double bytes() const { return static_cast<double>(w.bytes() + scale.bytes()); }
 };
 
@@ -50,6 +56,9 @@ struct Layer {
   DeviceMemory gate, bias, bias_vl;  // fp32 router
   std::vector<Ffn> experts;          // local experts
   Ffn shared;
+  // Device arrays of the local experts' MXFP4 pointers: w1, w1 scale, w3, w3 scale, w2, w2 scale
+  // ([6][local]); the last forward's grouped offsets [local + 1] (read back for the cost).
+  DeviceMemory expert_ptrs, moe_offsets;
   // Engram
   Linear engram_wkv;
   DeviceMemory engram_qk;
@@ -152,6 +161,29 @@ struct DeepseekV41Gpu::Impl {
   size_t weight_bytes = 0, cache_bytes = 0;
   GpuForwardCost cost;
   GpuForwardTrace trace;
+  std::vector<int32_t> moe_layers_run;  // layers whose grouped MoE ran in this forward
+
+  // The grouped MoE's share of the cost, from the offsets it left on the device (after the
+  // forward's final sync): the weights of every local expert with hits, and their FLOPs.
+  void add_grouped_moe_cost() {
+    const double d = static_cast<double>(c.hidden_size);
+    const double inter = static_cast<double>(c.moe_intermediate_size);
+    for (int32_t l : moe_layers_run) {
+      const Layer& L = *layers[static_cast<size_t>(l)];
+      if (L.experts.empty() || L.experts.front().w1.kind == Linear::Kind::kF32) continue;
+      std::vector<int32_t> off(L.experts.size() + 1);
+      cu::copy_d2h(off.data(), L.moe_offsets.as<int32_t>(), off.size() * 4, stream);
+      cu::stream_synchronize(stream);
+      for (size_t ex = 0; ex < L.experts.size(); ++ex) {
+        const int32_t cnt = off[ex + 1] - off[ex];
+        if (cnt == 0) continue;
+        const Ffn& w = L.experts[ex];
+        cost.weight_bytes += w.w1.bytes() + w.w3.bytes() + w.w2.bytes();
+        cost.flops += 2.0 * cnt * 3.0 * d * inter;
+      }
+    }
+    moe_layers_run.clear();
+  }
   void trace_rows(std::map<int32_t, std::vector<float>>& m, int32_t l, const float* p,
                   int64_t count) {
     std::vector<float>& v = m[l];
@@ -242,6 +274,9 @@ struct DeepseekV41Gpu::Impl {
     lin.out = out;
     lin.in = in;
     MS_ASSIGN_OR_RETURN(const Checkpoint::Tensor* t, r.get(name));
+    lin.act_quant = t->dtype == DType::kF8E4M3 ||
+                    ((t->dtype == DType::kI8 || t->dtype == DType::kU8) &&
+                     t->shape == Shape{out, in / 2});
     const bool fp8 = !opt.exact_linears && t->dtype == DType::kF8E4M3;
     const bool fp4 = !opt.exact_linears && (t->dtype == DType::kI8 || t->dtype == DType::kU8) &&
                      t->shape == Shape{out, in / 2};
@@ -257,6 +292,7 @@ struct DeepseekV41Gpu::Impl {
       lin.kind = fp8 ? Linear::Kind::kFp8 : Linear::Kind::kMxfp4;
       lin.w = upload_bytes(t->view.data(), t->nbytes);
       lin.scale = upload_bytes(s->view.data(), s->nbytes);
+      if (fp8) make_bf16_copy(lin);
       return lin;
     }
     MS_ASSIGN_OR_RETURN(HostTensor h, r.load_linear(name, out, in));
@@ -270,11 +306,19 @@ struct DeepseekV41Gpu::Impl {
     return upload_f32(h);
   }
 
+  void make_bf16_copy(Linear& lin) {
+    lin.wbf16 = DeviceMemory(static_cast<size_t>(lin.out * lin.in) * 2);
+    cu::launch_dequant_fp8_block_to_bf16(lin.w.as<uint8_t>(), lin.scale.as<uint8_t>(), lin.out,
+                                         lin.in, lin.wbf16.as(), stream);
+    weight_bytes += lin.wbf16.bytes();
+  }
+
   Linear random_linear(Linear::Kind kind, int64_t out, int64_t in) {
     Linear lin;
     lin.kind = kind;
     lin.out = out;
     lin.in = in;
+    lin.act_quant = kind != Linear::Kind::kF32;
     cu::FillParams p;
     if (kind == Linear::Kind::kF32) {
       lin.w = random_f32(out * in, -0.02f, 0.02f);
@@ -299,6 +343,7 @@ struct DeepseekV41Gpu::Impl {
     p.hi = 115;
     cu::launch_fill_random(p, stream);
     weight_bytes += lin.w.bytes() + lin.scale.bytes();
+    if (fp8) make_bf16_copy(lin);
     return lin;
   }
 
@@ -542,32 +587,63 @@ struct DeepseekV41Gpu::Impl {
 
   // ---- ops ------------------------------------------------------------------------------------
 
-  // y[rows, lin.out] (pitch ldy) = x[rows, lin.in] (pitch ldx) · W^T.
+  // y[rows, lin.out] (pitch ldy) = x[rows, lin.in] (pitch ldx) · W^T, the input first MXFP8
+  // fake-quantised when the checkpoint weight is FP8/MXFP4 (as the CPU forward's linear()).
   void linear(const float* x, int64_t ldx, int64_t rows, const Linear& lin, float* y, int64_t ldy,
               int64_t out_row0 = 0, int64_t out_rows = -1) {
+    if (rows == 0) return;
+    if (!lin.act_quant) {
+      gemm_raw(x, cu::ActivationType::kF32, ldx, rows, lin, y, ldy, out_row0, out_rows);
+      return;
+    }
+    // Quantised rows: bf16 (exact) for the bf16 kernels, fp32 for the exact fp32 GEMM.
+    const cu::ActivationType t =
+        lin.kind == Linear::Kind::kF32 ? cu::ActivationType::kF32 : cu::ActivationType::kBF16;
+    void* q = t == cu::ActivationType::kF32 ? static_cast<void*>(buf<float>("aq32", rows * lin.in))
+                                            : static_cast<void*>(buf<uint16_t>("aq16", rows * lin.in));
+    cu::ActQuantParams ap;
+    ap.x = x;
+    ap.ldx = ldx;
+    ap.rows = rows;
+    ap.cols = lin.in;
+    ap.out = q;
+    ap.out_type = t;
+    ap.ldo = lin.in;
+    cu::launch_act_quant_mxfp8(ap, stream);
+    gemm_raw(q, t, lin.in, rows, lin, y, ldy, out_row0, out_rows);
+  }
+
+  // The GEMM of linear() on inputs as given (fp32, or bf16 bits for FP8/MXFP4 weights).
+  void gemm_raw(const void* x, cu::ActivationType x_type, int64_t ldx, int64_t rows,
+                const Linear& lin, float* y, int64_t ldy, int64_t out_row0 = 0,
+                int64_t out_rows = -1) {
     if (rows == 0) return;
     const int64_t n = out_rows < 0 ? lin.out : out_rows;
     cost.weight_bytes += lin.bytes() * static_cast<double>(n) / static_cast<double>(lin.out);
     cost.flops += 2.0 * static_cast<double>(rows) * static_cast<double>(n) * lin.in;
+    const bool bf16_x = x_type == cu::ActivationType::kBF16;
     switch (lin.kind) {
       case Linear::Kind::kFp8: {
-        MS_CHECK(out_row0 % 32 == 0 || (out_row0 % 32) + n <= 32);
-        cu::Fp8BlockGemmParams p;
-        p.x = x;
-        p.ldx = ldx;
-        p.w = lin.w.as<uint8_t>() + out_row0 * lin.in;
-        p.w_scale = lin.scale.as<uint8_t>() + (out_row0 / 32) * ((lin.in + 31) / 32);
-        p.y = y;
-        p.ldy = ldy;
+        MS_CHECK(bf16_x);
+        cu::LtGemmParams p;
+        p.precision = cu::GemmPrecision::kBf16F32;
+        p.a = x;
+        p.lda = ldx;
+        p.b = lin.wbf16.as<uint16_t>() + out_row0 * lin.in;
+        p.ldb = lin.in;
+        p.b_transposed = true;
+        p.c = y;
+        p.ldc = ldy;
         p.m = rows;
         p.n = n;
         p.k = lin.in;
-        cu::launch_fp8_block_gemm(p, stream);
+        lt->run(p);
         break;
       }
       case Linear::Kind::kMxfp4: {
         cu::Mxfp4GemmParams p;
         p.x = x;
+        p.x_type = x_type;
         p.ldx = ldx;
         p.w = lin.w.as<uint8_t>() + out_row0 * lin.in / 2;
         p.w_scale = lin.scale.as<uint8_t>() + out_row0 * ((lin.in + 31) / 32);
@@ -580,6 +656,7 @@ struct DeepseekV41Gpu::Impl {
         break;
       }
       case Linear::Kind::kF32: {
+        MS_CHECK(!bf16_x);
         cu::LtGemmParams p;
         p.precision = opt.tf32_dense ? cu::GemmPrecision::kTf32 : cu::GemmPrecision::kF32;
         p.a = x;
@@ -1091,8 +1168,8 @@ struct DeepseekV41Gpu::Impl {
     linear(mid, g * og, n, L.wo_b, y, d);
   }
 
-  // y [n, D] = MoE of f [n, D] (model.md §5): routed on the host over every expert, local
-  // experts computed, shared expert added.
+  // y [n, D] = MoE of f [n, D] (model.md §5): routed over every expert, the hits on local experts
+  // grouped on the device and computed by the grouped MXFP4 GEMM, shared expert added.
   void moe(const RowSet& s, int32_t l, const float* f, float* y) {
     Layer& L = *layers[static_cast<size_t>(l)];
     const int64_t n = s.n, d = c.hidden_size, inter = c.moe_intermediate_size;
@@ -1113,34 +1190,41 @@ struct DeepseekV41Gpu::Impl {
     rp.route_scale = static_cast<float>(c.routed_scaling_factor);
     rp.topk_ids = ids;
     rp.topk_weights = wts;
+    {
+      // z = f · Wg^T for the whole batch as one fp32 GEMM (no TF32: routing needs fp32).
+      float* z = buf<float>("moe_logits", n * e);
+      cu::LtGemmParams gp;
+      gp.precision = cu::GemmPrecision::kF32;
+      gp.a = f;
+      gp.lda = d;
+      gp.b = L.gate.as<float>();
+      gp.ldb = d;
+      gp.b_transposed = true;
+      gp.c = z;
+      gp.ldc = e;
+      gp.m = n;
+      gp.n = e;
+      gp.k = d;
+      lt->run(gp);
+      rp.logits = z;
+    }
     cu::launch_moe_router(rp, stream);
     cost.flops += 2.0 * n * e * d;
     cost.weight_bytes += static_cast<double>(L.gate.bytes());
-    std::vector<int32_t> h_ids(static_cast<size_t>(n * k));
-    std::vector<float> h_w(static_cast<size_t>(n * k));
-    cu::copy_d2h(h_ids.data(), ids, h_ids.size() * 4, stream);
-    cu::copy_d2h(h_w.data(), wts, h_w.size() * 4, stream);
+    const int32_t local = static_cast<int32_t>(L.experts.size());
+    cu::MoeGroupParams gp;
+    gp.ids = ids;
+    gp.weights = wts;
     if (s.any_image) {
-      // NOTE: bias_vl replaces bias for image rows (§5): a second routing pass for them.
+      // NOTE: bias_vl replaces bias for image rows (§5): a second routing pass, picked per row.
       rp.bias = L.bias_vl.as<float>();
       rp.topk_ids = buf<int32_t>("moe_ids_vl", n * k);
       rp.topk_weights = buf<float>("moe_w_vl", n * k);
       cu::launch_moe_router(rp, stream);
-      std::vector<int32_t> v_ids(h_ids.size());
-      std::vector<float> v_w(h_w.size());
-      std::vector<uint8_t> img(static_cast<size_t>(n));
-      cu::copy_d2h(v_ids.data(), rp.topk_ids, v_ids.size() * 4, stream);
-      cu::copy_d2h(v_w.data(), rp.topk_weights, v_w.size() * 4, stream);
-      cu::copy_d2h(img.data(), s.image.as(), img.size(), stream);
-      cu::stream_synchronize(stream);
-      for (int64_t r = 0; r < n; ++r)
-        if (img[static_cast<size_t>(r)] != 0)
-          for (int j = 0; j < k; ++j) {
-            h_ids[static_cast<size_t>(r * k + j)] = v_ids[static_cast<size_t>(r * k + j)];
-            h_w[static_cast<size_t>(r * k + j)] = v_w[static_cast<size_t>(r * k + j)];
-          }
+      gp.ids_vl = rp.topk_ids;
+      gp.weights_vl = rp.topk_weights;
+      gp.image = s.image.as<uint8_t>();
     }
-    cu::stream_synchronize(stream);
     // Shared expert (clamped SwiGLU too, oracle choice 6) straight into y.
     float* g1 = buf<float>("moe_g", n * inter);
     float* u1 = buf<float>("moe_u", n * inter);
@@ -1148,51 +1232,125 @@ struct DeepseekV41Gpu::Impl {
     linear(f, d, n, L.shared.w3, u1, inter);
     swiglu(g1, u1, g1, n, inter, nullptr);
     linear(g1, inter, n, L.shared.w2, y, d);
-    // Group the local hits by expert.
-    const int32_t local = static_cast<int32_t>(L.experts.size());
-    std::vector<std::vector<int32_t>> rows_of(static_cast<size_t>(local));
-    std::vector<std::vector<int32_t>> slot_of(static_cast<size_t>(local));
-    for (int64_t r = 0; r < n; ++r)
-      for (int j = 0; j < k; ++j) {
-        const int32_t ex = h_ids[static_cast<size_t>(r * k + j)];
-        if (ex >= 0 && ex < local) {
-          rows_of[static_cast<size_t>(ex)].push_back(static_cast<int32_t>(r));
-          slot_of[static_cast<size_t>(ex)].push_back(static_cast<int32_t>(r * k + j));
+    if (local == 0) return;
+    // Group the local hits by expert on the device (no host sync).
+    if (L.moe_offsets.bytes() == 0) L.moe_offsets = DeviceMemory(static_cast<size_t>(local + 1) * 4);
+    int32_t* offsets = L.moe_offsets.as<int32_t>();
+    int32_t* perm = buf<int32_t>("moe_perm", n * k);
+    float* pw = buf<float>("moe_pw", n * k);
+    int32_t* inv = buf<int32_t>("moe_inv", n * k);
+    gp.rows = n;
+    gp.k = k;
+    gp.local = local;
+    gp.offsets = offsets;
+    gp.perm_row = perm;
+    gp.perm_weight = pw;
+    gp.inv = inv;
+    cu::launch_moe_group(gp, stream);
+    moe_layers_run.push_back(l);
+    const int64_t cap = n * k;  // grouped rows, upper bound
+    const bool exact = L.experts.front().w1.kind == Linear::Kind::kF32;
+    const cu::ActivationType qt = exact ? cu::ActivationType::kF32 : cu::ActivationType::kBF16;
+    const size_t qsize = exact ? 4 : 2;
+    void* xe = buf<uint8_t>("moe_xe", cap * d * static_cast<int64_t>(qsize));
+    void* he = buf<uint8_t>("moe_he", cap * inter * static_cast<int64_t>(qsize));
+    float* ge = buf<float>("moe_ge", cap * inter);
+    float* ue = buf<float>("moe_ue", cap * inter);
+    float* ye = buf<float>("moe_ye", cap * d);
+    const int32_t* total = offsets + local;
+    cu::ActQuantParams aq;
+    aq.x = f;
+    aq.ldx = d;
+    aq.row_index = perm;
+    aq.rows = cap;
+    aq.device_rows = total;
+    aq.cols = d;
+    aq.out = xe;
+    aq.out_type = qt;
+    aq.ldo = d;
+    cu::launch_act_quant_mxfp8(aq, stream);
+    cu::SwigluQuantParams sq;
+    sq.gate = ge;
+    sq.up = ue;
+    sq.ld = inter;
+    sq.row_weight = pw;
+    sq.rows = cap;
+    sq.device_rows = total;
+    sq.cols = inter;
+    sq.limit = static_cast<float>(c.swiglu_limit);
+    sq.out = he;
+    sq.out_type = qt;
+    sq.ldo = inter;
+    if (exact) {
+      // Test mode (fp32 expert weights): the counts come to the host, one fp32 GEMM per expert.
+      std::vector<int32_t> off(static_cast<size_t>(local) + 1);
+      cu::copy_d2h(off.data(), offsets, off.size() * 4, stream);
+      cu::stream_synchronize(stream);
+      const auto each = [&](auto&& fn) {
+        for (int32_t ex = 0; ex < local; ++ex) {
+          const int64_t o0 = off[static_cast<size_t>(ex)];
+          const int64_t cnt = off[static_cast<size_t>(ex) + 1] - o0;
+          if (cnt > 0) fn(L.experts[static_cast<size_t>(ex)], o0, cnt);
         }
+      };
+      const auto* xq = static_cast<const float*>(xe);
+      const auto* hq = static_cast<const float*>(he);
+      each([&](const Ffn& w, int64_t o0, int64_t cnt) {
+        gemm_raw(xq + o0 * d, qt, d, cnt, w.w1, ge + o0 * inter, inter);
+        gemm_raw(xq + o0 * d, qt, d, cnt, w.w3, ue + o0 * inter, inter);
+      });
+      cu::launch_swiglu_quant_mxfp8(sq, stream);
+      each([&](const Ffn& w, int64_t o0, int64_t cnt) {
+        gemm_raw(hq + o0 * inter, qt, inter, cnt, w.w2, ye + o0 * d, d);
+      });
+    } else {
+      if (L.expert_ptrs.bytes() == 0) {
+        std::vector<const uint8_t*> ptrs(static_cast<size_t>(6 * local));
+        for (int32_t ex = 0; ex < local; ++ex) {
+          const Ffn& w = L.experts[static_cast<size_t>(ex)];
+          const Linear* lins[3] = {&w.w1, &w.w3, &w.w2};
+          for (int i = 0; i < 3; ++i) {
+            MS_CHECK(lins[i]->kind == Linear::Kind::kMxfp4);
+            ptrs[static_cast<size_t>((2 * i) * local + ex)] = lins[i]->w.as<uint8_t>();
+            ptrs[static_cast<size_t>((2 * i + 1) * local + ex)] = lins[i]->scale.as<uint8_t>();
+          }
+        }
+        L.expert_ptrs = DeviceMemory(ptrs.size() * sizeof(void*));
+        cu::copy_h2d(L.expert_ptrs.as(), ptrs.data(), ptrs.size() * sizeof(void*), stream);
+        cu::stream_synchronize(stream);
       }
-    std::vector<int32_t> perm, inv(static_cast<size_t>(n * k), -1);
-    std::vector<float> pw;
-    std::vector<int64_t> off(static_cast<size_t>(local) + 1, 0);
-    for (int32_t ex = 0; ex < local; ++ex) {
-      for (size_t j = 0; j < rows_of[static_cast<size_t>(ex)].size(); ++j) {
-        const int32_t sl = slot_of[static_cast<size_t>(ex)][j];
-        inv[static_cast<size_t>(sl)] = static_cast<int32_t>(perm.size());
-        perm.push_back(rows_of[static_cast<size_t>(ex)][j]);
-        pw.push_back(h_w[static_cast<size_t>(sl)]);
-      }
-      off[static_cast<size_t>(ex) + 1] = static_cast<int64_t>(perm.size());
+      const auto* const* ptr = L.expert_ptrs.as<const uint8_t*>();
+      cu::GroupedMxfp4GemmParams gg;
+      gg.offsets = offsets;
+      gg.num_experts = local;
+      gg.max_rows = n;  // a token hits one expert at most once
+      // Expected hits per expert: n * k spread over every routed expert (not just the local).
+      gg.rows_hint = (n * k + e - 1) / e;
+      gg.a = xe;
+      gg.lda = d;
+      gg.n = inter;
+      gg.k = d;
+      gg.ldy = inter;
+      gg.w = ptr;
+      gg.w_scale = ptr + local;
+      gg.y = ge;
+      cu::launch_grouped_mxfp4_gemm(gg, stream);
+      gg.w = ptr + 2 * local;
+      gg.w_scale = ptr + 3 * local;
+      gg.y = ue;
+      cu::launch_grouped_mxfp4_gemm(gg, stream);
+      cu::launch_swiglu_quant_mxfp8(sq, stream);
+      gg.a = he;
+      gg.lda = inter;
+      gg.n = d;
+      gg.k = inter;
+      gg.ldy = d;
+      gg.w = ptr + 4 * local;
+      gg.w_scale = ptr + 5 * local;
+      gg.y = ye;
+      cu::launch_grouped_mxfp4_gemm(gg, stream);
     }
-    const int64_t m = static_cast<int64_t>(perm.size());
-    if (m == 0) return;
-    const int32_t* dperm = upload("moe_perm", perm);
-    const int32_t* dinv = upload("moe_inv", inv);
-    const float* dpw = upload("moe_pw", pw);
-    float* xe = buf<float>("moe_xe", m * d);
-    float* ge = buf<float>("moe_ge", m * inter);
-    float* ue = buf<float>("moe_ue", m * inter);
-    float* ye = buf<float>("moe_ye", m * d);
-    cu::launch_gather_rows(f, d, dperm, m, d, xe, d, stream);
-    for (int32_t ex = 0; ex < local; ++ex) {
-      const int64_t o0 = off[static_cast<size_t>(ex)];
-      const int64_t cnt = off[static_cast<size_t>(ex) + 1] - o0;
-      if (cnt == 0) continue;
-      const Ffn& w = L.experts[static_cast<size_t>(ex)];
-      linear(xe + o0 * d, d, cnt, w.w1, ge + o0 * inter, inter);
-      linear(xe + o0 * d, d, cnt, w.w3, ue + o0 * inter, inter);
-      swiglu(ge + o0 * inter, ue + o0 * inter, ge + o0 * inter, cnt, inter, dpw + o0);
-      linear(ge + o0 * inter, inter, cnt, w.w2, ye + o0 * d, d);
-    }
-    cu::launch_moe_combine(ye, dinv, n, k, d, y, stream);
+    cu::launch_moe_combine(ye, inv, n, k, d, y, stream);
   }
 
   void swiglu(const float* g, const float* u, float* out, int64_t rows, int64_t cols,
@@ -1215,6 +1373,7 @@ struct DeepseekV41Gpu::Impl {
   Result<GpuForwardOutput> forward(std::span<const GpuSequenceInput> inputs, ForwardMode mode) {
     cost = GpuForwardCost{};
     trace = GpuForwardTrace{};
+    moe_layers_run.clear();
     Batch b;
     b.in = inputs;
     const int64_t d = c.hidden_size, hc = c.hc_mult, hd = c.head_dim;
@@ -1349,6 +1508,7 @@ struct DeepseekV41Gpu::Impl {
       mixes(x, n, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a, post_a, comb_a);
       float* y = buf<float>("y", n * d);
       attention(b, *s, l, a, y);
+      if (opt.trace) trace_rows(trace.attn_out, l, y, n * d);
       mark(GpuComponent::kMhc);
       expand(x, y, n, post_a, comb_a);
       float* pre_f = buf<float>("pre_f", n * hc);
@@ -1358,8 +1518,17 @@ struct DeepseekV41Gpu::Impl {
       float* fbuf = buf<float>("f", n * d);
       collapse(x, n, pre_a, fbuf);
       rms(fbuf, n, d, L.ffn_norm);
+      if (opt.trace) trace_rows(trace.ffn_in, l, fbuf, n * d);
       mark(GpuComponent::kMoe);
       moe(*s, l, fbuf, y);
+      if (opt.trace) {
+        trace_rows(trace.ffn_out, l, y, n * d);
+        std::vector<int32_t>& ex = trace.experts[l];
+        ex.resize(static_cast<size_t>(n * c.experts_per_tok_of(l)));
+        cu::copy_d2h(ex.data(), buf<int32_t>("moe_ids", n * c.experts_per_tok_of(l)),
+                     ex.size() * 4, stream);
+        cu::stream_synchronize(stream);
+      }
       mark(GpuComponent::kMhc);
       expand(x, y, n, post_f, comb_f);
       cu::copy_d2d(pre, pre_f, static_cast<size_t>(n * hc) * 4, stream);
@@ -1423,6 +1592,7 @@ struct DeepseekV41Gpu::Impl {
     mark(GpuComponent::kOther);
     cu::stream_synchronize(stream);
     flush_profile();
+    add_grouped_moe_cost();
     (void)hd;
     for (size_t i = 0; i < inputs.size(); ++i) {
       Sequence& sq = seqs[static_cast<size_t>(inputs[i].seq)];

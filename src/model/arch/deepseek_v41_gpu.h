@@ -9,8 +9,11 @@
 // work is batched over all rows, per-sequence work (compressor, indexer scores, cache writes)
 // loops over the sequences. Modes as the CPU model (kOracle / kProduction bounded replay).
 // Invariant: forward() advances every sequence it was given by exactly its tokens.
-// NOTE: the MoE routes on the host (one device->host copy of the top-k ids per layer), so a
-// forward is not CUDA-graph capturable yet.
+// Linears: FP8/MXFP4 checkpoint weights get MXFP8 input rows (model.md §5), FP8 weights are held
+// as bf16 for cuBLASLt, routed experts stay MXFP4 for the grouped GEMM; the MoE groups rows on
+// the device (no host sync).
+// NOTE: not CUDA-graph capturable yet: per-step metadata is copied from pageable host vectors and
+// the compressor / indexer loop over sequences with host-known sizes.
 #pragma once
 
 #include <array>
@@ -55,6 +58,10 @@ struct GpuModelOptions {
 struct GpuForwardTrace {
   std::map<int32_t, std::vector<float>> attn_in;
   std::map<int32_t, std::vector<float>> layer_out;
+  std::map<int32_t, std::vector<float>> attn_out;     // attention output y [rows, D]
+  std::map<int32_t, std::vector<float>> ffn_in;       // ffn_norm output [rows, D]
+  std::map<int32_t, std::vector<float>> ffn_out;      // MoE output [rows, D]
+  std::map<int32_t, std::vector<int32_t>> experts;    // routed experts [rows, top_k]
   std::map<int32_t, std::vector<int32_t>> selected;  // index sources: [rows, index_topk] entries
   std::map<int32_t, std::vector<float>> scores;      // index sources: [rows, width] scores
   std::map<int32_t, int64_t> score_width;            // columns of scores[l]

@@ -1,0 +1,348 @@
+// The quantised-activation GEMM path of the forward (model.md §5): the MXFP8 activation
+// fake-quant, the routed expert's SwiGLU fused with it, the device-side MoE grouping (no host
+// sync, so the MoE can be captured in a CUDA graph), the grouped MXFP4 GEMM over the grouped
+// rows, and the FP8 -> bf16 weight dequantisation for the cuBLASLt dense path.
+// The grouped GEMM: one CTA per (128 output columns, 16 or 64 rows, expert); it walks K in
+// steps of 128 (skinny tiles) or 32, one ue8m0 scale per 32 per weight row, dequantises the packed e2m1 nibbles to bf16 through a
+// 16-entry table and one bf16x2 multiply by the power-of-two scale (exact), and multiplies with
+// bf16 WMMA into fp32. The next step's weights and activations are loaded into registers while
+// the current step multiplies. CTAs past an expert's row count exit at once, so the grid is
+// sized from max_rows without knowing the counts on the host.
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_util.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/v41_device.cuh"
+
+namespace moeserve::cuda {
+namespace {
+
+constexpr int kQuantThreads = 256;  // 8 warps, one 32-element block per warp at a time
+
+// The fake-quant value of the lane's element within its warp's 32-element block.
+__device__ __forceinline__ float mxfp8_fake_quant_lane(float v) {
+  float a = fabsf(v);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+  const float s = v41::ue8m0_decode(v41::fp8_block_scale_code(a));
+  const float inv_s = 1.0f / s;
+  // e4m3_encode saturates to ±448 (= the clamp of fake_quant.h) and keeps NaN.
+  return v41::e4m3_decode(v41::e4m3_encode(v * inv_s)) * s;
+}
+
+__device__ __forceinline__ void store_act(void* out, ActivationType type, int64_t i, float v) {
+  if (type == ActivationType::kBF16) {
+    static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
+  } else {
+    static_cast<float*>(out)[i] = v;
+  }
+}
+
+__global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(ActQuantParams p) {
+  const int64_t rows = p.device_rows != nullptr ? *p.device_rows : p.rows;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t blocks = p.cols / 32;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t src = p.row_index != nullptr ? p.row_index[r] : r;
+    const float* x = p.x + src * p.ldx;
+    for (int64_t b = warp; b < blocks; b += kQuantThreads / 32) {
+      const float q = mxfp8_fake_quant_lane(x[b * 32 + lane]);
+      store_act(p.out, p.out_type, r * p.ldo + b * 32 + lane, q);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kQuantThreads) swiglu_quant_kernel(SwigluQuantParams p) {
+  const int64_t rows = p.device_rows != nullptr ? *p.device_rows : p.rows;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t blocks = p.cols / 32;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    for (int64_t b = warp; b < blocks; b += kQuantThreads / 32) {
+      const int64_t c = b * 32 + lane;
+      // Same expression order as launch_swiglu_clamped and the CPU expert.
+      const float g = fminf(p.gate[r * p.ld + c], p.limit);
+      const float u = fminf(fmaxf(p.up[r * p.ld + c], -p.limit), p.limit);
+      float v = g / (1.0f + expf(-g)) * u;
+      if (p.row_weight != nullptr) v *= p.row_weight[r];
+      store_act(p.out, p.out_type, r * p.ldo + c, mxfp8_fake_quant_lane(v));
+    }
+  }
+}
+
+constexpr int kGroupThreads = 1024;
+
+__global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeGroupParams p) {
+  extern __shared__ int32_t group_smem[];
+  int32_t* count = group_smem;
+  int32_t* cursor = group_smem + p.local;
+  const int64_t hits = p.rows * p.k;
+  for (int e = threadIdx.x; e < p.local; e += blockDim.x) count[e] = 0;
+  __syncthreads();
+  const auto pick = [&](int64_t i, int32_t* id, float* w) {
+    const bool vl = p.ids_vl != nullptr && p.image[i / p.k] != 0;
+    *id = vl ? p.ids_vl[i] : p.ids[i];
+    *w = vl ? p.weights_vl[i] : p.weights[i];
+  };
+  for (int64_t i = threadIdx.x; i < hits; i += blockDim.x) {
+    int32_t id;
+    float w;
+    pick(i, &id, &w);
+    if (id >= 0 && id < p.local) atomicAdd(&count[id], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t off = 0;
+    for (int e = 0; e < p.local; ++e) {
+      p.offsets[e] = off;
+      cursor[e] = off;
+      off += count[e];
+    }
+    p.offsets[p.local] = off;
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < hits; i += blockDim.x) {
+    int32_t id;
+    float w;
+    pick(i, &id, &w);
+    if (id >= 0 && id < p.local) {
+      const int32_t pos = atomicAdd(&cursor[id], 1);
+      p.perm_row[pos] = static_cast<int32_t>(i / p.k);
+      p.perm_weight[pos] = w;
+      p.inv[i] = pos;
+    } else {
+      p.inv[i] = -1;
+    }
+  }
+}
+
+constexpr int kGemmThreads = 128;  // 4 warps, each 32 output columns
+constexpr int kTileN = 128;
+constexpr int kPadN = kTileN + 4;
+
+template <int kTM, int kTK>
+struct GemmTile {
+  static constexpr int kPadK = kTK + 8;  // bf16 pitch (WMMA- and uint4-aligned)
+  static constexpr size_t kAb = sizeof(__nv_bfloat16) * (kTM + kTileN) * kPadK;
+  static constexpr size_t kC = sizeof(float) * kTM * kPadN;
+  static constexpr size_t kBytes = kAb > kC ? kAb : kC;
+  static constexpr int kBVec = kTK / 32;               // uint4 of packed weights per row
+  static constexpr int kAVec = kTM * kTK / 8;          // uint4 per activation tile
+  static constexpr int kAPer = (kAVec + kGemmThreads - 1) / kGemmThreads;
+};
+
+// kTK: K per step (32 or 128; one ue8m0 scale per 32). Skinny tiles (16 rows) take 128 so a CTA
+// keeps 8 KB of weights in flight (this step's and the next's).
+template <int kTM, int kTK>
+__global__ void __launch_bounds__(kGemmThreads) grouped_mxfp4_gemm_kernel(
+    GroupedMxfp4GemmParams p) {
+  using namespace nvcuda;
+  using T = GemmTile<kTM, kTK>;
+  constexpr int kPadK = T::kPadK;
+  __shared__ alignas(128) unsigned char smem[T::kBytes];
+  __shared__ uint16_t lut[16];
+  auto* a_tile = reinterpret_cast<__nv_bfloat16(*)[kPadK]>(smem);
+  auto* b_tile =
+      reinterpret_cast<__nv_bfloat16(*)[kPadK]>(smem + sizeof(__nv_bfloat16) * kTM * kPadK);
+  auto* c_tile = reinterpret_cast<float(*)[kPadN]>(smem);
+
+  const int e = blockIdx.z;
+  const int64_t beg = p.offsets[e];
+  const int64_t cnt = p.offsets[e + 1] - beg;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTM;
+  if (m0 >= cnt) return;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5;
+  if (tid < 16) {
+    // e2m1 -> bf16 bits: 0 .5 1 1.5 2 3 4 6, sign in bit 3.
+    constexpr uint16_t kMag[8] = {0x0000, 0x3F00, 0x3F80, 0x3FC0, 0x4000, 0x4040, 0x4080, 0x40C0};
+    lut[tid] = static_cast<uint16_t>(kMag[tid & 7] | ((tid & 8) != 0 ? 0x8000u : 0u));
+  }
+
+  const int64_t brow = n0 + tid;  // one weight row per thread
+  const bool bvalid = brow < p.n;
+  const uint8_t* wrow = p.w[e] + (bvalid ? brow : 0) * (p.k / 2);
+  const uint8_t* srow = p.w_scale[e] + (bvalid ? brow : 0) * (p.k / 32);
+  const auto* a = static_cast<const __nv_bfloat16*>(p.a) + beg * p.lda;
+
+  uint4 breg[T::kBVec];
+  uint32_t sreg;  // kTK / 32 scale bytes, little end first
+  uint4 areg[T::kAPer];
+  const auto load = [&](int64_t kb) {
+    const int64_t k0 = kb * kTK;
+#pragma unroll
+    for (int i = 0; i < T::kBVec; ++i)
+      breg[i] = bvalid ? *reinterpret_cast<const uint4*>(wrow + k0 / 2 + 16 * i)
+                       : make_uint4(0, 0, 0, 0);
+    if constexpr (kTK == 128) {
+      sreg = bvalid ? *reinterpret_cast<const uint32_t*>(srow + k0 / 32) : 0x7F7F7F7Fu;
+    } else {
+      sreg = bvalid ? srow[k0 / 32] : 0x7Fu;
+    }
+#pragma unroll
+    for (int j = 0; j < T::kAPer; ++j) {
+      const int v = tid + j * kGemmThreads;
+      if (v < T::kAVec) {
+        const int r = v / (kTK / 8);
+        const int c = (v % (kTK / 8)) * 8;
+        areg[j] = m0 + r < cnt
+                      ? *reinterpret_cast<const uint4*>(a + (m0 + r) * p.lda + k0 + c)
+                      : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kTM / 16][2];
+#pragma unroll
+  for (int i = 0; i < kTM / 16; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
+
+  const int64_t k_steps = p.k / kTK;
+  load(0);
+  __syncthreads();  // lut
+  for (int64_t ks = 0; ks < k_steps; ++ks) {
+#pragma unroll
+    for (int j = 0; j < T::kAPer; ++j) {
+      const int v = tid + j * kGemmThreads;
+      if (v < T::kAVec)
+        *reinterpret_cast<uint4*>(&a_tile[v / (kTK / 8)][(v % (kTK / 8)) * 8]) = areg[j];
+    }
+#pragma unroll
+    for (int i = 0; i < T::kBVec; ++i) {  // 32 K elements, one scale
+      const float sf = v41::ue8m0_decode((sreg >> (8 * i)) & 0xFFu);
+      const __nv_bfloat162 scale2 = __floats2bfloat162_rn(sf, sf);
+      const uint32_t words[4] = {breg[i].x, breg[i].y, breg[i].z, breg[i].w};
+      uint32_t outw[16];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          const uint32_t byte = (words[q] >> (8 * b)) & 0xFFu;
+          const uint32_t pair = static_cast<uint32_t>(lut[byte & 0xFu]) |
+                                (static_cast<uint32_t>(lut[byte >> 4]) << 16);
+          __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&pair);
+          v = __hmul2(v, scale2);
+          outw[q * 4 + b] = *reinterpret_cast<const uint32_t*>(&v);
+        }
+      }
+      uint4* dst = reinterpret_cast<uint4*>(&b_tile[tid][32 * i]);
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        dst[q] = make_uint4(outw[q * 4], outw[q * 4 + 1], outw[q * 4 + 2], outw[q * 4 + 3]);
+    }
+    __syncthreads();
+    if (ks + 1 < k_steps) load(ks + 1);
+#pragma unroll
+    for (int kk = 0; kk < kTK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> af[kTM / 16];
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> bf[2];
+#pragma unroll
+      for (int i = 0; i < kTM / 16; ++i) wmma::load_matrix_sync(af[i], &a_tile[i * 16][kk], kPadK);
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        wmma::load_matrix_sync(bf[j], &b_tile[warp * 32 + j * 16][kk], kPadK);
+#pragma unroll
+      for (int i = 0; i < kTM / 16; ++i)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) wmma::mma_sync(acc[i][j], af[i], bf[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < kTM / 16; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      wmma::store_matrix_sync(&c_tile[i * 16][warp * 32 + j * 16], acc[i][j], kPadN,
+                              wmma::mem_row_major);
+  __syncthreads();
+  for (int i = tid; i < kTM * kTileN; i += kGemmThreads) {
+    const int r = i / kTileN;
+    const int c = i % kTileN;
+    if (m0 + r < cnt && n0 + c < p.n) p.y[(beg + m0 + r) * p.ldy + n0 + c] = c_tile[r][c];
+  }
+}
+
+__global__ void dequant_fp8_kernel(const uint8_t* w, const uint8_t* s, int64_t n, int64_t k,
+                                   __nv_bfloat16* out) {
+  const int64_t total = n * k;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / k, c = i % k;
+    const float v = v41::e4m3_decode(w[i]) * v41::ue8m0_decode(s[(r / 32) * (k / 32) + c / 32]);
+    out[i] = __float2bfloat16_rn(v);
+  }
+}
+
+int quant_grid(int64_t rows) {
+  return static_cast<int>(std::min<int64_t>(std::max<int64_t>(rows, 1), 65535));
+}
+
+void bad_args(const char* what, const char* need) {
+  detail::cuda_call_failed(__FILE__, __LINE__, what, "bad arguments", need);
+}
+
+}  // namespace
+
+void launch_act_quant_mxfp8(const ActQuantParams& p, Stream stream) {
+  if (p.rows == 0 || p.cols == 0) return;
+  if (p.cols % 32 != 0 || p.ldx < p.cols || p.ldo < p.cols)
+    bad_args("launch_act_quant_mxfp8", "cols % 32 == 0, ldx >= cols, ldo >= cols");
+  act_quant_kernel<<<quant_grid(p.rows), kQuantThreads, 0, as_cuda_stream(stream)>>>(p);
+  MS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_swiglu_quant_mxfp8(const SwigluQuantParams& p, Stream stream) {
+  if (p.rows == 0 || p.cols == 0) return;
+  if (p.cols % 32 != 0 || p.ld < p.cols || p.ldo < p.cols)
+    bad_args("launch_swiglu_quant_mxfp8", "cols % 32 == 0, ld >= cols, ldo >= cols");
+  swiglu_quant_kernel<<<quant_grid(p.rows), kQuantThreads, 0, as_cuda_stream(stream)>>>(p);
+  MS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_moe_group(const MoeGroupParams& p, Stream stream) {
+  if (p.local <= 0 || p.local > 4096 || p.k <= 0)
+    bad_args("launch_moe_group", "0 < local <= 4096, k > 0");
+  const size_t smem = sizeof(int32_t) * 2 * static_cast<size_t>(p.local);
+  moe_group_kernel<<<1, kGroupThreads, smem, as_cuda_stream(stream)>>>(p);
+  MS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream) {
+  if (p.num_experts == 0 || p.max_rows == 0 || p.n == 0) return;
+  if (p.k % 32 != 0 || p.k <= 0 || p.lda % 8 != 0 || p.lda < p.k || p.ldy < p.n ||
+      reinterpret_cast<uintptr_t>(p.a) % 16 != 0 || p.num_experts > 65535)
+    bad_args("launch_grouped_mxfp4_gemm",
+             "K % 32 == 0, lda % 8 == 0, lda >= K, ldy >= N, a 16-byte aligned");
+  const bool small = p.rows_hint <= 24;
+  const int tm = small ? 16 : 64;
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.n, kTileN)),
+                  static_cast<unsigned>(ceil_div(p.max_rows, tm)),
+                  static_cast<unsigned>(p.num_experts));
+  if (grid.y > 65535) bad_args("launch_grouped_mxfp4_gemm", "max_rows / tile <= 65535");
+  const cudaStream_t s = as_cuda_stream(stream);
+  if (small && p.k % 128 == 0) {
+    grouped_mxfp4_gemm_kernel<16, 128><<<grid, kGemmThreads, 0, s>>>(p);
+  } else if (small) {
+    grouped_mxfp4_gemm_kernel<16, 32><<<grid, kGemmThreads, 0, s>>>(p);
+  } else {
+    grouped_mxfp4_gemm_kernel<64, 32><<<grid, kGemmThreads, 0, s>>>(p);
+  }
+  MS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_dequant_fp8_block_to_bf16(const uint8_t* w, const uint8_t* w_scale, int64_t n,
+                                      int64_t k, void* out, Stream stream) {
+  if (n == 0) return;
+  if (k % 32 != 0) bad_args("launch_dequant_fp8_block_to_bf16", "K % 32 == 0");
+  const int64_t total = n * k;
+  const int grid = static_cast<int>(std::min<int64_t>(ceil_div(total, 256), 65535));
+  dequant_fp8_kernel<<<grid, 256, 0, as_cuda_stream(stream)>>>(w, w_scale, n, k,
+                                                               static_cast<__nv_bfloat16*>(out));
+  MS_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moeserve::cuda
