@@ -48,7 +48,7 @@ struct GpuModelOptions {
   int64_t random_engram_rows = int64_t{1} << 20;
   bool profile = false;  // per-component CUDA-event timing
   // true: FP8/MXFP4 linears dequantised to fp32 at load and run as exact fp32 GEMMs (cuBLASLt,
-  // no TF32): the structural check against the CPU forward without bf16 activation rounding.
+  // no TF32) on the same MXFP8 inputs: the test's second GEMM path next to the production one.
   bool exact_linears = false;
   bool trace = false;  // keep per-layer attn_norm outputs and layer outputs (trace())
 };
