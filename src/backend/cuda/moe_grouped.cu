@@ -1,11 +1,11 @@
 // The quantised-activation GEMM path of the forward (model.md §5): the MXFP8 activation
 // fake-quant, the routed expert's SwiGLU fused with it, the device-side MoE grouping (no host
-// sync, so the MoE can be captured in a CUDA graph), the grouped MXFP4 GEMM over the grouped
-// rows, and the FP8 -> bf16 weight dequantisation for the cuBLASLt dense path.
+// sync, a prerequisite for capturing the MoE in a CUDA graph), the grouped MXFP4 GEMM over the
+// grouped rows, and the FP8 -> bf16 weight dequantisation for the cuBLASLt dense path.
 // The grouped GEMM: one CTA per (128 output columns, 16 or 64 rows, expert); it walks K in
-// steps of 128 (skinny tiles) or 32, one ue8m0 scale per 32 per weight row, dequantises the packed e2m1 nibbles to bf16 through a
-// 16-entry table and one bf16x2 multiply by the power-of-two scale (exact), and multiplies with
-// bf16 WMMA into fp32. The next step's weights and activations are loaded into registers while
+// steps of 128 (skinny tiles) or 32, one ue8m0 scale per 32 per weight row, dequantises the
+// packed e2m1 nibbles to bf16 through a 16-entry table and one bf16x2 multiply by the
+// power-of-two scale (exact), and multiplies with bf16 WMMA into fp32. The next step's weights and activations are loaded into registers while
 // the current step multiplies. CTAs past an expert's row count exit at once, so the grid is
 // sized from max_rows without knowing the counts on the host.
 #include <cuda_bf16.h>
