@@ -91,7 +91,8 @@ step_configure() {
     "-DCMAKE_LIBRARY_PATH=$libdir;$libdir/blas" \
     "-DOPENBLAS_INCLUDE_DIR=$sysroot/usr/include/moeserve-cblas" \
     "-DOPENBLAS_LIBRARY=$libdir/blas/libblas.so.3" \
-    "-DPKG_CONFIG_EXECUTABLE=$pkg_config"
+    "-DPKG_CONFIG_EXECUTABLE=$pkg_config" \
+    "-DMOESERVE_GIT_COMMIT_OVERRIDE=$(cat .device/STAMP 2>/dev/null || true)"
 }
 
 step_build() {
