@@ -613,6 +613,24 @@ struct DeepseekV41Gpu::Impl {
     gemm_raw(q, t, lin.in, rows, lin, y, ldy, out_row0, out_rows);
   }
 
+  // c[m, n] (fp32, ldc) = a[m, k] (lda) · b[n, k]^T (ldb) on cuBLASLt.
+  void lt_gemm(cu::GemmPrecision precision, const void* a, int64_t lda, const void* b,
+               int64_t ldb, float* c, int64_t ldc, int64_t m, int64_t n, int64_t k) {
+    cu::LtGemmParams p;
+    p.precision = precision;
+    p.a = a;
+    p.lda = lda;
+    p.b = b;
+    p.ldb = ldb;
+    p.b_transposed = true;
+    p.c = c;
+    p.ldc = ldc;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    lt->run(p);
+  }
+
   // The GEMM of linear() on inputs as given (fp32, or bf16 bits for FP8/MXFP4 weights).
   void gemm_raw(const void* x, cu::ActivationType x_type, int64_t ldx, int64_t rows,
                 const Linear& lin, float* y, int64_t ldy, int64_t out_row0 = 0,
@@ -625,19 +643,8 @@ struct DeepseekV41Gpu::Impl {
     switch (lin.kind) {
       case Linear::Kind::kFp8: {
         MS_CHECK(bf16_x);
-        cu::LtGemmParams p;
-        p.precision = cu::GemmPrecision::kBf16F32;
-        p.a = x;
-        p.lda = ldx;
-        p.b = lin.wbf16.as<uint16_t>() + out_row0 * lin.in;
-        p.ldb = lin.in;
-        p.b_transposed = true;
-        p.c = y;
-        p.ldc = ldy;
-        p.m = rows;
-        p.n = n;
-        p.k = lin.in;
-        lt->run(p);
+        lt_gemm(cu::GemmPrecision::kBf16F32, x, ldx, lin.wbf16.as<uint16_t>() + out_row0 * lin.in,
+                lin.in, y, ldy, rows, n, lin.in);
         break;
       }
       case Linear::Kind::kMxfp4: {
@@ -657,19 +664,8 @@ struct DeepseekV41Gpu::Impl {
       }
       case Linear::Kind::kF32: {
         MS_CHECK(!bf16_x);
-        cu::LtGemmParams p;
-        p.precision = opt.tf32_dense ? cu::GemmPrecision::kTf32 : cu::GemmPrecision::kF32;
-        p.a = x;
-        p.lda = ldx;
-        p.b = lin.w.as<float>() + out_row0 * lin.in;
-        p.ldb = lin.in;
-        p.b_transposed = true;
-        p.c = y;
-        p.ldc = ldy;
-        p.m = rows;
-        p.n = n;
-        p.k = lin.in;
-        lt->run(p);
+        lt_gemm(opt.tf32_dense ? cu::GemmPrecision::kTf32 : cu::GemmPrecision::kF32, x, ldx,
+                lin.w.as<float>() + out_row0 * lin.in, lin.in, y, ldy, rows, n, lin.in);
         break;
       }
       case Linear::Kind::kNone:
@@ -1190,24 +1186,10 @@ struct DeepseekV41Gpu::Impl {
     rp.route_scale = static_cast<float>(c.routed_scaling_factor);
     rp.topk_ids = ids;
     rp.topk_weights = wts;
-    {
-      // z = f · Wg^T for the whole batch as one fp32 GEMM (no TF32: routing needs fp32).
-      float* z = buf<float>("moe_logits", n * e);
-      cu::LtGemmParams gp;
-      gp.precision = cu::GemmPrecision::kF32;
-      gp.a = f;
-      gp.lda = d;
-      gp.b = L.gate.as<float>();
-      gp.ldb = d;
-      gp.b_transposed = true;
-      gp.c = z;
-      gp.ldc = e;
-      gp.m = n;
-      gp.n = e;
-      gp.k = d;
-      lt->run(gp);
-      rp.logits = z;
-    }
+    // z = f · Wg^T for the whole batch as one fp32 GEMM (no TF32: routing needs fp32).
+    float* z = buf<float>("moe_logits", n * e);
+    lt_gemm(cu::GemmPrecision::kF32, f, d, L.gate.as<float>(), d, z, e, n, e, d);
+    rp.logits = z;
     cu::launch_moe_router(rp, stream);
     cost.flops += 2.0 * n * e * d;
     cost.weight_bytes += static_cast<double>(L.gate.bytes());
@@ -1556,25 +1538,10 @@ struct DeepseekV41Gpu::Impl {
       collapse(xl, m, pl, hfin);
       rms(hfin, m, d, norm);
       float* logits = buf<float>("logits", m * v);
-      Linear head_view;  // borrowed view: no ownership transfer
-      {
-        cu::LtGemmParams p;
-        p.precision = opt.tf32_dense ? cu::GemmPrecision::kTf32 : cu::GemmPrecision::kF32;
-        p.a = hfin;
-        p.lda = d;
-        p.b = head.as<float>();
-        p.ldb = d;
-        p.b_transposed = true;
-        p.c = logits;
-        p.ldc = v;
-        p.m = m;
-        p.n = v;
-        p.k = d;
-        lt->run(p);
-        cost.weight_bytes += static_cast<double>(head.bytes());
-        cost.flops += 2.0 * m * v * d;
-      }
-      (void)head_view;
+      lt_gemm(opt.tf32_dense ? cu::GemmPrecision::kTf32 : cu::GemmPrecision::kF32, hfin, d,
+              head.as<float>(), d, logits, v, m, v, d);
+      cost.weight_bytes += static_cast<double>(head.bytes());
+      cost.flops += 2.0 * m * v * d;
       int32_t* g = buf<int32_t>("greedy", m);
       cu::ArgmaxParams ap;
       ap.logits = logits;
