@@ -488,6 +488,11 @@ TEST_F(CudaV41, SparseAttention) {
     cuda::launch_sparse_attention(p, stream_);
     // fp16 hi + lo splits of q and P (2^-22): about fp32.
     EXPECT_LE(rel_err(down(o, ref.size()), ref), 1e-5) << explicit_swa;
+    // The double-precision test mode: the reference's arithmetic, so fp32 output rounding only.
+    float* o64 = nans(ref.size());
+    p.out = o64;
+    cuda::launch_sparse_attention_f64(p, stream_);
+    EXPECT_LE(rel_err(down(o64, ref.size()), ref), 1e-6) << explicit_swa;
   }
 }
 

@@ -433,6 +433,10 @@ struct SparseAttentionParams {
   float* out = nullptr;
 };
 void launch_sparse_attention(const SparseAttentionParams& p, Stream stream);
+// The same in double precision with the CPU reference's order of operations (one block per row
+// and head; logits, max, denominator and outputs in key order): a test mode for comparing the GPU
+// forward with the CPU forward (arch::GpuModelOptions::f64_attention). Slow.
+void launch_sparse_attention_f64(const SparseAttentionParams& p, Stream stream);
 
 // Host memory the GPU reads directly (Engram tables): cuMem host allocation with 2 MB granules
 // mapped into the device's address space when the driver offers it, else cudaHostAlloc(mapped).

@@ -294,6 +294,98 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttent
   }
 }
 
+constexpr int kF64Threads = 128;
+
+// Key j's channel d as the CPU decodes it (exact in float).
+__device__ __forceinline__ float key_value(const SparseAttentionParams& p, int id, int d) {
+  constexpr int kSwaRec = kHd + kHd / 32;
+  constexpr int kGlobRec = kHd / 2 + kHd / 16;
+  if (id & kGlobFlag) {
+    const uint8_t* rec = p.glob + static_cast<int64_t>(id & ~kGlobFlag) * kGlobRec;
+    const uint32_t byte = rec[d / 2];
+    return v41::e2m1_decode((d & 1) ? (byte >> 4) : (byte & 0xF)) *
+           v41::e4m3_decode(rec[kHd / 2 + d / 16]);
+  }
+  const uint8_t* rec = p.swa + static_cast<int64_t>(id) * kSwaRec;
+  return v41::e4m3_decode(rec[d]) * v41::ue8m0_decode(rec[kHd + d / 32]);
+}
+
+// deepseek_v41_layers.cpp attention_row in double: dot (q . k) * (1 / sqrt(hd)), m = max(sink,
+// logits), denominator exp(sink - m) + sum exp(logit - m) in key order, acc[d] in key order,
+// out = float(acc / den); then the inverse RoPE in double as Rope::apply.
+__global__ void __launch_bounds__(kF64Threads) sparse_attention_f64_kernel(SparseAttentionParams p) {
+  __shared__ int32_t list[kMaxKeys];
+  __shared__ double logit[kMaxKeys];
+  __shared__ float qs[kHd];
+  __shared__ float os[kHd];
+  __shared__ int nk_s;
+  __shared__ double m_s, den_s;
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y;
+  const int tid = threadIdx.x;
+  const int pos = p.pos[t];
+  if (tid == 0) {
+    int nk = 0;
+    for (int i = 0; i < p.swa_k; ++i) {
+      int id;
+      if (p.swa_idx) {
+        id = p.swa_idx[t * p.swa_k + i];
+      } else {
+        const int64_t kp = static_cast<int64_t>(pos) - i;
+        id = kp >= (p.swa_floor > 0 ? p.swa_floor : 0) ? static_cast<int>(kp % p.ring_size) : -1;
+      }
+      if (id >= 0) list[nk++] = id;
+    }
+    for (int i = 0; i < p.glob_k; ++i) {
+      const int g = p.glob_idx[t * p.glob_k + i];
+      if (g >= 0) list[nk++] = g | kGlobFlag;
+    }
+    nk_s = nk;
+  }
+  for (int d = tid; d < kHd; d += kF64Threads) qs[d] = p.q[(t * p.heads + h) * kHd + d];
+  __syncthreads();
+  const int nk = nk_s;
+  const double scale = 1.0 / sqrt(static_cast<double>(kHd));
+  for (int j = tid; j < nk; j += kF64Threads) {
+    double dot = 0.0;
+    for (int d = 0; d < kHd; ++d)
+      dot = __dadd_rn(dot, __dmul_rn(static_cast<double>(qs[d]), key_value(p, list[j], d)));
+    logit[j] = __dmul_rn(dot, scale);
+  }
+  __syncthreads();
+  if (tid == 0) {
+    const double sink = p.sink[h];
+    double m = sink;
+    for (int j = 0; j < nk; ++j) m = fmax(m, logit[j]);
+    double den = exp(sink - m);
+    for (int j = 0; j < nk; ++j) den = __dadd_rn(den, exp(logit[j] - m));
+    m_s = m;
+    den_s = den;
+  }
+  __syncthreads();
+  for (int d = tid; d < kHd; d += kF64Threads) {
+    double acc = 0.0;
+    for (int j = 0; j < nk; ++j)
+      acc = __dadd_rn(acc, __dmul_rn(exp(logit[j] - m_s), key_value(p, list[j], d)));
+    os[d] = static_cast<float>(acc / den_s);
+  }
+  __syncthreads();
+  float* out = p.out + (t * p.heads + h) * kHd;
+  for (int i = tid; i < kHd / 2; i += kF64Threads) {
+    const int c = 2 * i;
+    float a = os[c], b = os[c + 1];
+    if (p.freqs != nullptr && c >= kHd - p.rd) {
+      const double angle = static_cast<double>(pos) * p.freqs[(c - (kHd - p.rd)) / 2];
+      const double co = cos(angle), s = -sin(angle);
+      const double x0 = a, x1 = b;
+      a = static_cast<float>(__dsub_rn(__dmul_rn(x0, co), __dmul_rn(x1, s)));
+      b = static_cast<float>(__dadd_rn(__dmul_rn(x0, s), __dmul_rn(x1, co)));
+    }
+    out[c] = a;
+    out[c + 1] = b;
+  }
+}
+
 }  // namespace
 
 void launch_sparse_attention(const SparseAttentionParams& p, Stream stream) {
@@ -315,6 +407,16 @@ void launch_sparse_attention(const SparseAttentionParams& p, Stream stream) {
   (void)configured;
   const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads / kHeadsPerBlock));
   sparse_attention_kernel<<<grid, kThreads, lay.bytes, as_cuda_stream(stream)>>>(p, lay);
+  MS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_sparse_attention_f64(const SparseAttentionParams& p, Stream stream) {
+  if (p.rows == 0) return;
+  if (p.head_dim != kHd || p.swa_k + p.glob_k > kMaxKeys)
+    detail::cuda_call_failed(__FILE__, __LINE__, "sparse attention shape",
+                             "head_dim 512, swa_k + glob_k <= 1024", "");
+  const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads));
+  sparse_attention_f64_kernel<<<grid, kF64Threads, 0, as_cuda_stream(stream)>>>(p);
   MS_CUDA_CHECK_LAUNCH();
 }
 

@@ -1148,7 +1148,11 @@ struct DeepseekV41Gpu::Impl {
     p.freqs = (info.rope == RopeKind::kMain ? freqs_main : freqs_compress).as<double>();
     p.rd = c.qk_rope_head_dim;
     p.out = o;
-    cu::launch_sparse_attention(p, stream);
+    if (opt.f64_attention) {
+      cu::launch_sparse_attention_f64(p, stream);
+    } else {
+      cu::launch_sparse_attention(p, stream);
+    }
     const double keys = static_cast<double>(window + p.glob_k);
     cost.kv_bytes += static_cast<double>(n) *
                      (static_cast<double>(window * rec) + p.glob_k * c.main_entry_bytes());

@@ -50,6 +50,10 @@ struct GpuModelOptions {
   // true: FP8/MXFP4 linears dequantised to fp32 at load and run as exact fp32 GEMMs (cuBLASLt,
   // no TF32) on the same MXFP8 inputs: the test's second GEMM path next to the production one.
   bool exact_linears = false;
+  // true: the sparse attention in double with the CPU reference's order of operations
+  // (launch_sparse_attention_f64; slow): test mode, removes the attention's fp32 rounding
+  // differences from a GPU-vs-CPU comparison.
+  bool f64_attention = false;
   bool trace = false;  // keep per-layer attn_norm outputs and layer outputs (trace())
 };
 
