@@ -7,7 +7,8 @@
 #   env:   STEPS (default "env unpack gtest configure build test bench torch"; add "fwdbench" for
 #          the GPU forward benchmarks of tools/device/bench_forward.sh), JOBS (default nproc),
 #          BUILD_TARGETS (build only these targets), TEST_FILTER (gtest filter of the op tests),
-#          GPU_FWD_ARGS (extra arguments of the GPU forward test, e.g. a gtest filter)
+#          GPU_FWD_ARGS (extra arguments of the GPU forward test, e.g. a gtest filter),
+#          MEMCHECK=0 (skip the compute-sanitizer passes of the test step)
 #
 # Everything is compiled on the device with its own compiler (googletest too); from the sysroot
 # only headers and C libraries are used (fmt and spdlog header-only), so no C++ ABI crosses
@@ -126,7 +127,7 @@ step_test() {
   if [[ -z "${BUILD_TARGETS:-}" ]]; then
     ctest --test-dir "$build" -L gpu -E integration_model_gpu_forward_test --output-on-failure || status=$?
   fi
-  if command -v compute-sanitizer >/dev/null; then
+  if [[ "${MEMCHECK:-1}" != 0 ]] && command -v compute-sanitizer >/dev/null; then
     timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/backend_ops/cuda_ops" \
       --gtest_filter='*7x100x160*:*r3_c1001*:*r2_c7*:*t1_h64*:*Ties*' >/tmp/memcheck.log 2>&1 || status=$?
     tail -5 /tmp/memcheck.log
