@@ -55,6 +55,7 @@ struct BenchForwardOptions {
   int32_t cached = 0;          // prefill: C
   int32_t iterations = 5;
   bool tf32 = true;
+  bool fast_attention = false;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -195,6 +196,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
     go.max_rows = opt.new_tokens;
   }
   go.tf32_dense = opt.tf32;
+  go.fast_attention = opt.fast_attention;
   go.local_experts = opt.local_experts;
   if (opt.layers > 0) go.layers = arch::subsample_layers(config, opt.layers);
   const auto t_load = Clock::now();
@@ -294,6 +296,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"new_tokens", decode ? 0 : opt.new_tokens},
               {"iterations", opt.iterations},
               {"tf32_fp32_linears", opt.tf32},
+              {"fast_attention", opt.fast_attention},
               {"seed", opt.seed},
               {"device_name", dev.name}};
   nlohmann::json comps = nlohmann::json::object();
@@ -376,6 +379,8 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--iterations", opt->iterations, "cuda: timed steps")->capture_default_str();
   cmd->add_option("--tf32", opt->tf32, "cuda: fp32 linears on TF32 tensor cores")
       ->capture_default_str();
+  cmd->add_flag("--fast-attention", opt->fast_attention,
+                 "cuda: sparse attention on single fp16 operands instead of hi + lo pairs");
   cmd->add_option("--prompt-len", opt->prompt_len, "prompt tokens")->capture_default_str();
   cmd->add_option("--decode-steps", opt->decode_steps, "decode steps")->capture_default_str();
   cmd->add_option("--chunk-size", opt->chunk_size, "prefill chunk (0: whole prompt)")

@@ -264,10 +264,15 @@ void run_v41_ops(Bench& b, std::vector<Result>& results) {
     p.pos = pos.data_as<int32_t>();
     p.freqs = f;
     p.out = o.data_as<float>();
-    results.push_back(b.run("sparse attention 128+512", dims({t, 64, 640, 512}),
-                            t * (128.0 * 528 + 512.0 * 288 + 2.0 * 4 * 64 * 512),
-                            4.0 * t * 64 * 640 * 512, Rate::kBf16,
-                            [&](int) { cuda::launch_sparse_attention(p, stream); }));
+    for (bool split : {true, false}) {
+      p.split_precision = split;
+      results.push_back(b.run(split ? "sparse attention 128+512 (hi+lo)"
+                                    : "sparse attention 128+512 (fp16)",
+                              dims({t, 64, 640, 512}),
+                              t * (128.0 * 528 + 512.0 * 288 + 2.0 * 4 * 64 * 512),
+                              4.0 * t * 64 * 640 * 512, Rate::kBf16,
+                              [&](int) { cuda::launch_sparse_attention(p, stream); }));
+    }
     b.release();
   }
   // Engram: 48 rows per token from pinned host memory (PCIe-bound: the HBM floor does not apply).

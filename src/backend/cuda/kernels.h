@@ -431,6 +431,9 @@ struct SparseAttentionParams {
   const double* freqs = nullptr;  // null: no inverse RoPE
   int rd = 64;
   float* out = nullptr;
+  // true: q and P as fp16 hi + lo pairs (about fp32; the GPU-vs-CPU model tests rely on it).
+  // false: single fp16 operands (2^-11 relative; twice the MMA rate), FlashMLA's precision class.
+  bool split_precision = true;
 };
 void launch_sparse_attention(const SparseAttentionParams& p, Stream stream);
 // The same in double precision with the CPU reference's order of operations (one block per row

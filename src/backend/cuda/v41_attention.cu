@@ -1,15 +1,22 @@
-// V4.1 sparse attention core (model.md §2.5) on fp16 tensor cores: one block per (query, 16
-// heads), 8 warps. The query's key list (SWA ring records, FP8, then selected main entries, FP4)
-// is compacted in order; tiles of 32 keys are dequantised to fp16 in shared memory twice: once
-// for the logits of every key (kept in shared memory, <= 1024 per row), once for P . V after an
-// exact softmax that starts from the sink. q and P are split into fp16 hi + lo parts (2^-22
-// relative, about fp32: the output feeds wo_a's MXFP8 quantisation, where a 1e-5 error would
-// move values across rounding points), and the dequantised cache values are exact in fp16 for
-// the magnitudes kv_norm gives. K = V. The trailing rd output channels get the inverse RoPE.
-// NOTE: the four head groups of a row each dequantise the row's keys (twice); a row-per-block
-// variant with register-resident accumulators (mma.sync) would read them once.
+// V4.1 sparse attention core (model.md §2.5), flash-decoding style on fp16 tensor cores (raw
+// mma.sync m16n8k16, fp32 accumulators in registers). One block per (query row, 32 or 16 heads),
+// 8 warps. The row's key list (SWA ring records, FP8, then the selected main entries, FP4) is
+// compacted in order; tiles of 32 keys are dequantised ONCE into shared memory (fp16: exact for
+// the magnitudes kv_norm gives) and used for both the logits and P . V (K = V), with an online
+// softmax that starts from the sink (m = sink, l = 1). The next tile's records are loaded into
+// registers while the current tile is computed.
+//   split_precision (default): q * scale and P are split into fp16 hi + lo parts (x 2^8 so the lo
+//   parts stay normal; 2^-22 relative, about fp32), two MMAs each: the output feeds wo_a's MXFP8
+//   rounding (8,192 values per row), where a 1e-5 error moves values across rounding points.
+//   Otherwise one fp16 MMA each (2^-11 relative, the precision class of FlashMLA's bf16 path).
+// Warp layout (kMt = head m-tiles of 16 per block, kWpm = 8 / kMt warps per m-tile):
+//   logits: warp -> m-tile w % kMt, channel slice w / kMt (512 / kWpm channels, q fragments held
+//   in registers), all 32 keys; the kWpm partial sums are added in slice order in shared memory.
+//   softmax: warp -> 16 kMt / 8 heads (running max and sum in registers).
+//   P . V: warp -> m-tile w % kMt, output channels slice w / kMt (512 / kWpm channels).
+// The trailing rd output channels get the inverse RoPE (angles in double).
 #include <cuda_fp16.h>
-#include <mma.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 
@@ -20,140 +27,163 @@
 namespace moeserve::cuda {
 namespace {
 
-using namespace nvcuda;
-
 constexpr int kHd = 512;
-constexpr int kHeadsPerBlock = 16;
 constexpr int kThreads = 256;  // 8 warps
-constexpr int kTile = 32;      // keys per tile (2 x 16)
+constexpr int kWarps = kThreads / 32;
+constexpr int kTile = 32;  // keys per tile
 constexpr int kMaxKeys = 1024;
 constexpr int kGlobFlag = 1 << 30;
-constexpr int kQPad = kHd + 8;       // fp16 pitch of q / key rows (1040 B)
-constexpr int kPPad = kTile + 8;     // fp16 pitch of the probability tile
-// q * scale and P are multiplied by 2^8 before the fp16 split (exact), so the lo parts of most
-// values stay normal fp16 (|q * scale| < 256 fits); the logits and the output are scaled back.
+constexpr int kKPitch = kHd + 8;    // fp16 pitch of key rows (1040 B: ldmatrix rows hit distinct banks)
+constexpr int kPPitch = kTile + 8;  // fp16 pitch of the probability rows
+constexpr int kSPitch = kTile + 8;  // fp32 pitch of the logits partials
 constexpr float kPow = 256.0f;
-constexpr int kOPad = kHd + 4;       // fp32 pitch of the output staging
-constexpr int kWarps = kThreads / 32;
-constexpr int kDimsPerWarp = kHd / kWarps;  // 64 output channels per warp (4 fragments)
-constexpr int kKSplit = kWarps / (kTile / 16);  // logits: K-dim parts per key fragment (4)
+constexpr int kSwaRec = kHd + kHd / 32;      // FP8 record: 512 codes + 16 ue8m0 scales
+constexpr int kGlobRec = kHd / 2 + kHd / 16;  // FP4 record: 256 B of nibbles + 32 e4m3 scales
+constexpr int kItems = kTile * (kHd / 8) / kThreads;  // 8-channel items per thread per tile
 
-struct AttnSmem {
-  int s_pitch;  // fp32 pitch of the logits rows
-  size_t q_hi, q_lo, kt, sc, list, p_hi, p_lo, bytes;
+// Shared memory (bytes, 128-aligned offsets).
+constexpr size_t align128(size_t b) { return (b + 127) / 128 * 128; }
+constexpr size_t kOffKt = 0;
+constexpr size_t kOffPart = kOffKt + align128(sizeof(__half) * kTile * kKPitch);
+constexpr size_t kOffPHi = kOffPart + align128(sizeof(float) * kWarps * 16 * kSPitch);
+constexpr size_t kOffPLo = kOffPHi + align128(sizeof(__half) * 32 * kPPitch);
+constexpr size_t kOffAlpha = kOffPLo + align128(sizeof(__half) * 32 * kPPitch);
+constexpr size_t kOffSum = kOffAlpha + align128(sizeof(float) * 32);
+constexpr size_t kOffList = kOffSum + align128(sizeof(float) * 32);
+constexpr size_t kOffLut = kOffList + align128(sizeof(int32_t) * kMaxKeys);
+constexpr size_t kSmemBytes = kOffLut + align128(sizeof(__half2) * 256);
+
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four 8x8 fp16 matrices, transposed: lanes 8j..8j+7 give the row addresses of matrix j.
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* smem_row) {
+  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(smem_row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+__device__ __forceinline__ uint32_t lds32(const __half* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+
+// (a, b) -> fp16 pairs hi, lo with a = hi.x + lo.x + O(2^-22 |a|) (b likewise).
+__device__ __forceinline__ void split_pair(float a, float b, uint32_t* hi, uint32_t* lo) {
+  const __half2 h = __floats2half2_rn(a, b);
+  const float2 hf = __half22float2(h);
+  *hi = h2_bits(h);
+  *lo = h2_bits(__floats2half2_rn(a - hf.x, b - hf.y));
+}
+
+// One tile's cache bytes, loaded ahead: item it of this thread is key (tid + 256 it) / 64,
+// channels 8 ((tid + 256 it) % 64) ..+8. kind: 0 none, 1 SWA (FP8), 2 global (FP4).
+struct RawTile {
+  uint2 v[kItems];
+  uint32_t sb[kItems];  // scale byte | kind << 8
 };
 
-AttnSmem attn_smem(int nk_cap) {
-  AttnSmem a{};
-  a.s_pitch = nk_cap + 4;
-  size_t off = 0;
-  const auto take = [&](size_t bytes) {
-    const size_t at = off;
-    off += (bytes + 127) / 128 * 128;
-    return at;
-  };
-  a.q_hi = take(sizeof(__half) * kHeadsPerBlock * kQPad);
-  a.q_lo = take(sizeof(__half) * kHeadsPerBlock * kQPad);
-  // Key tile (fp16); the logits partials (8 x 16 x 16 fp32) and the output staging (fp32,
-  // 16 x 516) reuse it.
-  a.kt = take(std::max({sizeof(__half) * kTile * kQPad,
-                        sizeof(float) * kHeadsPerBlock * kOPad, sizeof(float) * kWarps * 256}));
-  a.sc = take(sizeof(float) * kHeadsPerBlock * a.s_pitch);
-  a.list = take(sizeof(int32_t) * nk_cap);
-  a.p_hi = take(sizeof(__half) * kHeadsPerBlock * kPPad);
-  a.p_lo = take(sizeof(__half) * kHeadsPerBlock * kPPad);
-  a.bytes = off;
-  return a;
-}
-
-// v = hi + lo + O(2^-22 |v|) in fp16 (the callers pre-scale by kPow so that lo stays normal).
-__device__ __forceinline__ void split_half(float v, __half* hi, __half* lo) {
-  const __half h = __float2half_rn(v);
-  *hi = h;
-  *lo = __float2half_rn(v - __half2float(h));
-}
-
-// Dequantises keys [t0, t0 + kTile) of the list into kt (fp16; zeros past nk). Every
-// thread first loads its 8 items (8 channels each), then decodes them.
-__device__ __forceinline__ void load_key_tile(const SparseAttentionParams& p, const int32_t* list,
-                                              int nk, int t0, __half (*kt)[kQPad]) {
-  constexpr int kSwaRec = kHd + kHd / 32;
-  constexpr int kGlobRec = kHd / 2 + kHd / 16;
-  constexpr int kItems = kTile * (kHd / 8) / kThreads;
-  uint2 raw[kItems];
-  uint32_t sb[kItems];
-  int kind[kItems];  // 0 none, 1 SWA (FP8), 2 global (FP4)
+__device__ __forceinline__ void load_raw(const SparseAttentionParams& p, const int32_t* list,
+                                         int nk, int t0, RawTile& r) {
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
-    const int i = threadIdx.x + it * kThreads;
+    const int i = static_cast<int>(threadIdx.x) + it * kThreads;
     const int key = i / (kHd / 8), oct = i % (kHd / 8);
-    kind[it] = 0;
-    raw[it] = make_uint2(0, 0);
-    sb[it] = 0;
+    r.v[it] = make_uint2(0, 0);
+    r.sb[it] = 0;
     if (t0 + key < nk) {
       const int id = list[t0 + key];
       if (id & kGlobFlag) {
         const uint8_t* rec = p.glob + static_cast<int64_t>(id & ~kGlobFlag) * kGlobRec;
-        raw[it].x = *reinterpret_cast<const uint32_t*>(rec + 4 * oct);
-        sb[it] = rec[kHd / 2 + oct / 2];
-        kind[it] = 2;
+        r.v[it].x = __ldg(reinterpret_cast<const uint32_t*>(rec + 4 * oct));
+        r.sb[it] = __ldg(rec + kHd / 2 + oct / 2) | (2u << 8);
       } else {
         const uint8_t* rec = p.swa + static_cast<int64_t>(id) * kSwaRec;
-        raw[it] = *reinterpret_cast<const uint2*>(rec + 8 * oct);
-        sb[it] = rec[kHd + oct / 4];
-        kind[it] = 1;
+        r.v[it] = __ldg(reinterpret_cast<const uint2*>(rec + 8 * oct));
+        r.sb[it] = __ldg(rec + kHd + oct / 4) | (1u << 8);
       }
     }
   }
+}
+
+// Decodes a loaded tile into kt (fp16, zeros for missing keys). The products are exact in fp16
+// whenever the float path of the CPU decoder is (e4m3 or e2m1 times a power-of-two or e4m3
+// scale); scales outside fp16's normal range take the float path, rounded like the old kernel.
+__device__ __forceinline__ void decode_raw(const RawTile& r, __half (*kt)[kKPitch],
+                                           const __half2* lut) {
 #pragma unroll
   for (int it = 0; it < kItems; ++it) {
-    const int i = threadIdx.x + it * kThreads;
+    const int i = static_cast<int>(threadIdx.x) + it * kThreads;
     const int key = i / (kHd / 8), oct = i % (kHd / 8);
-    float v[8];
-    if (kind[it] == 2) {
-      const float s = v41::e4m3_decode(sb[it]);
+    const uint32_t kind = r.sb[it] >> 8, code = r.sb[it] & 0xFFu;
+    uint32_t w[4] = {0, 0, 0, 0};
+    if (kind == 2) {
+      const __half_raw sr =
+          __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
+      const __half2 s2 = __half2half2(__half(sr));
 #pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] = v41::e2m1_decode((raw[it].x >> (4 * e)) & 0xF) * s;
-    } else {
-      const float s = kind[it] == 1 ? v41::ue8m0_decode(sb[it]) : 0.0f;
+      for (int b = 0; b < 4; ++b) w[b] = h2_bits(__hmul2(lut[(r.v[it].x >> (8 * b)) & 0xFFu], s2));
+    } else if (kind == 1) {
+      const float sc = v41::ue8m0_decode(code);
+      if (sc >= 0x1p-14f && sc <= 0x1p15f) {
+        const __half2 s2 = __float2half2_rn(sc);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        v[e] = v41::e4m3_decode((raw[it].x >> (8 * e)) & 0xFF) * s;
-        v[4 + e] = v41::e4m3_decode((raw[it].y >> (8 * e)) & 0xFF) * s;
+        for (int b = 0; b < 4; ++b) {
+          const uint32_t word = b < 2 ? r.v[it].x : r.v[it].y;
+          const __half2_raw pr = __nv_cvt_fp8x2_to_halfraw2(
+              static_cast<__nv_fp8x2_storage_t>((word >> (16 * (b & 1))) & 0xFFFFu), __NV_E4M3);
+          w[b] = h2_bits(__hmul2(__half2(pr), s2));
+        }
+      } else {
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          const uint32_t word = b < 2 ? r.v[it].x : r.v[it].y;
+          const int sh = 16 * (b & 1);
+          w[b] = h2_bits(__floats2half2_rn(v41::e4m3_decode((word >> sh) & 0xFFu) * sc,
+                                           v41::e4m3_decode((word >> (sh + 8)) & 0xFFu) * sc));
+        }
       }
-    }
-    uint32_t w[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const __half2 pr = __floats2half2_rn(v[2 * e], v[2 * e + 1]);
-      w[e] = *reinterpret_cast<const uint32_t*>(&pr);
     }
     *reinterpret_cast<uint4*>(&kt[key][8 * oct]) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 
-// One block per (query row, 16 heads). Pass 1: logits S = (q * scale) . k for every key of the
-// row's list (fp16 tensor cores; q split into fp16 hi + lo) into shared memory.
-// Softmax with the sink in fp32 (max over sink and logits; the sink adds exp(sink - max) to the
-// denominator only). Pass 2: O = P . V over the same tiles (P split hi + lo; K = V), then O / sum
-// and the inverse RoPE of the trailing rd channels (angles in double).
-__global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttentionParams p,
-                                                                    AttnSmem lay) {
+template <int kMt, bool kSplit>
+__global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(SparseAttentionParams p) {
+  constexpr int kWpm = kWarps / kMt;       // warps per m-tile
+  constexpr int kSlice = kHd / kWpm;       // channels per warp (logits and output)
+  constexpr int kQSteps = kSlice / 16;     // k-steps of the logits per warp
+  constexpr int kOTiles = kSlice / 8;      // n-tiles of the output per warp
+  constexpr int kHeads = 16 * kMt;         // heads per block
+  constexpr int kHeadsPerWarp = kHeads / kWarps;
+  constexpr int kParts = kSplit ? 2 : 1;
   extern __shared__ __align__(128) unsigned char smem[];
-  auto* q_hi = reinterpret_cast<__half(*)[kQPad]>(smem + lay.q_hi);
-  auto* q_lo = reinterpret_cast<__half(*)[kQPad]>(smem + lay.q_lo);
-  auto* kt = reinterpret_cast<__half(*)[kQPad]>(smem + lay.kt);
-  auto* ost = reinterpret_cast<float(*)[kOPad]>(smem + lay.kt);
-  float* sc = reinterpret_cast<float*>(smem + lay.sc);
-  int32_t* list = reinterpret_cast<int32_t*>(smem + lay.list);
-  auto* p_hi = reinterpret_cast<__half(*)[kPPad]>(smem + lay.p_hi);
-  auto* p_lo = reinterpret_cast<__half(*)[kPPad]>(smem + lay.p_lo);
-  __shared__ int32_t warp_count[kThreads / 32];
-  __shared__ float head_sum[kHeadsPerBlock];
+  auto* kt = reinterpret_cast<__half(*)[kKPitch]>(smem + kOffKt);
+  auto* part = reinterpret_cast<float(*)[16][kSPitch]>(smem + kOffPart);
+  auto* p_hi = reinterpret_cast<__half(*)[kPPitch]>(smem + kOffPHi);
+  auto* p_lo = reinterpret_cast<__half(*)[kPPitch]>(smem + kOffPLo);
+  float* alpha_s = reinterpret_cast<float*>(smem + kOffAlpha);
+  float* sum_s = reinterpret_cast<float*>(smem + kOffSum);
+  int32_t* list = reinterpret_cast<int32_t*>(smem + kOffList);
+  __half2* lut = reinterpret_cast<__half2*>(smem + kOffLut);
+  __shared__ int32_t warp_count[kWarps];
   const int64_t t = blockIdx.x;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const int mt = warp % kMt, slice = warp / kMt;
   const int pos = p.pos[t];
-  const int h0 = blockIdx.y * kHeadsPerBlock;
+  const int h0 = static_cast<int>(blockIdx.y) * kHeads;
+
+  if (tid < 256)
+    lut[tid] = __floats2half2_rn(v41::e2m1_decode(tid & 0xFu), v41::e2m1_decode(tid >> 4));
 
   // Ordered compaction of the valid key ids.
   const int nlist = p.swa_k + p.glob_k;
@@ -169,8 +199,8 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttent
         id = kp >= (p.swa_floor > 0 ? p.swa_floor : 0) ? static_cast<int>(kp % p.ring_size) : -1;
       }
     } else if (i < nlist) {
-      const int g = p.glob_idx[t * p.glob_k + (i - p.swa_k)];
-      id = g >= 0 ? (g | kGlobFlag) : -1;
+      const int gi = p.glob_idx[t * p.glob_k + (i - p.swa_k)];
+      id = gi >= 0 ? (gi | kGlobFlag) : -1;
     }
     const bool valid = id >= 0;
     const uint32_t mask = __ballot_sync(0xffffffffu, valid);
@@ -180,118 +210,187 @@ __global__ void __launch_bounds__(kThreads) sparse_attention_kernel(SparseAttent
     for (int w = 0; w < warp; ++w) off += warp_count[w];
     if (valid) list[off + __popc(mask & ((1u << lane) - 1u))] = id;
     int sum = 0;
-    for (int w = 0; w < kThreads / 32; ++w) sum += warp_count[w];
+    for (int w = 0; w < kWarps; ++w) sum += warp_count[w];
     base += sum;
     __syncthreads();
   }
   const int nk = base;
 
-  // q * scale (fp32, as the CPU), times 2^8, split into fp16 hi + lo.
-  for (int i = tid; i < kHeadsPerBlock * kHd; i += kThreads) {
-    const int h = i / kHd, c = i % kHd;
-    split_half(p.q[(t * p.heads + h0 + h) * kHd + c] * p.scale * kPow, &q_hi[h][c], &q_lo[h][c]);
-  }
+  RawTile raw;
+  load_raw(p, list, nk, 0, raw);
 
-  // Pass 1: logits. Warp w -> key fragment w % 2, channels [128 (w / 2), + 128); the four
-  // partial fragments of a key fragment are added in channel order.
-  float* part = reinterpret_cast<float*>(smem + lay.kt);
-  for (int t0 = 0; t0 < nk; t0 += kTile) {
-    __syncthreads();
-    load_key_tile(p, list, nk, t0, kt);
-    __syncthreads();
-    const int nf = warp % (kTile / 16), kq = warp / (kTile / 16);
-    constexpr int kSpan = kHd / kKSplit;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-    wmma::fill_fragment(acc, 0.0f);
-#pragma unroll 4
-    for (int kk = kq * kSpan; kk < (kq + 1) * kSpan; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ah, al;
-      wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> bk;
-      wmma::load_matrix_sync(ah, &q_hi[0][kk], kQPad);
-      wmma::load_matrix_sync(al, &q_lo[0][kk], kQPad);
-      wmma::load_matrix_sync(bk, &kt[nf * 16][kk], kQPad);
-      wmma::mma_sync(acc, ah, bk, acc);
-      wmma::mma_sync(acc, al, bk, acc);
-    }
-    __syncthreads();  // kt is read by every warp before the partials overwrite it
-    wmma::store_matrix_sync(part + warp * 256, acc, 16, wmma::mem_row_major);
-    __syncthreads();
-    for (int e = tid; e < kHeadsPerBlock * kTile; e += kThreads) {
-      const int h = e / kTile, key = e % kTile;
-      const int f = key / 16, col = key % 16;
-      float v = 0.0f;
+  // q * scale (fp32, as the CPU) * 2^8 as m16n8k16 A fragments: rows g / g + 8 of this warp's
+  // m-tile, channels slice * kSlice + 16 ks + 2 tq (+8).
+  uint32_t qf[kParts][kQSteps][4];
+  {
+    const float* qa = p.q + (t * p.heads + h0 + mt * 16 + g) * kHd + slice * kSlice + 2 * tq;
+    const float* qb = qa + 8 * kHd;
 #pragma unroll
-      for (int q = 0; q < kKSplit; ++q) v += part[(q * (kTile / 16) + f) * 256 + h * 16 + col];
-      sc[h * lay.s_pitch + t0 + key] = v * (1.0f / kPow);
-    }
-  }
-  __syncthreads();
-
-  // Softmax numerators in place, warp w -> heads 2w, 2w + 1.
-  for (int hh = 0; hh < kHeadsPerBlock / kWarps; ++hh) {
-    const int h = warp * (kHeadsPerBlock / kWarps) + hh;
-    float* row = sc + h * lay.s_pitch;
-    const float sink = p.sink[h0 + h];
-    float m = sink;
-    for (int j = lane; j < nk; j += 32) m = fmaxf(m, row[j]);
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    float sum = 0.0f;
-    for (int j = lane; j < nk; j += 32) {
-      const float e = expf(row[j] - m);
-      row[j] = e;
-      sum += e;
-    }
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) head_sum[h] = sum + expf(sink - m);
-  }
-
-  // Pass 2: O = P . V, warp w -> channels [64w, 64w + 64) (4 fragments).
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> oacc[kDimsPerWarp / 16];
+    for (int ks = 0; ks < kQSteps; ++ks) {
 #pragma unroll
-  for (int i = 0; i < kDimsPerWarp / 16; ++i) wmma::fill_fragment(oacc[i], 0.0f);
-  for (int t0 = 0; t0 < nk; t0 += kTile) {
-    __syncthreads();
-    load_key_tile(p, list, nk, t0, kt);
-    for (int i = tid; i < kHeadsPerBlock * kTile; i += kThreads) {
-      const int h = i / kTile, j = i % kTile;
-      const float v = t0 + j < nk ? sc[h * lay.s_pitch + t0 + j] * kPow : 0.0f;
-      split_half(v, &p_hi[h][j], &p_lo[h][j]);
-    }
-    __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < kTile; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ph, pl;
-      wmma::load_matrix_sync(ph, &p_hi[0][kk], kPPad);
-      wmma::load_matrix_sync(pl, &p_lo[0][kk], kPPad);
-#pragma unroll
-      for (int i = 0; i < kDimsPerWarp / 16; ++i) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> bv;
-        wmma::load_matrix_sync(bv, &kt[kk][warp * kDimsPerWarp + i * 16], kQPad);
-        wmma::mma_sync(oacc[i], ph, bv, oacc[i]);
-        wmma::mma_sync(oacc[i], pl, bv, oacc[i]);
+      for (int r = 0; r < 4; ++r) {
+        const float* src = ((r & 1) ? qb : qa) + ks * 16 + ((r & 2) ? 8 : 0);
+        const float2 v = *reinterpret_cast<const float2*>(src);
+        const float a = v.x * p.scale * kPow, b = v.y * p.scale * kPow;
+        if constexpr (kSplit) {
+          split_pair(a, b, &qf[0][ks][r], &qf[1][ks][r]);
+        } else {
+          qf[0][ks][r] = h2_bits(__floats2half2_rn(a, b));
+        }
       }
     }
   }
-  __syncthreads();
+
+  float m_run[kHeadsPerWarp], l_run[kHeadsPerWarp];
 #pragma unroll
-  for (int i = 0; i < kDimsPerWarp / 16; ++i)
-    wmma::store_matrix_sync(&ost[0][warp * kDimsPerWarp + i * 16], oacc[i], kOPad,
-                            wmma::mem_row_major);
+  for (int i = 0; i < kHeadsPerWarp; ++i) {
+    m_run[i] = p.sink[h0 + warp * kHeadsPerWarp + i];
+    l_run[i] = 1.0f;  // exp(sink - m)
+  }
+  float o[kOTiles][4];
+#pragma unroll
+  for (int n = 0; n < kOTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+
+  for (int t0 = 0; t0 < nk; t0 += kTile) {
+    __syncthreads();  // the previous tile's P . V is done with kt and p
+    decode_raw(raw, kt, lut);
+    if (t0 + kTile < nk) load_raw(p, list, nk, t0 + kTile, raw);
+    __syncthreads();
+
+    // Logits partials: 16 heads x 32 keys over this warp's channel slice.
+    {
+      float acc[4][4];
+#pragma unroll
+      for (int n = 0; n < 4; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < kQSteps; ++ks) {
+        const int d = slice * kSlice + ks * 16 + 2 * tq;
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+          const uint32_t b0 = lds32(&kt[n * 8 + g][d]);
+          const uint32_t b1 = lds32(&kt[n * 8 + g][d + 8]);
+          mma16816(acc[n], qf[0][ks], b0, b1);
+          if constexpr (kSplit) mma16816(acc[n], qf[kParts - 1][ks], b0, b1);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        *reinterpret_cast<float2*>(&part[warp][g][n * 8 + 2 * tq]) = make_float2(acc[n][0], acc[n][1]);
+        *reinterpret_cast<float2*>(&part[warp][g + 8][n * 8 + 2 * tq]) =
+            make_float2(acc[n][2], acc[n][3]);
+      }
+    }
+    __syncthreads();
+
+    // Online softmax: lane = key of the tile.
+    {
+      const bool valid = t0 + lane < nk;
+#pragma unroll
+      for (int i = 0; i < kHeadsPerWarp; ++i) {
+        const int h = warp * kHeadsPerWarp + i;  // head within the block
+        const int hm = h / 16, hr = h % 16;
+        float s = 0.0f;
+#pragma unroll
+        for (int sl = 0; sl < kWpm; ++sl) s += part[sl * kMt + hm][hr][lane];
+        s = valid ? s * (1.0f / kPow) : -INFINITY;
+        float mx = s;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+        const float m_new = fmaxf(m_run[i], mx);
+        const float alpha = expf(m_run[i] - m_new);
+        const float e = valid ? expf(s - m_new) : 0.0f;
+        float es = e;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) es += __shfl_xor_sync(0xffffffffu, es, off);
+        l_run[i] = l_run[i] * alpha + es;
+        m_run[i] = m_new;
+        const float v = e * kPow;
+        const __half hi = __float2half_rn(v);
+        p_hi[h][lane] = hi;
+        if constexpr (kSplit) p_lo[h][lane] = __float2half_rn(v - __half2float(hi));
+        if (lane == 0) alpha_s[h] = alpha;
+      }
+    }
+    __syncthreads();
+
+    // O = O * alpha + P . V over this warp's output channels.
+    {
+      const int ra = mt * 16 + g, rb = ra + 8;
+      const float aa = alpha_s[ra], ab = alpha_s[rb];
+#pragma unroll
+      for (int n = 0; n < kOTiles; ++n) {
+        o[n][0] *= aa;
+        o[n][1] *= aa;
+        o[n][2] *= ab;
+        o[n][3] *= ab;
+      }
+#pragma unroll
+      for (int ks = 0; ks < kTile / 16; ++ks) {
+        const int k0 = ks * 16 + 2 * tq;
+        const uint32_t ph[4] = {lds32(&p_hi[ra][k0]), lds32(&p_hi[rb][k0]),
+                                lds32(&p_hi[ra][k0 + 8]), lds32(&p_hi[rb][k0 + 8])};
+        uint32_t pl[4] = {0, 0, 0, 0};
+        if constexpr (kSplit) {
+          pl[0] = lds32(&p_lo[ra][k0]);
+          pl[1] = lds32(&p_lo[rb][k0]);
+          pl[2] = lds32(&p_lo[ra][k0 + 8]);
+          pl[3] = lds32(&p_lo[rb][k0 + 8]);
+        }
+        const int key = ks * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
+#pragma unroll
+        for (int np = 0; np < kOTiles / 2; ++np) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, &kt[key][slice * kSlice + np * 16 + (lane >> 4) * 8]);
+          mma16816(o[2 * np], ph, b[0], b[1]);
+          mma16816(o[2 * np + 1], ph, b[2], b[3]);
+          if constexpr (kSplit) {
+            mma16816(o[2 * np], pl, b[0], b[1]);
+            mma16816(o[2 * np + 1], pl, b[2], b[3]);
+          }
+        }
+      }
+    }
+  }
+
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < kHeadsPerWarp; ++i) sum_s[warp * kHeadsPerWarp + i] = l_run[i];
+  }
   __syncthreads();
 
-  for (int i = tid; i < kHeadsPerBlock * (kHd / 2); i += kThreads) {
-    const int h = i / (kHd / 2), c = 2 * (i % (kHd / 2));
-    const float inv = 1.0f / (head_sum[h] * kPow);
-    float a = ost[h][c] * inv, b = ost[h][c + 1] * inv;
-    if (p.freqs != nullptr && c >= kHd - p.rd) {
-      double s, co;
-      sincos(static_cast<double>(pos) * p.freqs[(c - (kHd - p.rd)) / 2], &s, &co);
-      const double x0 = a, x1 = b;
-      a = static_cast<float>(x0 * co + x1 * s);
-      b = static_cast<float>(-x0 * s + x1 * co);
+  // out = O / (l 2^8), inverse RoPE on the trailing rd channels.
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = mt * 16 + g + 8 * half;
+    const float inv = 1.0f / (sum_s[r] * kPow);
+    float* out = p.out + (t * p.heads + h0 + r) * kHd;
+#pragma unroll
+    for (int n = 0; n < kOTiles; ++n) {
+      const int c = slice * kSlice + n * 8 + 2 * tq;
+      float a = o[n][2 * half] * inv, b = o[n][2 * half + 1] * inv;
+      if (p.freqs != nullptr && c >= kHd - p.rd) {
+        double sn, co;
+        sincos(static_cast<double>(pos) * p.freqs[(c - (kHd - p.rd)) / 2], &sn, &co);
+        const double x0 = a, x1 = b;
+        a = static_cast<float>(x0 * co + x1 * sn);
+        b = static_cast<float>(-x0 * sn + x1 * co);
+      }
+      *reinterpret_cast<float2*>(out + c) = make_float2(a, b);
     }
-    *reinterpret_cast<float2*>(p.out + (t * p.heads + h0 + h) * kHd + c) = make_float2(a, b);
   }
+}
+
+template <int kMt, bool kSplit>
+void launch_flash(const SparseAttentionParams& p, cudaStream_t stream) {
+  static const bool configured = [] {
+    MS_CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_kernel<kMt, kSplit>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(kSmemBytes)));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads / (16 * kMt)));
+  sparse_attention_kernel<kMt, kSplit><<<grid, kThreads, kSmemBytes, stream>>>(p);
 }
 
 constexpr int kF64Threads = 128;
@@ -390,23 +489,17 @@ __global__ void __launch_bounds__(kF64Threads) sparse_attention_f64_kernel(Spars
 
 void launch_sparse_attention(const SparseAttentionParams& p, Stream stream) {
   if (p.rows == 0) return;
-  if (p.head_dim != kHd || p.heads % kHeadsPerBlock != 0 || p.swa_k + p.glob_k > kMaxKeys)
+  if (p.head_dim != kHd || p.heads % 16 != 0 || p.swa_k + p.glob_k > kMaxKeys)
     detail::cuda_call_failed(__FILE__, __LINE__, "sparse attention shape",
                              "head_dim 512, heads % 16 == 0, swa_k + glob_k <= 1024", "");
-  const int nk_cap = std::max(kTile, (p.swa_k + p.glob_k + kTile - 1) / kTile * kTile);
-  const AttnSmem lay = attn_smem(nk_cap);
-  static const bool configured = [] {
-    MS_CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_kernel,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(attn_smem(kMaxKeys).bytes)));
-    // Two blocks per SM fit at <= 640 keys (~113 KB each).
-    MS_CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_kernel,
-                                       cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-    return true;
-  }();
-  (void)configured;
-  const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads / kHeadsPerBlock));
-  sparse_attention_kernel<<<grid, kThreads, lay.bytes, as_cuda_stream(stream)>>>(p, lay);
+  const cudaStream_t st = as_cuda_stream(stream);
+  if (p.heads % 32 == 0) {
+    if (p.split_precision) launch_flash<2, true>(p, st);
+    else launch_flash<2, false>(p, st);
+  } else {
+    if (p.split_precision) launch_flash<1, true>(p, st);
+    else launch_flash<1, false>(p, st);
+  }
   MS_CUDA_CHECK_LAUNCH();
 }
 

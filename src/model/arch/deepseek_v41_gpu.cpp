@@ -1148,6 +1148,7 @@ struct DeepseekV41Gpu::Impl {
     p.freqs = (info.rope == RopeKind::kMain ? freqs_main : freqs_compress).as<double>();
     p.rd = c.qk_rope_head_dim;
     p.out = o;
+    p.split_precision = !opt.fast_attention;
     if (opt.f64_attention) {
       cu::launch_sparse_attention_f64(p, stream);
     } else {

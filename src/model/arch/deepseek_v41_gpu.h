@@ -54,6 +54,10 @@ struct GpuModelOptions {
   // (launch_sparse_attention_f64; slow): test mode, removes the attention's fp32 rounding
   // differences from a GPU-vs-CPU comparison.
   bool f64_attention = false;
+  // true: the sparse attention with single fp16 q and P operands (2^-11 relative, FlashMLA's
+  // precision class, twice the MMA rate); false: fp16 hi + lo pairs (about fp32), which the
+  // GPU-vs-CPU model tests use.
+  bool fast_attention = false;
   bool trace = false;  // keep per-layer attn_norm outputs and layer outputs (trace())
 };
 

@@ -271,7 +271,10 @@ int rows_differing(const std::vector<float>& ref, const std::vector<float>& got,
 // Layer by layer, the oracle prefill of 6 prompts (20 tokens), both GEMM paths. A prompt agrees
 // to fp32 rounding in every row until its first flip, which starts in one row (attention then
 // spreads it to later rows).
-void layer_trace_case(bool exact_linears, bool f64_attention = false) {
+// max_first_rows: rows the first difference may span; min_clean: prompts that must agree at every
+// layer.
+void layer_trace_case(bool exact_linears, bool f64_attention = false, int max_first_rows = 1,
+                      int min_clean = 0) {
   const std::filesystem::path dir = make_temp_dir("gpu_forward_trace");
   ASSERT_TRUE(write_generated_model(dir, gpu_tiny_config(), 0));
   auto backend = make_cpu_backend();
@@ -351,15 +354,16 @@ void layer_trace_case(bool exact_linears, bool f64_attention = false) {
       ++clean;
       EXPECT_LE(dl, kAgree) << "seed " << seed;
     } else {
-      EXPECT_LE(first_rows, 1) << "seed " << seed << ": the first difference (layer "
-                               << first_layer << ") is in " << first_rows
-                               << " rows, not a single-row rounding flip";
+      EXPECT_LE(first_rows, max_first_rows)
+          << "seed " << seed << ": the first difference (layer " << first_layer << ") is in "
+          << first_rows << " rows, not a local rounding flip";
     }
     (*gpu)->release_sequence(*seq);
   }
   // NOTE: with MXFP8 activations every prompt flipped somewhere (layers 0..4) when measured, so
   // a flip-free prompt is not required; each flip started in exactly one row.
   fmt::print("{} of 6 prompts agree at every layer\n", clean);
+  EXPECT_GE(clean, min_clean);
   std::filesystem::remove_all(dir);
 }
 
@@ -375,15 +379,19 @@ TEST(GpuForward, ProductionLayerTrace) {
 
 // Exact linears with the attention in double (the CPU's arithmetic): what is left of the flips
 // comes from the other fp32 kernels (RMSNorm, mHC, SwiGLU, router, compressor, indexer).
+// Measured on the H200 (2026-11-29, fourth session): 3 of 6 prompts agree at every layer (logits
+// <= 2e-7); the other first differences span 1-3 rows (a flip in a shared compressed entry or a
+// selection reaches every row that reads it); 13 of 16 short prompts never flip, 99.3% of greedy
+// tokens identical (fp32 attention: 0 of 6, 2 of 16, 86%). Thresholds: about half of that.
 TEST(GpuForward, F64AttentionLayerTraceAndShortGreedy) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
-  layer_trace_case(true, true);
+  layer_trace_case(true, true, /*max_first_rows=*/4, /*min_clean=*/2);
   const auto r = greedy_prompts(true, 16, 9, 0, 8, true);
   fmt::print("f64 attention, short: {} of 16 prompts never flipped, {:.3f} of greedy tokens "
              "identical\n",
              never_flipped(r), same_fraction(r));
-  EXPECT_GE(never_flipped(r), kMinUnflippedShort);
-  EXPECT_GE(same_fraction(r), kMinSameFraction);
+  EXPECT_GE(never_flipped(r), 7);
+  EXPECT_GE(same_fraction(r), 0.95);
 }
 
 }  // namespace
