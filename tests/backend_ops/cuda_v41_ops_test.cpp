@@ -450,8 +450,8 @@ TEST_F(CudaV41, CandidateBlocks) {
   EXPECT_EQ(down(dcand, cand.size()), cand);
 }
 
-// Against the CPU (double): split precision (fp16 hi + lo q and P, about fp32) 1e-5; single fp16
-// operands 4e-3 (2^-11 relative per operand); the double-precision test mode 1e-6. 64 heads (two
+// Against the CPU (double): split precision (fp16 hi + lo q and P, about fp32) 1e-5 (measured
+// 8.7e-7 on the H200); single fp16 operands 1e-3 (2^-11 relative per operand; measured 2.5e-4); the double-precision test mode 1e-6. 64 heads (two
 // blocks of 32 per row) and 16 heads (one m-tile per block); rows with few valid keys (position 3,
 // most selections -1) and with a key count that is not a multiple of the 32-key tile.
 TEST_F(CudaV41, SparseAttention) {
@@ -495,7 +495,7 @@ TEST_F(CudaV41, SparseAttention) {
         p.split_precision = split;
         cuda::launch_sparse_attention(p, stream_);
         const double err = rel_err(down(o, ref.size()), ref);
-        EXPECT_LE(err, split ? 1e-5 : 4e-3) << heads << " heads, split " << split;
+        EXPECT_LE(err, split ? 1e-5 : 1e-3) << heads << " heads, split " << split;
         std::printf("sparse attention %d heads, split %d, explicit swa %d: rel err %.3g\n", heads,
                     split, explicit_swa, err);
       }

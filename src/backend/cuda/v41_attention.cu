@@ -27,6 +27,24 @@
 namespace moeserve::cuda {
 namespace {
 
+// Phase clocks for tools/device/attn_probe.cu (compiled out unless MOESERVE_ATTN_CLOCKS): thread
+// 0 of each block adds the cycles since the previous mark to slot i.
+#ifdef MOESERVE_ATTN_CLOCKS
+__device__ unsigned long long g_attn_clocks[16];
+#define ATTN_MARK(i)                                                     \
+  do {                                                                   \
+    if (threadIdx.x == 0) {                                              \
+      const long long now_ = clock64();                                  \
+      atomicAdd(&g_attn_clocks[i], static_cast<unsigned long long>(now_ - clk_)); \
+      clk_ = now_;                                                       \
+    }                                                                    \
+  } while (0)
+#else
+#define ATTN_MARK(i) \
+  do {               \
+  } while (0)
+#endif
+
 constexpr int kHd = 512;
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kWarps = kThreads / 32;
@@ -51,7 +69,9 @@ constexpr size_t kOffAlpha = kOffPLo + align128(sizeof(__half) * 32 * kPPitch);
 constexpr size_t kOffSum = kOffAlpha + align128(sizeof(float) * 32);
 constexpr size_t kOffList = kOffSum + align128(sizeof(float) * 32);
 constexpr size_t kOffLut = kOffList + align128(sizeof(int32_t) * kMaxKeys);
-constexpr size_t kSmemBytes = kOffLut + align128(sizeof(__half2) * 256);
+constexpr size_t kOffStage = kOffLut + align128(sizeof(__half2) * 256);
+constexpr size_t kStageBytes = align128(static_cast<size_t>(kTile) * kSwaRec);
+constexpr size_t kSmemBytes = kOffStage + 2 * kStageBytes;
 
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                          uint32_t b1) {
@@ -84,71 +104,76 @@ __device__ __forceinline__ void split_pair(float a, float b, uint32_t* hi, uint3
   *lo = h2_bits(__floats2half2_rn(a - hf.x, b - hf.y));
 }
 
-// One tile's cache bytes, loaded ahead: item it of this thread is key (tid + 256 it) / 64,
-// channels 8 ((tid + 256 it) % 64) ..+8. kind: 0 none, 1 SWA (FP8), 2 global (FP4).
-struct RawTile {
-  uint2 v[kItems];
-  uint32_t sb[kItems];  // scale byte | kind << 8
-};
+// Cache records are staged in shared memory by cp.async (16-byte chunks, two tiles ahead), one
+// 528-byte slot per key: SWA records fill it, global (FP4) records use the first 288 bytes.
+constexpr int kSlot = kSwaRec;
+static_assert(kSwaRec % 16 == 0 && kGlobRec % 16 == 0, "records are whole 16-byte chunks");
 
-__device__ __forceinline__ void load_raw(const SparseAttentionParams& p, const int32_t* list,
-                                         int nk, int t0, RawTile& r) {
-#pragma unroll
-  for (int it = 0; it < kItems; ++it) {
-    const int i = static_cast<int>(threadIdx.x) + it * kThreads;
-    const int key = i / (kHd / 8), oct = i % (kHd / 8);
-    r.v[it] = make_uint2(0, 0);
-    r.sb[it] = 0;
-    if (t0 + key < nk) {
-      const int id = list[t0 + key];
-      if (id & kGlobFlag) {
-        const uint8_t* rec = p.glob + static_cast<int64_t>(id & ~kGlobFlag) * kGlobRec;
-        r.v[it].x = __ldg(reinterpret_cast<const uint32_t*>(rec + 4 * oct));
-        r.sb[it] = __ldg(rec + kHd / 2 + oct / 2) | (2u << 8);
-      } else {
-        const uint8_t* rec = p.swa + static_cast<int64_t>(id) * kSwaRec;
-        r.v[it] = __ldg(reinterpret_cast<const uint2*>(rec + 8 * oct));
-        r.sb[it] = __ldg(rec + kHd + oct / 4) | (1u << 8);
-      }
-    }
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
+  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(gmem_src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n"); }
+
+// Issues the copies of keys [t0, t0 + kTile) of the list into stage (always commits a group).
+__device__ __forceinline__ void stage_tile(const SparseAttentionParams& p, const int32_t* list,
+                                           int nk, int t0, uint8_t* stage) {
+  constexpr int kChunks = kSlot / 16;
+  for (int c = static_cast<int>(threadIdx.x); c < kTile * kChunks; c += kThreads) {
+    const int key = c / kChunks, part = c % kChunks;
+    if (t0 + key >= nk) continue;
+    const int id = list[t0 + key];
+    const bool glob = (id & kGlobFlag) != 0;
+    if (glob && part >= kGlobRec / 16) continue;
+    const uint8_t* rec = glob ? p.glob + static_cast<int64_t>(id & ~kGlobFlag) * kGlobRec
+                              : p.swa + static_cast<int64_t>(id) * kSwaRec;
+    cp_async16(stage + key * kSlot + 16 * part, rec + 16 * part);
   }
+  cp_async_commit();
 }
 
-// Decodes a loaded tile into kt (fp16, zeros for missing keys). The products are exact in fp16
+// Decodes a staged tile into kt (fp16, zeros for missing keys). Item it of this thread is key
+// (tid + 256 it) / 64, channels 8 ((tid + 256 it) % 64) ..+8. The products are exact in fp16
 // whenever the float path of the CPU decoder is (e4m3 or e2m1 times a power-of-two or e4m3
-// scale); scales outside fp16's normal range take the float path, rounded like the old kernel.
-__device__ __forceinline__ void decode_raw(const RawTile& r, __half (*kt)[kKPitch],
-                                           const __half2* lut) {
-#pragma unroll
+// scale); scales outside fp16's normal range take the float path, rounded like the CPU's.
+__device__ __forceinline__ void decode_tile(const int32_t* list, int nk, int t0,
+                                            const uint8_t* stage, __half (*kt)[kKPitch],
+                                            const __half2* lut) {
+#pragma unroll 4
   for (int it = 0; it < kItems; ++it) {
     const int i = static_cast<int>(threadIdx.x) + it * kThreads;
     const int key = i / (kHd / 8), oct = i % (kHd / 8);
-    const uint32_t kind = r.sb[it] >> 8, code = r.sb[it] & 0xFFu;
     uint32_t w[4] = {0, 0, 0, 0};
-    if (kind == 2) {
-      const __half_raw sr =
-          __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
-      const __half2 s2 = __half2half2(__half(sr));
+    if (t0 + key < nk) {
+      const uint8_t* rec = stage + key * kSlot;
+      if (list[t0 + key] & kGlobFlag) {
+        const uint32_t x = *reinterpret_cast<const uint32_t*>(rec + 4 * oct);
+        const __half_raw sr = __nv_cvt_fp8_to_halfraw(
+            static_cast<__nv_fp8_storage_t>(rec[kHd / 2 + oct / 2]), __NV_E4M3);
+        const __half2 s2 = __half2half2(__half(sr));
 #pragma unroll
-      for (int b = 0; b < 4; ++b) w[b] = h2_bits(__hmul2(lut[(r.v[it].x >> (8 * b)) & 0xFFu], s2));
-    } else if (kind == 1) {
-      const float sc = v41::ue8m0_decode(code);
-      if (sc >= 0x1p-14f && sc <= 0x1p15f) {
-        const __half2 s2 = __float2half2_rn(sc);
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          const uint32_t word = b < 2 ? r.v[it].x : r.v[it].y;
-          const __half2_raw pr = __nv_cvt_fp8x2_to_halfraw2(
-              static_cast<__nv_fp8x2_storage_t>((word >> (16 * (b & 1))) & 0xFFFFu), __NV_E4M3);
-          w[b] = h2_bits(__hmul2(__half2(pr), s2));
-        }
+        for (int b = 0; b < 4; ++b) w[b] = h2_bits(__hmul2(lut[(x >> (8 * b)) & 0xFFu], s2));
       } else {
+        const uint2 xy = *reinterpret_cast<const uint2*>(rec + 8 * oct);
+        const float sc = v41::ue8m0_decode(rec[kHd + oct / 4]);
+        if (sc >= 0x1p-14f && sc <= 0x1p15f) {
+          const __half2 s2 = __float2half2_rn(sc);
 #pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          const uint32_t word = b < 2 ? r.v[it].x : r.v[it].y;
-          const int sh = 16 * (b & 1);
-          w[b] = h2_bits(__floats2half2_rn(v41::e4m3_decode((word >> sh) & 0xFFu) * sc,
-                                           v41::e4m3_decode((word >> (sh + 8)) & 0xFFu) * sc));
+          for (int b = 0; b < 4; ++b) {
+            const uint32_t word = b < 2 ? xy.x : xy.y;
+            const __half2_raw pr = __nv_cvt_fp8x2_to_halfraw2(
+                static_cast<__nv_fp8x2_storage_t>((word >> (16 * (b & 1))) & 0xFFFFu), __NV_E4M3);
+            w[b] = h2_bits(__hmul2(__half2(pr), s2));
+          }
+        } else {
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const uint32_t word = b < 2 ? xy.x : xy.y;
+            const int sh = 16 * (b & 1);
+            w[b] = h2_bits(__floats2half2_rn(v41::e4m3_decode((word >> sh) & 0xFFu) * sc,
+                                             v41::e4m3_decode((word >> (sh + 8)) & 0xFFu) * sc));
+          }
         }
       }
     }
@@ -174,6 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(SparseAtt
   float* sum_s = reinterpret_cast<float*>(smem + kOffSum);
   int32_t* list = reinterpret_cast<int32_t*>(smem + kOffList);
   __half2* lut = reinterpret_cast<__half2*>(smem + kOffLut);
+  uint8_t* const stage0 = smem + kOffStage;  // tile ti's slots: stage0 + (ti & 1) kStageBytes
   __shared__ int32_t warp_count[kWarps];
   const int64_t t = blockIdx.x;
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
@@ -181,6 +207,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(SparseAtt
   const int mt = warp % kMt, slice = warp / kMt;
   const int pos = p.pos[t];
   const int h0 = static_cast<int>(blockIdx.y) * kHeads;
+#ifdef MOESERVE_ATTN_CLOCKS
+  long long clk_ = clock64();
+#endif
 
   if (tid < 256)
     lut[tid] = __floats2half2_rn(v41::e2m1_decode(tid & 0xFu), v41::e2m1_decode(tid >> 4));
@@ -215,9 +244,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(SparseAtt
     __syncthreads();
   }
   const int nk = base;
+  ATTN_MARK(0);
 
-  RawTile raw;
-  load_raw(p, list, nk, 0, raw);
+  stage_tile(p, list, nk, 0, stage0);
+  stage_tile(p, list, nk, kTile, stage0 + kStageBytes);
 
   // q * scale (fp32, as the CPU) * 2^8 as m16n8k16 A fragments: rows g / g + 8 of this warp's
   // m-tile, channels slice * kSlice + 16 ks + 2 tq (+8).
@@ -251,11 +281,17 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(SparseAtt
 #pragma unroll
   for (int n = 0; n < kOTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
 
-  for (int t0 = 0; t0 < nk; t0 += kTile) {
-    __syncthreads();  // the previous tile's P . V is done with kt and p
-    decode_raw(raw, kt, lut);
-    if (t0 + kTile < nk) load_raw(p, list, nk, t0 + kTile, raw);
+  ATTN_MARK(1);
+  for (int t0 = 0, ti = 0; t0 < nk; t0 += kTile, ++ti) {
+    cp_async_wait_1();  // this thread's copies of tile ti have landed
+    __syncthreads();    // everyone's have; the previous tile's P . V is done with kt and p
+    ATTN_MARK(2);
+    decode_tile(list, nk, t0, stage0 + (ti & 1) * kStageBytes, kt, lut);
+    ATTN_MARK(3);
     __syncthreads();
+    ATTN_MARK(4);
+    stage_tile(p, list, nk, t0 + 2 * kTile, stage0 + (ti & 1) * kStageBytes);
+    ATTN_MARK(5);
 
     // Logits partials: 16 heads x 32 keys over this warp's channel slice.
     {
@@ -280,38 +316,57 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(SparseAtt
             make_float2(acc[n][2], acc[n][3]);
       }
     }
+    ATTN_MARK(6);
     __syncthreads();
+    ATTN_MARK(7);
 
-    // Online softmax: lane = key of the tile.
+    // Online softmax: lane = key of the tile; this warp's heads interleaved (independent
+    // shuffle chains).
     {
       const bool valid = t0 + lane < nk;
+      float sv[kHeadsPerWarp], mx[kHeadsPerWarp], es[kHeadsPerWarp], ev[kHeadsPerWarp];
 #pragma unroll
       for (int i = 0; i < kHeadsPerWarp; ++i) {
         const int h = warp * kHeadsPerWarp + i;  // head within the block
-        const int hm = h / 16, hr = h % 16;
-        float s = 0.0f;
+        float v = 0.0f;
 #pragma unroll
-        for (int sl = 0; sl < kWpm; ++sl) s += part[sl * kMt + hm][hr][lane];
-        s = valid ? s * (1.0f / kPow) : -INFINITY;
-        float mx = s;
+        for (int sl = 0; sl < kWpm; ++sl) v += part[sl * kMt + h / 16][h % 16][lane];
+        sv[i] = valid ? v * (1.0f / kPow) : -INFINITY;
+        mx[i] = sv[i];
+      }
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        const float m_new = fmaxf(m_run[i], mx);
-        const float alpha = expf(m_run[i] - m_new);
-        const float e = valid ? expf(s - m_new) : 0.0f;
-        float es = e;
+      for (int off = 16; off > 0; off >>= 1) {
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) es += __shfl_xor_sync(0xffffffffu, es, off);
-        l_run[i] = l_run[i] * alpha + es;
+        for (int i = 0; i < kHeadsPerWarp; ++i)
+          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], off));
+      }
+#pragma unroll
+      for (int i = 0; i < kHeadsPerWarp; ++i) {
+        const float m_new = fmaxf(m_run[i], mx[i]);
+        mx[i] = expf(m_run[i] - m_new);  // alpha
         m_run[i] = m_new;
-        const float v = e * kPow;
+        ev[i] = valid ? expf(sv[i] - m_new) : 0.0f;
+        es[i] = ev[i];
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+        for (int i = 0; i < kHeadsPerWarp; ++i) es[i] += __shfl_xor_sync(0xffffffffu, es[i], off);
+      }
+#pragma unroll
+      for (int i = 0; i < kHeadsPerWarp; ++i) {
+        const int h = warp * kHeadsPerWarp + i;
+        l_run[i] = l_run[i] * mx[i] + es[i];
+        const float v = ev[i] * kPow;
         const __half hi = __float2half_rn(v);
         p_hi[h][lane] = hi;
         if constexpr (kSplit) p_lo[h][lane] = __float2half_rn(v - __half2float(hi));
-        if (lane == 0) alpha_s[h] = alpha;
+        if (lane == 0) alpha_s[h] = mx[i];
       }
     }
+    ATTN_MARK(8);
     __syncthreads();
+    ATTN_MARK(9);
 
     // O = O * alpha + P . V over this warp's output channels.
     {
@@ -350,6 +405,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(SparseAtt
         }
       }
     }
+    ATTN_MARK(10);
   }
 
   if (lane == 0) {
@@ -378,6 +434,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(SparseAtt
       *reinterpret_cast<float2*>(out + c) = make_float2(a, b);
     }
   }
+  ATTN_MARK(11);
 }
 
 template <int kMt, bool kSplit>

@@ -271,9 +271,10 @@ int rows_differing(const std::vector<float>& ref, const std::vector<float>& got,
 // Layer by layer, the oracle prefill of 6 prompts (20 tokens), both GEMM paths. A prompt agrees
 // to fp32 rounding in every row until its first flip, which starts in one row (attention then
 // spreads it to later rows).
-// max_first_rows: rows the first difference may span; min_clean: prompts that must agree at every
-// layer.
-void layer_trace_case(bool exact_linears, bool f64_attention = false, int max_first_rows = 1,
+// max_first_rows: rows the first difference may span (a broken op differs in all 20 rows; a
+// rounding flip in a shared compressed entry or selection reaches the 1-3 rows that read it, as
+// measured in every mode); min_clean: prompts that must agree at every layer.
+void layer_trace_case(bool exact_linears, bool f64_attention = false, int max_first_rows = 3,
                       int min_clean = 0) {
   const std::filesystem::path dir = make_temp_dir("gpu_forward_trace");
   ASSERT_TRUE(write_generated_model(dir, gpu_tiny_config(), 0));
@@ -360,8 +361,8 @@ void layer_trace_case(bool exact_linears, bool f64_attention = false, int max_fi
     }
     (*gpu)->release_sequence(*seq);
   }
-  // NOTE: with MXFP8 activations every prompt flipped somewhere (layers 0..4) when measured, so
-  // a flip-free prompt is not required; each flip started in exactly one row.
+  // NOTE: with MXFP8 activations and fp32 attention every prompt flipped somewhere (layers 0..6)
+  // when measured, so a flip-free prompt is not required there.
   fmt::print("{} of 6 prompts agree at every layer\n", clean);
   EXPECT_GE(clean, min_clean);
   std::filesystem::remove_all(dir);
@@ -385,7 +386,7 @@ TEST(GpuForward, ProductionLayerTrace) {
 // tokens identical (fp32 attention: 0 of 6, 2 of 16, 86%). Thresholds: about half of that.
 TEST(GpuForward, F64AttentionLayerTraceAndShortGreedy) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
-  layer_trace_case(true, true, /*max_first_rows=*/4, /*min_clean=*/2);
+  layer_trace_case(true, true, /*max_first_rows=*/3, /*min_clean=*/2);
   const auto r = greedy_prompts(true, 16, 9, 0, 8, true);
   fmt::print("f64 attention, short: {} of 16 prompts never flipped, {:.3f} of greedy tokens "
              "identical\n",

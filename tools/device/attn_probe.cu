@@ -1,0 +1,93 @@
+// Device probe (not part of the build): times launch_sparse_attention on random caches and prints
+// where a block spends its cycles (thread 0's clock64 between the kernel's ATTN_MARK points,
+// averaged per block). Build and run on the device:
+//   nvcc -O3 -std=c++20 -arch=sm_90a -I src -DMOESERVE_ATTN_CLOCKS tools/device/attn_probe.cu -o /tmp/attn_probe && /tmp/attn_probe
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/v41_attention.cu"
+
+namespace moeserve::cuda::detail {
+void cuda_call_failed(const char* file, int line, const char* expr, const char* name,
+                      const char* msg) {
+  std::fprintf(stderr, "%s:%d %s: %s %s\n", file, line, expr, name, msg);
+  std::abort();
+}
+}  // namespace moeserve::cuda::detail
+
+using namespace moeserve::cuda;
+
+template <typename T>
+T* up(const std::vector<T>& v) {
+  T* d = nullptr;
+  MS_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(T)));
+  MS_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+int main() {
+  std::mt19937 rng(7);
+  const int heads = 64, pool = 1 << 16;
+  std::vector<uint8_t> ring(128 * 528), glob(static_cast<size_t>(pool) * 288);
+  for (size_t i = 0; i < ring.size(); ++i)
+    ring[i] = (i % 528) < 512 ? static_cast<uint8_t>((rng() % 0x7E) | (rng() & 0x80)) : 120;
+  for (size_t i = 0; i < glob.size(); ++i)
+    glob[i] = (i % 288) < 256 ? static_cast<uint8_t>(rng()) : static_cast<uint8_t>(0x20 + rng() % 32);
+  std::vector<double> freqs(32);
+  for (int i = 0; i < 32; ++i) freqs[static_cast<size_t>(i)] = std::pow(160000.0, -i / 32.0);
+  const char* names[12] = {"list",   "q load",  "sync A", "decode", "sync B", "stage",
+                           "logits", "sync C",  "softmax", "sync D", "P.V",     "epilogue"};
+  for (int rows : {1, 64, 384, 512}) {
+    std::uniform_real_distribution<float> u(-1, 1);
+    std::vector<float> q(static_cast<size_t>(rows) * heads * 512), sink(heads);
+    for (auto& x : q) x = u(rng);
+    for (auto& x : sink) x = u(rng);
+    std::vector<int32_t> gidx(static_cast<size_t>(rows) * 512), pos(static_cast<size_t>(rows));
+    for (auto& g : gidx) g = static_cast<int32_t>(rng() % pool);
+    for (int r = 0; r < rows; ++r) pos[static_cast<size_t>(r)] = 5000 + r;
+    SparseAttentionParams p;
+    p.q = up(q);
+    p.rows = rows;
+    p.heads = heads;
+    p.swa = up(ring);
+    p.glob = up(glob);
+    p.glob_idx = up(gidx);
+    p.glob_k = 512;
+    p.sink = up(sink);
+    p.pos = up(pos);
+    p.freqs = up(freqs);
+    float* out = nullptr;
+    MS_CUDA_CHECK(cudaMalloc(&out, q.size() * 4));
+    p.out = out;
+    for (bool split : {true, false}) {
+      p.split_precision = split;
+      for (int i = 0; i < 3; ++i) launch_sparse_attention(p, nullptr);
+      cudaEvent_t e0, e1;
+      cudaEventCreate(&e0);
+      cudaEventCreate(&e1);
+      const int iters = 20;
+      cudaEventRecord(e0);
+      for (int i = 0; i < iters; ++i) launch_sparse_attention(p, nullptr);
+      cudaEventRecord(e1);
+      MS_CUDA_CHECK(cudaEventSynchronize(e1));
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      unsigned long long clk[16] = {};
+#ifdef MOESERVE_ATTN_CLOCKS
+      MS_CUDA_CHECK(cudaMemcpyToSymbol(g_attn_clocks, clk, sizeof(clk)));
+      launch_sparse_attention(p, nullptr);
+      MS_CUDA_CHECK(cudaMemcpyFromSymbol(clk, g_attn_clocks, sizeof(clk)));
+#endif
+      const double blocks = rows * (heads / 32.0);
+      std::printf("rows %4d split %d: %8.1f us/launch | cycles per block:", rows, split,
+                  1000.0 * ms / iters);
+      double total = 0;
+      for (int i = 0; i < 12; ++i) total += clk[i] / blocks;
+      for (int i = 0; i < 12; ++i) std::printf(" %s %.0f", names[i], clk[i] / blocks);
+      std::printf(" | total %.0f\n", total);
+    }
+  }
+  return 0;
+}
