@@ -220,18 +220,78 @@ void run_v41_ops(Bench& b, std::vector<Result>& results) {
         }));
     b.release();
   }
+  // Batched indexer (one launch per layer, FP4 queries: q_exact_bf16) on the decode shapes of the
+  // forward bench: 64 sequences x 6 rows over 64K keys (ratio-2 layers) and 128K keys (layer 20),
+  // Reindex rows over 16K candidates each; and a prefill chunk, 4096 rows x 16K keys.
+  struct BatchCase {
+    int64_t seqs, rows, keys;
+    bool cand;
+  };
+  for (BatchCase c : {BatchCase{64, 6, 65536, false}, BatchCase{64, 6, 131072, false},
+                      BatchCase{64, 6, 16384, true}, BatchCase{1, 4096, 16384, false}}) {
+    const int64_t t = c.seqs * c.rows, pool = c.cand ? 131072 : c.keys;
+    auto q = b.buffer(DType::kF32, {t, 32, 128});
+    auto w = b.buffer(DType::kF32, {t, 32});
+    auto keys = b.buffer(DType::kU8, {c.seqs * pool * 68}, 100, 140);
+    auto pos = positions(t, 400000);
+    std::vector<int64_t> desc;
+    for (int64_t i = 0; i < c.seqs; ++i)
+      desc.insert(desc.end(), {i * c.rows, c.rows, i * pool, pool});
+    auto dseq = b.buffer(DType::kI64, {static_cast<int64_t>(desc.size())}, 0, 0);
+    b.backend().copy_from_host(dseq, TensorView(desc.data(), DType::kI64, {dseq.numel()}));
+    TensorView cand;
+    if (c.cand) {
+      // 2048 blocks of 8 consecutive entries per row.
+      std::vector<int32_t> ids(static_cast<size_t>(t * c.keys));
+      for (int64_t r = 0; r < t; ++r)
+        for (int64_t i = 0; i < c.keys; ++i)
+          ids[static_cast<size_t>(r * c.keys + i)] =
+              static_cast<int32_t>(((i / 8) * 61 + r * 8) % (pool / 8) * 8 + i % 8);
+      cand = b.buffer(DType::kI32, {t * c.keys}, 0, 0);
+      b.backend().copy_from_host(cand, TensorView(ids.data(), DType::kI32, {cand.numel()}));
+    }
+    auto s = b.buffer(DType::kF32, {t, c.keys});
+    const double key_bytes = 68.0 * (c.cand ? t : c.seqs) * c.keys;
+    results.push_back(b.run(c.cand ? "indexer batched, candidates" : "indexer batched (fp4 q)",
+                            dims({c.seqs, c.rows, c.keys, 32, 128}), key_bytes + 4.0 * t * c.keys,
+                            2.0 * t * c.keys * 32 * 128, Rate::kBf16, [&](int) {
+                              cuda::IndexerScoreParams p;
+                              p.q = q.data_as<float>();
+                              p.w = w.data_as<float>();
+                              p.rows = t;
+                              p.keys = keys.data_as<uint8_t>();
+                              p.pos = pos.data_as<int32_t>();
+                              p.ratio = 1;
+                              p.candidates = c.cand ? cand.data_as<int32_t>() : nullptr;
+                              p.n_cand = c.cand ? c.keys : 0;
+                              p.scores = s.data_as<float>();
+                              p.ld = c.keys;
+                              p.n_seqs = static_cast<int>(c.seqs);
+                              p.seqs = dseq.data_as<int64_t>();
+                              p.max_seq_rows = c.rows;
+                              p.max_seq_keys = pool;
+                              p.q_exact_bf16 = true;
+                              cuda::launch_indexer_scores(p, stream);
+                            }));
+    b.release();
+  }
   // Top-k (same shapes as tools/device/topk_torch.py).
   struct TopkCase {
     int64_t rows, n;
     int k;
   };
-  for (TopkCase c : {TopkCase{1, 65536, 512}, TopkCase{1, 1048576, 512}, TopkCase{64, 16384, 512},
-                     TopkCase{4096, 4096, 512}, TopkCase{1, 131072, 2048}}) {
+  // 384 x 128K / 64K: the decode bench's 64 x 6 rows on layer 20 / the ratio-2 layers; 384 x 16K
+  // k=2048: the candidate blocks (128K / 8) of layer 20.
+  for (TopkCase c :
+       {TopkCase{1, 65536, 512}, TopkCase{1, 1048576, 512}, TopkCase{64, 16384, 512},
+        TopkCase{4096, 4096, 512}, TopkCase{1, 131072, 2048}, TopkCase{384, 131072, 512},
+        TopkCase{384, 65536, 512}, TopkCase{384, 16384, 2048}}) {
     auto s = b.buffer(DType::kF32, {c.rows, c.n}, -10, 10);
     auto idx = b.buffer(DType::kI32, {c.rows, c.k}, 0, 0);
     auto val = b.buffer(DType::kF32, {c.rows, c.k});
-    auto scratch =
-        b.buffer(DType::kU8, {static_cast<int64_t>(cuda::topk_scratch_bytes(c.rows, c.n))}, 0, 0);
+    auto scratch = b.buffer(
+        DType::kU8,
+        {std::max<int64_t>(1, static_cast<int64_t>(cuda::topk_scratch_bytes(c.rows, c.n)))}, 0, 0);
     results.push_back(b.run("topk k=" + std::to_string(c.k), dims({c.rows, c.n}),
                             4.0 * c.rows * c.n, 0, Rate::kNone, [&](int) {
                               cuda::launch_topk({s.data_as<float>(), c.rows, c.n, c.n, c.k,

@@ -362,7 +362,7 @@ TEST_F(CudaV41, IndexerScores) {
   const int id = 128;
   const int64_t n = 1000;
   auto keys = fp4_records(n, id, cpu::Fp4Record::kIndexBlock32Ue8m0, rng);
-  for (const auto [heads, t, fp4_q] : {std::tuple{32, int64_t{4}, true}, std::tuple{2, int64_t{19}, true},
+  for (const auto& [heads, t, fp4_q] : {std::tuple{32, int64_t{4}, true}, std::tuple{2, int64_t{19}, true},
                                        std::tuple{64, int64_t{19}, false}})
   for (int ratio : {1, 2})
     for (bool cand : {false, true}) {
@@ -388,6 +388,125 @@ TEST_F(CudaV41, IndexerScores) {
                                   stream_);
       EXPECT_LE(rel_err(down(o, ref.size()), ref), 1e-5) << ratio << cand;
     }
+}
+
+// The batched launch (one launch for every sequence of a layer) against cpu::indexer_scores run
+// per sequence: sequences with 0 keys, 0 rows, key counts not a multiple of the 64-key tile, more
+// rows than one 8-row block, more columns than one 2048-column chunk; causal masks at ratio 1 and
+// 2; candidate (Reindex) rows with -1, out-of-range and invisible ids; fp32 queries (hi/lo split)
+// and FP4 queries with q_exact_bf16. 1e-5 of max|ref| (fp32 accumulation).
+TEST_F(CudaV41, IndexerScoresBatched) {
+  std::mt19937 rng(21);
+  const int id = 128;
+  struct Seq {
+    int64_t rows, keys, first_pos;
+  };
+  const std::vector<Seq> seqs = {{3, 1000, 990}, {5, 0, 0},        {0, 500, 400},
+                                 {6, 77, 150},   {19, 4200, 3000}, {1, 2049, 2047}};
+  const int64_t cap = 4300;  // pool records per sequence
+  auto pool = fp4_records(static_cast<int64_t>(seqs.size()) * cap, id,
+                          cpu::Fp4Record::kIndexBlock32Ue8m0, rng);
+  int64_t rows = 0, max_rows = 0, max_keys = 0;
+  for (const Seq& s : seqs) {
+    rows += s.rows;
+    max_rows = std::max(max_rows, s.rows);
+    max_keys = std::max(max_keys, s.keys);
+  }
+  const int64_t nc = 2100;
+  for (const int heads : {32, 64})
+    for (const bool exact : {true, false})
+      for (const int ratio : {1, 2})
+        for (const bool cand : {false, true}) {
+          if (heads == 64 && ratio == 2) continue;
+          SCOPED_TRACE("heads " + std::to_string(heads) + " exact " + std::to_string(exact) +
+                       " ratio " + std::to_string(ratio) + " cand " + std::to_string(cand));
+          auto q = rnd(rows * heads * id, rng, -1, 1);
+          if (exact) fq_fp4_block32_ue8m0(q, q);
+          auto w = rnd(rows * heads, rng, -0.3f, 0.3f);
+          std::vector<int32_t> pos;
+          std::vector<int64_t> desc;
+          int64_t row = 0;
+          for (size_t i = 0; i < seqs.size(); ++i) {
+            const Seq& s = seqs[i];
+            for (int64_t r = 0; r < s.rows; ++r)
+              pos.push_back(static_cast<int32_t>(s.first_pos + r * (s.rows > 6 ? 97 : 1)));
+            desc.insert(desc.end(), {row, s.rows, static_cast<int64_t>(i) * cap, s.keys});
+            row += s.rows;
+          }
+          std::vector<int32_t> cids(static_cast<size_t>(rows * nc));
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < nc; ++c)
+              cids[static_cast<size_t>(r * nc + c)] =
+                  c % 5 == 0 ? static_cast<int32_t>(c % 97) - 2  // -2, -1 and small ids
+                             : std::uniform_int_distribution<int>(-1, 4400)(rng);
+          const int64_t width = cand ? nc : max_keys;
+          std::vector<float> ref(static_cast<size_t>(rows * width), -kInf);
+          row = 0;
+          for (size_t i = 0; i < seqs.size(); ++i) {
+            const Seq& s = seqs[i];
+            if (s.rows > 0)
+              cpu::indexer_scores(q.data() + row * heads * id, w.data() + row * heads, s.rows,
+                                  heads, id, pool.data() + static_cast<int64_t>(i) * cap * 68,
+                                  s.keys, pos.data() + row, ratio,
+                                  cand ? cids.data() + row * nc : nullptr, nc, 0.08838834764831845f,
+                                  ref.data() + row * width, width);
+            row += s.rows;
+          }
+          float* o = nans(ref.size());
+          cuda::IndexerScoreParams p;
+          p.q = up(q);
+          p.w = up(w);
+          p.rows = rows;
+          p.heads = heads;
+          p.keys = up(pool);
+          p.pos = up(pos);
+          p.ratio = ratio;
+          p.candidates = cand ? up(cids) : nullptr;
+          p.n_cand = cand ? nc : 0;
+          p.scores = o;
+          p.ld = width;
+          p.n_seqs = static_cast<int>(seqs.size());
+          p.seqs = up(desc);
+          p.max_seq_rows = max_rows;
+          p.max_seq_keys = max_keys;
+          p.q_exact_bf16 = exact;
+          cuda::launch_indexer_scores(p, stream_);
+          const auto got = down(o, ref.size());
+          EXPECT_LE(rel_err(got, ref), 1e-5);
+          size_t inf_mismatch = 0;
+          for (size_t i = 0; i < ref.size(); ++i)
+            inf_mismatch += std::isinf(ref[i]) != std::isinf(got[i]) ? 1 : 0;
+          EXPECT_EQ(inf_mismatch, 0u);
+        }
+}
+
+// The single-sequence form with q_exact_bf16 (FP4 queries, one MMA per tile) equals the hi/lo
+// path to fp32 rounding and the CPU to 1e-5; prefill-like causal rows spanning several row blocks.
+TEST_F(CudaV41, IndexerScoresExactBf16Queries) {
+  std::mt19937 rng(22);
+  const int id = 128, heads = 32;
+  const int64_t t = 37, n = 3000;
+  auto keys = fp4_records(n, id, cpu::Fp4Record::kIndexBlock32Ue8m0, rng);
+  auto q = rnd(t * heads * id, rng, -1, 1);
+  fq_fp4_block32_ue8m0(q, q);
+  auto w = rnd(t * heads, rng, -0.3f, 0.3f);
+  std::vector<int32_t> pos(static_cast<size_t>(t));
+  for (int64_t r = 0; r < t; ++r)
+    pos[static_cast<size_t>(r)] = static_cast<int32_t>(n - 60 * (t - r));
+  for (const int ratio : {1, 2}) {
+    std::vector<float> ref(static_cast<size_t>(t * n));
+    cpu::indexer_scores(q.data(), w.data(), t, heads, id, keys.data(), n, pos.data(), ratio,
+                        nullptr, 0, 0.08838834764831845f, ref.data(), n);
+    for (const bool exact : {true, false}) {
+      float* o = nans(ref.size());
+      cuda::IndexerScoreParams p{up(q), up(w),   t,     heads,   id, up(keys),
+                                 n,     up(pos), ratio, nullptr, 0,  0.08838834764831845f,
+                                 o,     n};
+      p.q_exact_bf16 = exact;
+      cuda::launch_indexer_scores(p, stream_);
+      EXPECT_LE(rel_err(down(o, ref.size()), ref), 1e-5) << ratio << exact;
+    }
+  }
 }
 
 // Exact: the same indices and values in the same order, ties included.
@@ -421,6 +540,82 @@ TEST_F(CudaV41, TopkIsExactWithTies) {
     for (size_t i = 0; i < val.size(); ++i)
       ASSERT_TRUE(gv[i] == val[i]) << i << " " << gv[i] << " " << val[i];
   }
+}
+
+// The radix top-k on the bench shapes (rows cached in shared memory and rows streamed from HBM):
+// continuous scores with -inf entries; ReLU-like rows that are mostly exact zeros (fewer positives
+// than k: the cut falls inside a huge tie and is resolved by index order); coarse integer scores
+// (ties everywhere); rows with n < k. Indices, values and counts exactly equal the CPU top-k.
+TEST_F(CudaV41, TopkBenchShapesExact) {
+  std::mt19937 rng(23);
+  struct Case {
+    int64_t rows, n;
+    int k;
+    int kind;  // 0 continuous, 1 97% zeros, 2 integers in [-3, 3], 3 99.5% zeros
+  };
+  for (Case c : {Case{384, 131072, 512, 0}, Case{384, 65536, 512, 1}, Case{64, 16384, 512, 0},
+                 Case{4096, 4096, 512, 1}, Case{384, 16384, 2048, 0}, Case{384, 65536, 2048, 3},
+                 Case{16, 40000, 2048, 2}, Case{32, 20000, 512, 2}, Case{8, 300, 512, 0}}) {
+    SCOPED_TRACE(std::to_string(c.rows) + "x" + std::to_string(c.n) + " k " + std::to_string(c.k) +
+                 " kind " + std::to_string(c.kind));
+    std::vector<float> s(static_cast<size_t>(c.rows * c.n));
+    std::uniform_real_distribution<float> u(0, 1);
+    std::uniform_int_distribution<int> coarse(-3, 3);
+    for (auto& v : s) {
+      const float r = u(rng);
+      switch (c.kind) {
+        case 0:
+          v = r < 0.05f ? -kInf : u(rng) * 10 - 5;
+          break;
+        case 1:
+          v = r < 0.02f ? -kInf : r < 0.97f ? 0.0f : u(rng);
+          break;
+        case 2:
+          v = r < 0.1f ? -kInf : static_cast<float>(coarse(rng));
+          break;
+        default:
+          v = r < 0.995f ? 0.0f : u(rng);
+          break;
+      }
+    }
+    if (c.rows > 2) std::fill(s.begin() + c.n, s.begin() + 2 * c.n, -kInf);  // an all -inf row
+    std::vector<int32_t> idx(static_cast<size_t>(c.rows * c.k)), cnt(static_cast<size_t>(c.rows));
+    std::vector<float> val(idx.size());
+    cpu::topk_rows(s.data(), c.rows, c.n, c.n, c.k, idx.data(), val.data(), cnt.data());
+    int32_t* di = up(std::vector<int32_t>(idx.size(), -7));
+    float* dv = nans(val.size());
+    int32_t* dc = up(std::vector<int32_t>(cnt.size(), -7));
+    void* scratch = up(std::vector<uint8_t>(cuda::topk_scratch_bytes(c.rows, c.n)));
+    cuda::launch_topk({up(s), c.rows, c.n, c.n, c.k, di, dv, dc, scratch}, stream_);
+    EXPECT_TRUE(down(di, idx.size()) == idx);
+    EXPECT_TRUE(down(dc, cnt.size()) == cnt);
+    const auto gv = down(dv, val.size());
+    size_t bad = 0;
+    for (size_t i = 0; i < val.size(); ++i) bad += gv[i] == val[i] ? 0 : 1;
+    EXPECT_EQ(bad, 0u);
+  }
+}
+
+// A row pitch that is not a multiple of 4 floats (scalar loads) and k > n.
+TEST_F(CudaV41, TopkUnalignedPitch) {
+  std::mt19937 rng(24);
+  const int64_t rows = 5, n = 30001, ld = 30003;
+  auto s = rnd(rows * ld, rng, -1, 1);
+  for (int64_t r = 0; r < rows; ++r) s[static_cast<size_t>(r * ld + 7)] = -kInf;
+  for (const int k : {1, 512, 2048}) {
+    std::vector<int32_t> ref(static_cast<size_t>(rows * k));
+    cpu::topk_rows(s.data() + 1, rows, n, ld, k, ref.data(), nullptr, nullptr);
+    int32_t* di = up(std::vector<int32_t>(ref.size(), -7));
+    void* scratch = up(std::vector<uint8_t>(cuda::topk_scratch_bytes(rows, n)));
+    cuda::launch_topk({up(s) + 1, rows, n, ld, k, di, nullptr, nullptr, scratch}, stream_);
+    EXPECT_EQ(down(di, ref.size()), ref) << k;
+  }
+  const int64_t small = 100;
+  std::vector<int32_t> idx(static_cast<size_t>(rows * 512));
+  cpu::topk_rows(s.data(), rows, small, ld, 512, idx.data(), nullptr, nullptr);
+  int32_t* di = up(std::vector<int32_t>(idx.size(), -7));
+  cuda::launch_topk({up(s), rows, small, ld, 512, di, nullptr, nullptr, nullptr}, stream_);
+  EXPECT_EQ(down(di, idx.size()), idx);
 }
 
 TEST_F(CudaV41, CandidateBlocks) {

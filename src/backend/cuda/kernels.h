@@ -351,7 +351,15 @@ struct CompressorParams {
 void launch_compressor(const CompressorParams& p, Stream stream);
 
 // Indexer scores (model.md §2.4) over FP4 index-key records; see cpu::indexer_scores.
-// heads <= 64, head_dim == 128.
+// heads <= 64, head_dim == 128. bf16 tensor cores (mma.sync) on key tiles dequantised once per
+// CTA into shared memory and shared by up to 8 query rows of one sequence.
+// Single-sequence form (n_seqs == 0): rows [0, rows) score against keys[0, n_keys).
+// Batched form (n_seqs > 0): sequence i owns rows [seqs[4i], seqs[4i] + seqs[4i+1]) and the key
+// records keys + (seqs[4i+2] + j) * 68 for j < seqs[4i+3]; scores[r, :] has max_seq_keys columns
+// (n_cand with candidates), those past a row's visible count -inf. Candidate ids are
+// sequence-local entry ids. max_seq_rows / max_seq_keys are host values bounding the arrays.
+// q_exact_bf16: every q value is a bf16 (the model's FP4 fake-quantised queries) - one MMA per
+// tile instead of the hi + lo split that keeps fp32 queries to ~2^-16 relative.
 struct IndexerScoreParams {
   const float* q = nullptr;  // [rows, heads, head_dim]
   const float* w = nullptr;  // [rows, heads]
@@ -359,7 +367,7 @@ struct IndexerScoreParams {
   int heads = 32;
   int head_dim = 128;
   const uint8_t* keys = nullptr;
-  int64_t n_keys = 0;
+  int64_t n_keys = 0;  // single-sequence form
   const int32_t* pos = nullptr;
   int ratio = 1;
   const int32_t* candidates = nullptr;  // [rows, n_cand] or null
@@ -367,12 +375,18 @@ struct IndexerScoreParams {
   float scale = 0.08838834764831845f;  // 128^-0.5
   float* scores = nullptr;
   int64_t ld = 0;
+  int n_seqs = 0;                 // 0: single-sequence form
+  const int64_t* seqs = nullptr;  // device [n_seqs, 4]: first row, rows, first key record, keys
+  int64_t max_seq_rows = 0;
+  int64_t max_seq_keys = 0;
+  bool q_exact_bf16 = false;
 };
 void launch_indexer_scores(const IndexerScoreParams& p, Stream stream);
 
-// Exact row top-k (k <= 2048; -inf dropped; sorted by score desc, ties -> lower index; -1 / -inf
-// padding): a histogram threshold on the top 12 bits over the whole GPU, compaction of the
-// entries at or above it, then a per-row 64-bit radix select on (score, ~index) and a bitonic sort.
+// Exact row top-k (k <= 2048; -inf and NaN dropped; sorted by score desc, ties -> lower index;
+// -1 / -inf padding): one block per row, a radix select over the order-preserving score bits
+// (three shared-memory histogram passes, 11 + 11 + 10 bits), a collect pass (index order where the
+// k-th score is tied) and a bitonic sort of the k survivors. Rows of <= 24576 scores are read once.
 struct TopkParams {
   const float* scores = nullptr;
   int64_t rows = 0;
@@ -382,7 +396,7 @@ struct TopkParams {
   int32_t* out_idx = nullptr;
   float* out_val = nullptr;      // nullable
   int32_t* out_count = nullptr;  // nullable
-  void* scratch = nullptr;       // topk_scratch_bytes
+  void* scratch = nullptr;       // topk_scratch_bytes (0 today; kept for the interface)
 };
 [[nodiscard]] size_t topk_scratch_bytes(int64_t rows, int64_t n);
 void launch_topk(const TopkParams& p, Stream stream);

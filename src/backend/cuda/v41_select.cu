@@ -1,9 +1,8 @@
-// V4.1 selection ops: indexer scores over FP4 index keys (bf16 tensor cores on a shared key
-// tile), exact row top-k (histogram threshold on the top 12 bits of the order-preserving score bits across the whole GPU, warp-aggregated compaction of the entries at
-// or above it, a per-row 64-bit radix select on (score bits, ~index) so ties go to the lower index,
-// and a bitonic sort of the k survivors), candidate blocks, and top-k/top-p sampling.
+// V4.1 selection ops: indexer scores over FP4 index keys (bf16 mma.sync on key tiles dequantised
+// once per CTA, q fragments resident in registers, one launch for a whole batch of sequences),
+// exact row top-k (per-row radix select + bitonic sort of the survivors), candidate blocks, and
+// top-k/top-p sampling.
 #include <cuda_bf16.h>
-#include <mma.h>
 
 #include <algorithm>
 
@@ -17,130 +16,321 @@ namespace {
 // ---- indexer scores -----------------------------------------------------------------------------
 
 constexpr int kIdxDim = 128;
-constexpr int kIdxKeys = 64;         // keys per CTA (4 warps x 16)
-constexpr int kIdxThreads = 128;
-constexpr int kIdxHeadChunk = 32;    // heads per MMA pass
-constexpr int kIdxRowsPerCta = 8;    // query rows sharing one key tile (no candidates)
-constexpr int kIdxMaxHeads = 64;
-constexpr int kIdxPad = kIdxDim + 8;  // bf16 pitch (272 B)
-constexpr int kIdxSPad = kIdxKeys + 4;
+constexpr int kIdxThreads = 128;        // 4 warps
+constexpr int kIdxTile = 64;            // keys per shared tile (4 sub-tiles of 16)
+constexpr int kIdxChunk = 2048;         // score columns per CTA
+constexpr int kIdxPitch = kIdxDim + 8;  // bf16 pitch (272 B): conflict-free ldmatrix and STS.128
+constexpr int kIdxRec = kIdxDim / 2 + kIdxDim / 32;  // 68 B record
+constexpr int kIdxMaxSlots = 8;
+constexpr int kIdxHeadsPerLaunch = 32;
 
-// Tensor-core indexer scores: the CTA dequantises 64 FP4 key records to bf16 (exact) in shared
-// memory once and reuses them for up to 8 query rows (rows with candidate lists gather their own
-// keys). Each query row is split into bf16 hi + lo parts (exact for the FP4 index queries the
-// model passes, 2^-16 relative otherwise), 32 heads at a time: S[h, key] = q_h . k in fp32 by
-// WMMA, then score[key] = scale * sum_h w_h * relu(S[h, key]).
-__global__ void __launch_bounds__(kIdxThreads)
-    indexer_score_kernel(IndexerScoreParams p, int64_t cols) {
-  using namespace nvcuda;
-  __shared__ alignas(128) __nv_bfloat16 kt[kIdxKeys][kIdxPad];
-  __shared__ alignas(128) __nv_bfloat16 qhi[kIdxHeadChunk][kIdxPad];
-  __shared__ alignas(128) __nv_bfloat16 qlo[kIdxHeadChunk][kIdxPad];
-  __shared__ alignas(128) float st[kIdxHeadChunk][kIdxSPad];
-  __shared__ float acc_key[kIdxKeys];
-  __shared__ int64_t key_id[kIdxKeys];
-  constexpr int kRec = kIdxDim / 2 + kIdxDim / 32;
+// Dynamic shared memory layout (bytes).
+constexpr int kIdxSmemKt = 0;                                                  // bf16 [2][64][136]
+constexpr int kIdxSmemPart = kIdxSmemKt + 2 * kIdxTile * kIdxPitch * 2;        // f32 [2][4][8][64]
+constexpr int kIdxSmemW = kIdxSmemPart + 2 * 4 * kIdxMaxSlots * kIdxTile * 4;  // f32 [8][32]
+constexpr int kIdxSmemId = kIdxSmemW + kIdxMaxSlots * kIdxHeadsPerLaunch * 4;  // i32 [2][64]
+constexpr int kIdxSmemVis = kIdxSmemId + 2 * kIdxTile * 4;                     // i64 [8]
+constexpr int kIdxSmemBytes = kIdxSmemVis + kIdxMaxSlots * 8;
+
+struct IdxLaunch {
+  int64_t width = 0;           // score columns per row
+  int64_t blocks_per_seq = 0;  // row blocks per sequence (grid.x = sequences * blocks_per_seq)
+  int head0 = 0;               // first head of this launch
+  int heads_here = 0;          // <= 32
+  bool accumulate = false;     // add to the scores of an earlier launch (heads > 32)
+};
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+
+// d += a (16x16, row) * b (16x8, col), bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t bf162_bits(__nv_bfloat162 v) {
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Exact e2m1 nibble * s: the nibble's bits placed in an fp32 exponent/mantissa give e2m1 * 2^-126
+// (the 0.5 code as a subnormal: these kernels are built without flush-to-zero), then two exact
+// power-of-two products.
+__device__ __forceinline__ float e2m1_times(uint32_t nib, float s) {
+  const float raw = __uint_as_float(((nib & 7u) << 22) | ((nib & 8u) << 28));
+  return raw * 0x1p126f * s;
+}
+
+// One thread's half of a key record: 8 data words (64 dims) and the scale word.
+struct IdxRaw {
+  uint32_t w[8];
+  uint32_t sc;
+  int32_t id;  // sequence-local entry id, -1 = none
+};
+
+__device__ __forceinline__ void idx_load_raw(const uint8_t* keys, int64_t key_base, int64_t id,
+                                             int64_t n_keys, int half, IdxRaw& r) {
+  r.id = (id >= 0 && id < n_keys) ? static_cast<int32_t>(id) : -1;
+  if (r.id >= 0) {
+    // Records are 68 B: only 4-byte aligned.
+    const auto* rec = reinterpret_cast<const uint32_t*>(keys + (key_base + id) * kIdxRec);
+#pragma unroll
+    for (int q = 0; q < 8; ++q) r.w[q] = __ldg(rec + 8 * half + q);
+    r.sc = __ldg(rec + 16);
+  } else {
+#pragma unroll
+    for (int q = 0; q < 8; ++q) r.w[q] = 0;
+    r.sc = 0;
+  }
+}
+
+// Dims [64 * half, 64 * half + 64) of key `key` to bf16 (exact) in the shared tile.
+__device__ __forceinline__ void idx_store_raw(const IdxRaw& r, __nv_bfloat16* kt, int32_t* key_id,
+                                              int key, int half) {
+  const float s0 = v41::ue8m0_decode((r.sc >> (16 * half)) & 0xFFu);
+  const float s1 = v41::ue8m0_decode((r.sc >> (16 * half + 8)) & 0xFFu);
+  uint4* dst = reinterpret_cast<uint4*>(kt + key * kIdxPitch + 64 * half);
+#pragma unroll
+  for (int q = 0; q < 8; ++q) {
+    const float s = q < 4 ? s0 : s1;
+    const uint32_t x = r.w[q];
+    uint32_t o[4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b)
+      o[b] = bf162_bits(
+          __floats2bfloat162_rn(e2m1_times(x >> (8 * b), s), e2m1_times(x >> (8 * b + 4), s)));
+    dst[q] = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+  if (half == 0) key_id[key] = r.id;
+}
+
+// Tensor-core indexer scores. S[t, key] = scale * sum_h w[t,h] relu(q[t,h] . key): per key tile
+// an MMA with M = 16 keys (A: the dequantised tile, ldmatrix), N = 8 heads (B: q, resident in
+// registers for the whole CTA), K = 128 dims.
+//  - Without candidates (kCand false) the CTA holds kSlots = 8 / kSplit rows of one sequence and
+//    warp w holds head group w (heads 8w..8w+7) of every row: 8 / kSplit MMAs per ldmatrix. Per 16
+//    keys each warp reduces its 8 heads (quad shuffles) into shared partials; after the tile the
+//    CTA adds the 4 warps' partials in warp order (deterministic) and writes the scores.
+//  - With candidates every row has its own keys: the CTA holds one row, warp w all its head
+//    groups and key sub-tile w of each tile.
+// kSplit 2: q = hi + lo in bf16, both MMAs into the same accumulator. Columns past the rows'
+// visible count are written -inf without MMA work (the causal upper triangle in prefill).
+template <int kSplit, bool kCand>
+__global__ void __launch_bounds__(kIdxThreads, 2)
+    indexer_mma_kernel(IndexerScoreParams p, IdxLaunch L) {
+  constexpr int kNT = 8 / kSplit;          // accumulator tiles (8 heads each) per warp
+  constexpr int kSlots = kCand ? 1 : kNT;  // rows per CTA
+  extern __shared__ __align__(16) uint8_t smem[];
+  auto* kt_base = reinterpret_cast<__nv_bfloat16*>(smem + kIdxSmemKt);
+  auto* part = reinterpret_cast<float*>(smem + kIdxSmemPart);
+  auto* ws = reinterpret_cast<float*>(smem + kIdxSmemW);
+  auto* key_id = reinterpret_cast<int32_t*>(smem + kIdxSmemId);
+  auto* vis = reinterpret_cast<int64_t*>(smem + kIdxSmemVis);
+
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kIdxKeys;
-  const int rows_here = p.candidates ? 1 : kIdxRowsPerCta;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * rows_here;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t seq = blockIdx.x / L.blocks_per_seq;
+  const int64_t blk = blockIdx.x % L.blocks_per_seq;
+  int64_t row_begin = 0, seq_rows = p.rows, key_base = 0, n_keys = p.n_keys;
+  if (p.n_seqs > 0) {
+    const int64_t* e = p.seqs + seq * 4;
+    row_begin = e[0];
+    seq_rows = e[1];
+    key_base = e[2];
+    n_keys = e[3];
+  }
+  const int64_t r_first = blk * kSlots;
+  if (r_first >= seq_rows) return;
+  const int nrows = static_cast<int>(min(static_cast<int64_t>(kSlots), seq_rows - r_first));
+  const int64_t row0 = row_begin + r_first;
+  const int64_t c_begin = static_cast<int64_t>(blockIdx.y) * kIdxChunk;
+  const int64_t c_end = min(L.width, c_begin + kIdxChunk);
+  const int hg_count = (L.heads_here + 7) / 8;
 
-  // Key tile for row t (candidates) or for every row: ids, then 4 threads per key record.
-  const auto load_keys = [&](int64_t t) {
-    if (tid < kIdxKeys) {
-      const int64_t c = c0 + tid;
-      int64_t j = -1;
-      if (c < cols) j = p.candidates ? p.candidates[t * p.n_cand + c] : c;
-      key_id[tid] = (j >= 0 && j < p.n_keys) ? j : -1;
-    }
-    __syncthreads();
-    for (int i = tid; i < kIdxKeys * 4; i += kIdxThreads) {
-      const int key = i >> 2, part = i & 3;  // part: 32 dims = 16 bytes + 1 scale
-      const int64_t j = key_id[key];
-      uint32_t out[16];
-      if (j >= 0) {
-        const uint8_t* rec = p.keys + j * kRec;
-        // Records are 68 B: only 4-byte aligned.
-        const auto* w32 = reinterpret_cast<const uint32_t*>(rec + part * 16);
-        const float s = v41::ue8m0_decode(rec[kIdxDim / 2 + part]);
-        const uint32_t words[4] = {w32[0], w32[1], w32[2], w32[3]};
+  if (tid < kSlots) {
+    const int64_t v =
+        tid < nrows ? min(n_keys, (static_cast<int64_t>(p.pos[row0 + tid]) + 1) / p.ratio) : 0;
+    vis[tid] = max(v, int64_t{0});
+  }
+  for (int i = tid; i < kSlots * kIdxHeadsPerLaunch; i += kIdxThreads) {
+    const int r = i / kIdxHeadsPerLaunch, h = i % kIdxHeadsPerLaunch;
+    ws[i] = (r < nrows && h < L.heads_here) ? p.w[(row0 + r) * p.heads + L.head0 + h] : 0.0f;
+  }
+  __syncthreads();
+  int64_t max_vis = 0;
+  for (int r = 0; r < kSlots; ++r) max_vis = max(max_vis, vis[r]);
+  // Tiles with MMA work; the columns after them are -inf for every row of the CTA.
+  const int64_t c_work = kCand ? c_end : min(c_end, max_vis);
+  const int ntiles =
+      c_work > c_begin ? static_cast<int>((c_work - c_begin + kIdxTile - 1) / kIdxTile) : 0;
+
+  // q -> bf16 B fragments: tile j = (row slot, head group) -> heads hg*8 + g, dims 16s + 2t (+8).
+  uint32_t bq[kNT][kSplit][8][2];
+  bool act[kNT];
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
+  for (int j = 0; j < kNT; ++j) {
+    const int slot = kCand ? 0 : j;
+    const int hg = kCand ? j : warp;
+    act[j] = slot < nrows && hg < hg_count;
+    const int hl = hg * 8 + g;
+    const bool valid = act[j] && hl < L.heads_here;
+    const float* qp = p.q + ((row0 + slot) * p.heads + L.head0 + (valid ? hl : 0)) * kIdxDim;
 #pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            const uint32_t byte = (words[q] >> (8 * b)) & 0xFFu;
-            const __nv_bfloat162 v = __floats2bfloat162_rn(v41::e2m1_decode(byte & 0xF) * s,
-                                                           v41::e2m1_decode(byte >> 4) * s);
-            out[q * 4 + b] = *reinterpret_cast<const uint32_t*>(&v);
-          }
-      } else {
+    for (int s = 0; s < 8; ++s)
 #pragma unroll
-        for (int q = 0; q < 16; ++q) out[q] = 0;
+      for (int h = 0; h < 2; ++h) {
+        float2 v = make_float2(0.0f, 0.0f);
+        if (valid) v = *reinterpret_cast<const float2*>(qp + 16 * s + 8 * h + 2 * t);
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(v.x, v.y);
+        bq[j][0][s][h] = bf162_bits(hi);
+        if constexpr (kSplit == 2)
+          bq[j][kSplit - 1][s][h] =
+              bf162_bits(__floats2bfloat162_rn(v.x - __low2float(hi), v.y - __high2float(hi)));
       }
-      uint4* dst = reinterpret_cast<uint4*>(&kt[key][part * 32]);
-#pragma unroll
-      for (int q = 0; q < 4; ++q)
-        dst[q] = make_uint4(out[q * 4], out[q * 4 + 1], out[q * 4 + 2], out[q * 4 + 3]);
-    }
-    __syncthreads();
+  }
+
+  // Key loading: thread -> key tid % 64, dims [64 * half, +64).
+  const int my_key = tid & (kIdxTile - 1), my_half = tid >> 6;
+  const int32_t* cand_row = kCand ? p.candidates + row0 * p.n_cand : nullptr;
+  const auto key_of = [&](int it) -> int64_t {
+    const int64_t c = c_begin + static_cast<int64_t>(it) * kIdxTile + my_key;
+    if (c >= c_end) return -1;
+    return kCand ? static_cast<int64_t>(cand_row[c]) : c;
   };
+  const int64_t load_limit = kCand ? vis[0] : n_keys;
+  IdxRaw raw;
+  if (ntiles > 0) {
+    idx_load_raw(p.keys, key_base, key_of(0), load_limit, my_half, raw);
+    idx_store_raw(raw, kt_base, key_id, my_key, my_half);
+  }
+  __syncthreads();
 
-  if (!p.candidates) load_keys(t0);
-  for (int r = 0; r < rows_here; ++r) {
-    const int64_t t = t0 + r;
-    if (t >= p.rows) break;
-    if (p.candidates) load_keys(t);
-    if (tid < kIdxKeys) acc_key[tid] = 0.0f;
-    for (int h0 = 0; h0 < p.heads; h0 += kIdxHeadChunk) {
-      const int hn = min(kIdxHeadChunk, p.heads - h0);
-      for (int i = tid; i < kIdxHeadChunk * kIdxDim; i += kIdxThreads) {
-        const int h = i / kIdxDim, d = i % kIdxDim;
-        const float v = h < hn ? p.q[(t * p.heads + h0 + h) * kIdxDim + d] : 0.0f;
-        const __nv_bfloat16 hi = __float2bfloat16_rn(v);
-        qhi[h][d] = hi;
-        qlo[h][d] = __float2bfloat16_rn(v - __bfloat162float(hi));
-      }
-      __syncthreads();
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
-      wmma::fill_fragment(acc[0], 0.0f);
-      wmma::fill_fragment(acc[1], 0.0f);
+  for (int it = 0; it < ntiles; ++it) {
+    const int buf = it & 1;
+    const int64_t k0 = c_begin + static_cast<int64_t>(it) * kIdxTile;
+    if (it + 1 < ntiles) idx_load_raw(p.keys, key_base, key_of(it + 1), load_limit, my_half, raw);
+    const __nv_bfloat16* kt = kt_base + buf * kIdxTile * kIdxPitch;
+
+    if constexpr (!kCand) {
+      float* pb = part + buf * (4 * kIdxMaxSlots * kIdxTile);
+#pragma unroll 1
+      for (int sub = 0; sub < 4; ++sub) {
+        float acc[kNT][4];
 #pragma unroll
-      for (int kk = 0; kk < kIdxDim; kk += 16) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> bf;
-        wmma::load_matrix_sync(bf, &kt[warp * 16][kk], kIdxPad);
+        for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 #pragma unroll
-        for (int m = 0; m < 2; ++m) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> ah, al;
-          wmma::load_matrix_sync(ah, &qhi[m * 16][kk], kIdxPad);
-          wmma::load_matrix_sync(al, &qlo[m * 16][kk], kIdxPad);
-          wmma::mma_sync(acc[m], ah, bf, acc[m]);
-          wmma::mma_sync(acc[m], al, bf, acc[m]);
+        for (int s = 0; s < 8; ++s) {
+          uint32_t a[4];
+          ldsm_x4(a, kt + (sub * 16 + (lane & 15)) * kIdxPitch + 16 * s + 8 * (lane >> 4));
+#pragma unroll
+          for (int j = 0; j < kNT; ++j)
+            if (act[j])
+#pragma unroll
+              for (int k = 0; k < kSplit; ++k)
+                mma_bf16_16816(acc[j], a, bq[j][k][s][0], bq[j][k][s][1]);
+        }
+        // v[2j + kh]: this thread's two heads of row slot j, key g + 8 kh.
+        float v[2 * kNT];
+#pragma unroll
+        for (int j = 0; j < kNT; ++j) {
+          const float2 wv =
+              *reinterpret_cast<const float2*>(ws + j * kIdxHeadsPerLaunch + warp * 8 + 2 * t);
+          v[2 * j] = wv.x * fmaxf(acc[j][0], 0.0f) + wv.y * fmaxf(acc[j][1], 0.0f);
+          v[2 * j + 1] = wv.x * fmaxf(acc[j][2], 0.0f) + wv.y * fmaxf(acc[j][3], 0.0f);
+        }
+        // Transposing quad reduction: afterwards x[i] = quad sum of v[4i + t], i.e. row slot
+        // 2i + (t >> 1), key g + 8 (t & 1).
+        float u[kNT];
+        const bool b0 = (t & 1) != 0, b1 = (t & 2) != 0;
+#pragma unroll
+        for (int i = 0; i < kNT; ++i) {
+          const float send = b0 ? v[2 * i] : v[2 * i + 1];
+          u[i] = (b0 ? v[2 * i + 1] : v[2 * i]) + __shfl_xor_sync(0xFFFFFFFFu, send, 1);
+        }
+#pragma unroll
+        for (int i = 0; i < kNT / 2; ++i) {
+          const float send = b1 ? u[2 * i] : u[2 * i + 1];
+          const float x = (b1 ? u[2 * i + 1] : u[2 * i]) + __shfl_xor_sync(0xFFFFFFFFu, send, 2);
+          const int slot = 2 * i + (t >> 1);
+          pb[(warp * kIdxMaxSlots + slot) * kIdxTile + sub * 16 + g + 8 * (t & 1)] = x;
         }
       }
+    } else {
+      float acc[kNT][4];
 #pragma unroll
-      for (int m = 0; m < 2; ++m)
-        wmma::store_matrix_sync(&st[m * 16][warp * 16], acc[m], kIdxSPad, wmma::mem_row_major);
-      __syncthreads();
-      // Two threads per key, 16 heads each, in head order; then the pair adds up.
-      {
-        const int key = tid >> 1, half = tid & 1;
-        float a = 0.0f;
-        for (int h = half * 16; h < half * 16 + 16 && h < hn; ++h)
-          a = fmaf(p.w[t * p.heads + h0 + h], fmaxf(st[h][key], 0.0f), a);
-        a += __shfl_xor_sync(0xFFFFFFFFu, a, 1);
-        if (half == 0) acc_key[key] += a;
+      for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        uint32_t a[4];
+        ldsm_x4(a, kt + (warp * 16 + (lane & 15)) * kIdxPitch + 16 * s + 8 * (lane >> 4));
+#pragma unroll
+        for (int j = 0; j < kNT; ++j)
+          if (act[j])
+#pragma unroll
+            for (int k = 0; k < kSplit; ++k)
+              mma_bf16_16816(acc[j], a, bq[j][k][s][0], bq[j][k][s][1]);
       }
-      __syncthreads();
-    }
-    if (tid < kIdxKeys) {
-      const int64_t c = c0 + tid;
-      if (c < cols) {
-        const int64_t visible = min(p.n_keys, (static_cast<int64_t>(p.pos[t]) + 1) / p.ratio);
-        const int64_t j = key_id[tid];
-        p.scores[t * p.ld + c] = (j < 0 || j >= visible) ? -INFINITY : acc_key[tid] * p.scale;
+      float s0 = 0.0f, s1 = 0.0f;  // keys g, g + 8
+#pragma unroll
+      for (int j = 0; j < kNT; ++j) {
+        const float2 wv = *reinterpret_cast<const float2*>(ws + j * 8 + 2 * t);
+        s0 += wv.x * fmaxf(acc[j][0], 0.0f) + wv.y * fmaxf(acc[j][1], 0.0f);
+        s1 += wv.x * fmaxf(acc[j][2], 0.0f) + wv.y * fmaxf(acc[j][3], 0.0f);
+      }
+      s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 1);
+      s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 1);
+      s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 2);
+      s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 2);
+      if (t < 2) {
+        const int kk = warp * 16 + g + 8 * t;
+        const int64_t c = k0 + kk;
+        if (c < c_end) {
+          const int32_t j = key_id[buf * kIdxTile + kk];
+          float* out = p.scores + row0 * p.ld + c;
+          const float val = (t == 0 ? s0 : s1) * p.scale;
+          const bool masked = j < 0 || j >= vis[0];
+          *out = masked ? -INFINITY : (L.accumulate ? *out + val : val);
+        }
       }
     }
+
+    if (it + 1 < ntiles)
+      idx_store_raw(raw, kt_base + (buf ^ 1) * kIdxTile * kIdxPitch, key_id + (buf ^ 1) * kIdxTile,
+                    my_key, my_half);
     __syncthreads();
+
+    if constexpr (!kCand) {
+      const float* pb = part + buf * (4 * kIdxMaxSlots * kIdxTile);
+      const int nw = min(4, hg_count);
+      for (int i = tid; i < nrows * kIdxTile; i += kIdxThreads) {
+        const int r = i / kIdxTile, kk = i % kIdxTile;
+        const int64_t c = k0 + kk;
+        if (c >= c_end) continue;
+        float sum = 0.0f;
+        for (int w = 0; w < nw; ++w) sum += pb[(w * kIdxMaxSlots + r) * kIdxTile + kk];
+        float* out = p.scores + (row0 + r) * p.ld + c;
+        const float val = sum * p.scale;
+        *out = c >= vis[r] ? -INFINITY : (L.accumulate ? *out + val : val);
+      }
+    }
+  }
+
+  // Columns past every row's visible keys.
+  if constexpr (!kCand) {
+    const int64_t c_tail = c_begin + static_cast<int64_t>(ntiles) * kIdxTile;
+    const int64_t n_tail = max(int64_t{0}, c_end - c_tail);
+    for (int64_t i = tid; i < nrows * n_tail; i += kIdxThreads) {
+      const int64_t r = i / n_tail, c = c_tail + i % n_tail;
+      p.scores[(row0 + r) * p.ld + c] = -INFINITY;
+    }
   }
 }
 
@@ -170,25 +360,19 @@ __global__ void blocks_to_cand_kernel(BlocksToCandidatesParams p) {
 
 // ---- top-k --------------------------------------------------------------------------------------
 
-constexpr int kBins = 4096;  // top 12 bits
-constexpr int kTopkThreads = 256;
-constexpr int kChunk = kTopkThreads * 16;
+constexpr int kTkThreads = 512;
+constexpr int kTkBins = 2048;  // 11-bit digits (then 11, then 10)
 constexpr int kMaxK = 2048;
+constexpr int64_t kTkCacheMax = 24576;  // rows up to this many scores are read once into smem
 
-struct TopkScratch {
-  uint32_t* hist;  // [rows, kBins]
-  uint32_t* meta;  // [rows, 2]: threshold bin, compacted count
-  uint64_t* cand;  // [rows, n]
+struct TkShared {
+  uint32_t hist[kTkBins];
+  uint64_t sel[kMaxK];
+  uint32_t wsum[kTkThreads / 32];
+  uint32_t found[3];  // digit, remaining k within it, total counted
+  uint32_t n_sel;
+  uint32_t eq_base;
 };
-
-TopkScratch topk_layout(void* base, int64_t rows) {
-  auto* b = static_cast<uint8_t*>(base);
-  TopkScratch s;
-  s.hist = reinterpret_cast<uint32_t*>(b);
-  s.meta = s.hist + rows * kBins;
-  s.cand = reinterpret_cast<uint64_t*>(b + ((rows * kBins + rows * 2) * 4 + 15) / 16 * 16);
-  return s;
-}
 
 __device__ __forceinline__ uint32_t ordered_bits(float v) {
   const uint32_t u = __float_as_uint(v);
@@ -197,157 +381,190 @@ __device__ __forceinline__ uint32_t ordered_bits(float v) {
 __device__ __forceinline__ float from_ordered(uint32_t o) {
   return __uint_as_float((o & 0x80000000u) ? (o & 0x7FFFFFFFu) : ~o);
 }
+__device__ __forceinline__ bool tk_valid(float v) { return v == v && v != -INFINITY; }
 
-__global__ void __launch_bounds__(kTopkThreads) topk_hist_kernel(TopkParams p, TopkScratch s) {
-  __shared__ uint32_t h[kBins];
-  for (int i = threadIdx.x; i < kBins; i += blockDim.x) h[i] = 0;
-  __syncthreads();
-  const int64_t r = blockIdx.y;
-  const float* row = p.scores + r * p.ld;
-  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kChunk;
-  const int64_t end = min(p.n, begin + kChunk);
-  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
-    const float v = row[j];
-    if (v != -INFINITY && v == v) atomicAdd(&h[ordered_bits(v) >> 20], 1u);
+// f(index, value) over src[0, n) by the whole block; float4 loads when aligned (four in flight
+// per thread per unrolled step).
+template <class F>
+__device__ __forceinline__ void tk_for_each(const float* src, int64_t n, F&& f) {
+  int64_t done = 0;
+  if ((reinterpret_cast<uintptr_t>(src) & 15u) == 0) {
+    const auto* s4 = reinterpret_cast<const float4*>(src);
+    const int64_t n4 = n / 4;
+#pragma unroll 4
+    for (int64_t i = threadIdx.x; i < n4; i += kTkThreads) {
+      const float4 v = s4[i];
+      f(4 * i, v.x);
+      f(4 * i + 1, v.y);
+      f(4 * i + 2, v.z);
+      f(4 * i + 3, v.w);
+    }
+    done = n4 * 4;
   }
-  __syncthreads();
-  for (int i = threadIdx.x; i < kBins; i += blockDim.x)
-    if (h[i] != 0) atomicAdd(&s.hist[r * kBins + i], h[i]);
+  for (int64_t i = done + threadIdx.x; i < n; i += kTkThreads) f(i, src[i]);
 }
 
-__global__ void __launch_bounds__(kTopkThreads) topk_threshold_kernel(TopkParams p, TopkScratch s) {
-  __shared__ uint32_t part[kTopkThreads];
-  const int64_t r = blockIdx.x;
-  const uint32_t* h = s.hist + r * kBins;
-  constexpr int per = kBins / kTopkThreads;
-  uint32_t sum = 0;
-  for (int i = 0; i < per; ++i) sum += h[threadIdx.x * per + i];
-  part[threadIdx.x] = sum;
+// The digit d of a complete histogram (nbins, descending) with sum_{b>d} < krem <= sum_{b>=d}:
+// found = {d, krem - sum_{b>d}, total}. Thread t owns bins [nbins - (t+1) per, nbins - t per).
+__device__ void tk_find_digit(TkShared& S, int nbins, uint32_t krem) {
+  const int per = nbins / kTkThreads;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int top = nbins - tid * per;
+  uint32_t s = 0;
+  for (int b = 0; b < per; ++b) s += S.hist[top - 1 - b];
+  uint32_t inc = s;
+  for (int o = 1; o < 32; o <<= 1) {
+    const uint32_t y = __shfl_up_sync(0xFFFFFFFFu, inc, o);
+    if (lane >= o) inc += y;
+  }
+  if (lane == 31) S.wsum[warp] = inc;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    uint32_t cum = 0;
-    int bin = 0;
-    for (int t = kTopkThreads - 1; t >= 0; --t) {
-      if (cum + part[t] >= static_cast<uint32_t>(p.k)) {
-        for (int b = (t + 1) * per - 1; b >= t * per; --b) {
-          cum += h[b];
-          if (cum >= static_cast<uint32_t>(p.k)) {
-            bin = b;
-            break;
-          }
-        }
+  uint32_t before = 0, total = 0;
+  for (int w = 0; w < kTkThreads / 32; ++w) {
+    const uint32_t x = S.wsum[w];
+    if (w < warp) before += x;
+    total += x;
+  }
+  const uint32_t ex = before + inc - s;
+  if (ex < krem && ex + s >= krem) {
+    uint32_t cum = ex;
+    for (int b = 0; b < per; ++b) {
+      const int bin = top - 1 - b;
+      if (cum + S.hist[bin] >= krem) {
+        S.found[0] = static_cast<uint32_t>(bin);
+        S.found[1] = krem - cum;
         break;
       }
-      cum += part[t];
-    }
-    s.meta[r * 2] = static_cast<uint32_t>(bin);
-  }
-}
-
-__global__ void __launch_bounds__(kTopkThreads) topk_compact_kernel(TopkParams p, TopkScratch s) {
-  const int64_t r = blockIdx.y;
-  const float* row = p.scores + r * p.ld;
-  const uint32_t bin = s.meta[r * 2];
-  const int lane = threadIdx.x & 31;
-  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kChunk;
-  const int64_t end = min(p.n, begin + kChunk);
-  for (int64_t base = begin; base < end; base += blockDim.x) {
-    const int64_t j = base + threadIdx.x;
-    float v = -INFINITY;
-    if (j < end) v = row[j];
-    const uint32_t o = ordered_bits(v);
-    const bool take = j < end && v != -INFINITY && v == v && (o >> 20) >= bin;
-    const uint32_t mask = __ballot_sync(0xffffffffu, take);
-    if (mask == 0) continue;
-    uint32_t off = 0;
-    if (lane == 0) off = atomicAdd(&s.meta[r * 2 + 1], static_cast<uint32_t>(__popc(mask)));
-    off = __shfl_sync(0xffffffffu, off, 0);
-    if (take) {
-      const uint32_t rank = __popc(mask & ((1u << lane) - 1u));
-      s.cand[r * p.n + off + rank] =
-          (static_cast<uint64_t>(o) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(j));
+      cum += S.hist[bin];
     }
   }
+  if (tid == 0) S.found[2] = total;
+  __syncthreads();
 }
 
-__global__ void __launch_bounds__(1024) topk_select_kernel(TopkParams p, TopkScratch s) {
-  __shared__ uint32_t hist[256];
-  __shared__ uint64_t sel[kMaxK];
-  __shared__ uint64_t prefix_s;
-  __shared__ uint32_t krem_s;
-  __shared__ uint32_t nsel;
+// Exact row top-k, one block per row: radix select over the order-preserving score bits in three
+// histogram passes (11 + 11 + 10 bits; smem histograms) finds the k-th largest key T and how many
+// entries equal to T to take; a collect pass takes every key > T and the lowest-index entries
+// == T (index-ordered block scan, only when T is tied across the cut); a bitonic sort of the k
+// survivors on (key, ~index) gives the order. Rows up to kTkCacheMax scores are read from HBM once
+// into shared memory; longer rows are streamed four times.
+__global__ void __launch_bounds__(kTkThreads) topk_radix_kernel(TopkParams p, bool cache) {
+  extern __shared__ __align__(16) uint8_t tk_smem[];
+  TkShared& S = *reinterpret_cast<TkShared*>(tk_smem);
+  float* rowc = reinterpret_cast<float*>(tk_smem + (sizeof(TkShared) + 15) / 16 * 16);
+  const int tid = threadIdx.x;
   const int64_t r = blockIdx.x;
-  const uint32_t m = s.meta[r * 2 + 1];
-  const uint64_t* c = s.cand + r * p.n;
+  const int64_t n = p.n;
   const uint32_t k = static_cast<uint32_t>(p.k);
-  uint64_t prefix = 0;
-  if (m > k) {
-    uint64_t mask = 0;
-    if (threadIdx.x == 0) {
-      prefix_s = 0;
-      krem_s = k;
-    }
-    for (int shift = 56; shift >= 0; shift -= 8) {
-      for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
-      __syncthreads();
-      prefix = prefix_s;
-      for (uint32_t i = threadIdx.x; i < m; i += blockDim.x) {
-        const uint64_t v = c[i];
-        if ((v & mask) == prefix) atomicAdd(&hist[(v >> shift) & 0xFF], 1u);
-      }
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        uint32_t cum = 0, krem = krem_s;
-        int d = 255;
-        for (; d > 0; --d) {
-          if (cum + hist[d] >= krem) break;
-          cum += hist[d];
-        }
-        krem_s = krem - cum;
-        prefix_s = prefix | (static_cast<uint64_t>(d) << shift);
-      }
-      mask |= 0xFFull << shift;
-      __syncthreads();
-    }
-    prefix = prefix_s;
+  const float* src = p.scores + r * p.ld;
+  if (cache) {
+    tk_for_each(src, n, [&](int64_t i, float v) { rowc[i] = v; });
+    src = rowc;
   }
-  if (threadIdx.x == 0) nsel = 0;
-  __syncthreads();
-  for (uint32_t i = threadIdx.x; i < m; i += blockDim.x) {
-    const uint64_t v = c[i];
-    if (v >= prefix) sel[atomicAdd(&nsel, 1u)] = v;
+  // Pass 1: top 11 bits.
+  for (int i = tid; i < kTkBins; i += kTkThreads) S.hist[i] = 0;
+  if (tid == 0) {
+    S.n_sel = 0;
+    S.eq_base = 0;
   }
   __syncthreads();
-  const uint32_t cnt = min(nsel, k);
+  tk_for_each(src, n, [&](int64_t, float v) {
+    if (tk_valid(v)) atomicAdd(&S.hist[ordered_bits(v) >> 21], 1u);
+  });
+  __syncthreads();
+  tk_find_digit(S, kTkBins, k);
+  const bool take_all = S.found[2] <= k;
+  uint32_t thr = 1, k_eq = 0, cnt_eq = 0;  // valid keys are >= 0x00800000
+  if (!take_all) {
+    const uint32_t d1 = S.found[0], k1 = S.found[1];
+    __syncthreads();
+    for (int i = tid; i < kTkBins; i += kTkThreads) S.hist[i] = 0;
+    __syncthreads();
+    tk_for_each(src, n, [&](int64_t, float v) {
+      const uint32_t o = ordered_bits(v);
+      if (tk_valid(v) && (o >> 21) == d1) atomicAdd(&S.hist[(o >> 10) & 0x7FFu], 1u);
+    });
+    __syncthreads();
+    tk_find_digit(S, kTkBins, k1);
+    const uint32_t pre = (d1 << 11) | S.found[0], k2 = S.found[1];
+    __syncthreads();
+    for (int i = tid; i < 1024; i += kTkThreads) S.hist[i] = 0;
+    __syncthreads();
+    tk_for_each(src, n, [&](int64_t, float v) {
+      const uint32_t o = ordered_bits(v);
+      if (tk_valid(v) && (o >> 10) == pre) atomicAdd(&S.hist[o & 0x3FFu], 1u);
+    });
+    __syncthreads();
+    tk_find_digit(S, 1024, k2);
+    thr = (pre << 10) | S.found[0];
+    k_eq = S.found[1];
+    cnt_eq = S.hist[S.found[0]];
+  }
+  const auto composite = [](uint32_t o, int64_t i) {
+    return (static_cast<uint64_t>(o) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(i));
+  };
+  if (take_all || k_eq == cnt_eq) {
+    // Every key >= thr is taken (k of them, or all valid ones).
+    tk_for_each(src, n, [&](int64_t i, float v) {
+      const uint32_t o = ordered_bits(v);
+      if (tk_valid(v) && o >= thr) S.sel[atomicAdd(&S.n_sel, 1u)] = composite(o, i);
+    });
+  } else {
+    // Ties at the cut: keys > thr anyhow, then == thr in index order until k_eq are taken.
+    const int lane = tid & 31, warp = tid >> 5;
+    for (int64_t base = 0; base < n; base += kTkThreads) {
+      const int64_t i = base + tid;
+      const float v = i < n ? src[i] : -INFINITY;
+      const uint32_t o = ordered_bits(v);
+      const bool ok = tk_valid(v);
+      if (ok && o > thr) S.sel[atomicAdd(&S.n_sel, 1u)] = composite(o, i);
+      const bool eq = ok && o == thr;
+      const uint32_t m = __ballot_sync(0xFFFFFFFFu, eq);
+      if (lane == 0) S.wsum[warp] = static_cast<uint32_t>(__popc(m));
+      __syncthreads();
+      uint32_t before = S.eq_base, total = 0;
+      for (int w = 0; w < kTkThreads / 32; ++w) {
+        if (w < warp) before += S.wsum[w];
+        total += S.wsum[w];
+      }
+      const uint32_t rank = before + static_cast<uint32_t>(__popc(m & ((1u << lane) - 1u)));
+      if (eq && rank < k_eq) S.sel[atomicAdd(&S.n_sel, 1u)] = composite(o, i);
+      __syncthreads();
+      if (tid == 0) S.eq_base += total;
+      __syncthreads();
+    }
+  }
+  __syncthreads();
+  const uint32_t cnt = min(S.n_sel, k);
   uint32_t size = 1;
   while (size < cnt) size <<= 1;
-  for (uint32_t i = cnt + threadIdx.x; i < size; i += blockDim.x) sel[i] = 0;
+  for (uint32_t i = cnt + tid; i < size; i += kTkThreads) S.sel[i] = 0;
   __syncthreads();
   // Bitonic sort, descending.
   for (uint32_t kk = 2; kk <= size; kk <<= 1) {
     for (uint32_t j = kk >> 1; j > 0; j >>= 1) {
-      for (uint32_t i = threadIdx.x; i < size; i += blockDim.x) {
+      for (uint32_t i = tid; i < size; i += kTkThreads) {
         const uint32_t ixj = i ^ j;
         if (ixj > i) {
           const bool desc = (i & kk) == 0;
-          const uint64_t a = sel[i], b = sel[ixj];
+          const uint64_t a = S.sel[i], b = S.sel[ixj];
           if (desc ? a < b : a > b) {
-            sel[i] = b;
-            sel[ixj] = a;
+            S.sel[i] = b;
+            S.sel[ixj] = a;
           }
         }
       }
       __syncthreads();
     }
   }
-  for (uint32_t i = threadIdx.x; i < k; i += blockDim.x) {
+  for (uint32_t i = tid; i < k; i += kTkThreads) {
     const bool have = i < cnt;
-    const uint64_t v = have ? sel[i] : 0;
+    const uint64_t v = have ? S.sel[i] : 0;
     p.out_idx[r * k + i] = have ? static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(v)) : -1;
     if (p.out_val)
       p.out_val[r * k + i] = have ? from_ordered(static_cast<uint32_t>(v >> 32)) : -INFINITY;
   }
-  if (p.out_count && threadIdx.x == 0) p.out_count[r] = static_cast<int32_t>(cnt);
+  if (p.out_count && tid == 0) p.out_count[r] = static_cast<int32_t>(cnt);
 }
 
 // ---- sampling -----------------------------------------------------------------------------------
@@ -413,40 +630,67 @@ __global__ void sample_kernel(SampleParams p, const int32_t* idx, const float* v
   if (lane == 0) p.out[r] = ids[pick];
 }
 
-}  // namespace
-
-void launch_indexer_scores(const IndexerScoreParams& p, Stream stream) {
-  const int64_t cols = p.candidates ? p.n_cand : p.n_keys;
-  if (p.rows == 0 || cols == 0) return;
-  if (p.head_dim != kIdxDim || p.heads > kIdxMaxHeads)
-    detail::cuda_call_failed(__FILE__, __LINE__, "indexer shape", "head_dim 128, heads <= 64", "");
-  const int rows_per_cta = p.candidates ? 1 : kIdxRowsPerCta;
-  const dim3 grid(static_cast<unsigned>(ceil_div(cols, kIdxKeys)),
-                  static_cast<unsigned>(ceil_div(p.rows, rows_per_cta)));
-  indexer_score_kernel<<<grid, kIdxThreads, 0, as_cuda_stream(stream)>>>(p, cols);
+template <int kSplit, bool kCand>
+void launch_indexer_mma(const IndexerScoreParams& p, const IdxLaunch& L, int64_t n_seqs,
+                        cudaStream_t s) {
+  const auto fn = indexer_mma_kernel<kSplit, kCand>;
+  MS_CUDA_CHECK(
+      cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kIdxSmemBytes));
+  const dim3 grid(static_cast<unsigned>(n_seqs * L.blocks_per_seq),
+                  static_cast<unsigned>(ceil_div(L.width, kIdxChunk)));
+  fn<<<grid, kIdxThreads, kIdxSmemBytes, s>>>(p, L);
   MS_CUDA_CHECK_LAUNCH();
 }
 
-size_t topk_scratch_bytes(int64_t rows, int64_t n) {
-  return static_cast<size_t>(((rows * kBins + rows * 2) * 4 + 15) / 16 * 16 + rows * n * 8);
+}  // namespace
+
+void launch_indexer_scores(const IndexerScoreParams& p, Stream stream) {
+  const bool cand = p.candidates != nullptr;
+  const bool batched = p.n_seqs > 0;
+  const int64_t seq_rows = batched ? p.max_seq_rows : p.rows;
+  const int64_t width = cand ? p.n_cand : (batched ? p.max_seq_keys : p.n_keys);
+  if (p.rows == 0 || seq_rows <= 0 || width <= 0) return;
+  if (p.head_dim != kIdxDim || p.heads < 1 || p.heads > 2 * kIdxHeadsPerLaunch)
+    detail::cuda_call_failed(__FILE__, __LINE__, "indexer shape", "head_dim 128, heads <= 64", "");
+  const cudaStream_t s = as_cuda_stream(stream);
+  const int slots = cand ? 1 : (p.q_exact_bf16 ? 8 : 4);
+  IdxLaunch L;
+  L.width = width;
+  L.blocks_per_seq = ceil_div(seq_rows, slots);
+  const int64_t n_seqs = batched ? p.n_seqs : 1;
+  // NOTE: more than 32 heads run as two launches of 32 (the second adds its partial sums) so that
+  // the q fragments of a CTA always fit in registers.
+  for (int h0 = 0; h0 < p.heads; h0 += kIdxHeadsPerLaunch) {
+    L.head0 = h0;
+    L.heads_here = std::min(kIdxHeadsPerLaunch, p.heads - h0);
+    L.accumulate = h0 > 0;
+    if (p.q_exact_bf16) {
+      if (cand)
+        launch_indexer_mma<1, true>(p, L, n_seqs, s);
+      else
+        launch_indexer_mma<1, false>(p, L, n_seqs, s);
+    } else {
+      if (cand)
+        launch_indexer_mma<2, true>(p, L, n_seqs, s);
+      else
+        launch_indexer_mma<2, false>(p, L, n_seqs, s);
+    }
+  }
 }
+
+size_t topk_scratch_bytes(int64_t /*rows*/, int64_t /*n*/) { return 0; }
 
 void launch_topk(const TopkParams& p, Stream stream) {
   if (p.rows == 0) return;
   if (p.k < 1 || p.k > kMaxK)
     detail::cuda_call_failed(__FILE__, __LINE__, "topk k", "1 <= k <= 2048", "");
-  const cudaStream_t s = as_cuda_stream(stream);
-  const TopkScratch sc = topk_layout(p.scratch, p.rows);
-  MS_CUDA_CHECK(cudaMemsetAsync(sc.hist, 0, static_cast<size_t>(p.rows * (kBins + 2)) * 4, s));
-  const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, ceil_div(p.n, kChunk))),
-                  static_cast<unsigned>(p.rows));
-  topk_hist_kernel<<<grid, kTopkThreads, 0, s>>>(p, sc);
-  MS_CUDA_CHECK_LAUNCH();
-  topk_threshold_kernel<<<static_cast<unsigned>(p.rows), kTopkThreads, 0, s>>>(p, sc);
-  MS_CUDA_CHECK_LAUNCH();
-  topk_compact_kernel<<<grid, kTopkThreads, 0, s>>>(p, sc);
-  MS_CUDA_CHECK_LAUNCH();
-  topk_select_kernel<<<static_cast<unsigned>(p.rows), 1024, 0, s>>>(p, sc);
+  const bool cache = p.n <= kTkCacheMax;
+  const size_t base = (sizeof(TkShared) + 15) / 16 * 16;
+  const size_t smem = base + (cache ? static_cast<size_t>(p.n) * 4 : 0);
+  MS_CUDA_CHECK(cudaFuncSetAttribute(topk_radix_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(base + kTkCacheMax * 4)));
+  topk_radix_kernel<<<static_cast<unsigned>(p.rows), kTkThreads, smem, as_cuda_stream(stream)>>>(
+      p, cache);
   MS_CUDA_CHECK_LAUNCH();
 }
 

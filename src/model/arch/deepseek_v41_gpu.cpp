@@ -1011,32 +1011,48 @@ struct DeepseekV41Gpu::Impl {
       launch_fill_i32_neg(sel, n * k);
       return;
     }
+    // One launch for every sequence of the batch: [first row, rows, first pool record, keys] per
+    // sequence (one upload); the kernel writes every column of every row (-inf past a row's
+    // visible keys), so the score matrix needs no fill.
     float* scores = buf<float>("idx_scores", n * width);
-    cu::launch_fill_f32(scores, n * width, kNegInf, stream);
+    std::vector<int64_t> seq_desc;
+    seq_desc.reserve(b.in.size() * 4);
+    int64_t max_rows = 0;
     for (size_t i = 0; i < b.in.size(); ++i) {
       if (s.rows[i] == 0) continue;
       const int32_t slot = b.in[i].seq;
       const int64_t entries =
           seqs[static_cast<size_t>(slot)].entries[static_cast<size_t>(info.kv_owner)];
-      cu::IndexerScoreParams p;
-      p.q = qi + static_cast<int64_t>(s.begin[i]) * ih * id;
-      p.w = hw + static_cast<int64_t>(s.begin[i]) * ih;
-      p.rows = s.rows[i];
-      p.heads = ih;
-      p.head_dim = static_cast<int>(id);
-      p.keys = owner.index_pool.as<uint8_t>() + slot * owner.cap * static_cast<int64_t>(key_bytes);
-      p.n_keys = entries;
-      p.pos = s.pos.as<int32_t>() + s.begin[i];
-      p.ratio = info.ratio;
-      p.candidates = reindex ? b.cand + static_cast<int64_t>(s.begin[i]) * ncand : nullptr;
-      p.n_cand = reindex ? ncand : 0;
-      p.scale = scale;
-      p.scores = scores + static_cast<int64_t>(s.begin[i]) * width;
-      p.ld = width;
-      cu::launch_indexer_scores(p, stream);
+      seq_desc.insert(seq_desc.end(), {static_cast<int64_t>(s.begin[i]),
+                                       static_cast<int64_t>(s.rows[i]),
+                                       static_cast<int64_t>(slot) * owner.cap, entries});
+      max_rows = std::max<int64_t>(max_rows, s.rows[i]);
       const double cols = reindex ? static_cast<double>(ncand) : static_cast<double>(entries);
       cost.kv_bytes += cols * static_cast<double>(key_bytes);
       cost.flops += 2.0 * s.rows[i] * cols * ih * id;
+    }
+    {
+      cu::IndexerScoreParams p;
+      p.q = qi;
+      p.w = hw;
+      p.rows = n;
+      p.heads = ih;
+      p.head_dim = static_cast<int>(id);
+      p.keys = owner.index_pool.as<uint8_t>();
+      p.pos = s.pos.as<int32_t>();
+      p.ratio = info.ratio;
+      p.candidates = reindex ? b.cand : nullptr;
+      p.n_cand = reindex ? ncand : 0;
+      p.scale = scale;
+      p.scores = scores;
+      p.ld = width;
+      p.n_seqs = static_cast<int>(seq_desc.size() / 4);
+      p.seqs = upload("idx_seqs", seq_desc);
+      p.max_seq_rows = max_rows;
+      p.max_seq_keys = width;
+      // The queries went through the FP4 round trip above: every value is a bf16.
+      p.q_exact_bf16 = true;
+      if (p.n_seqs > 0) cu::launch_indexer_scores(p, stream);
     }
     if (info.is_candidate_source) {
       const int bs = c.candidate_block_size;
