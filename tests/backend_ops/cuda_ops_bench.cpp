@@ -124,24 +124,28 @@ void run_v41_ops(Bench& b, std::vector<Result>& results) {
         }));
     b.release();
   }
-  for (int64_t t : {1, 64, 4096}) {
+  // mHC: 384 rows = the decode bench step (64 sequences x 6 rows).
+  for (int64_t t : {1, 64, 384, 4096}) {
     const int64_t d = 5120;
-    auto x = b.buffer(DType::kF32, {t, 4 * d});
-    auto fn = b.buffer(DType::kF32, {24, 4 * d}, -0.01f, 0.01f);
+    // x and fn rotated over copies (>= 3x the L2 together) so that repeats read HBM.
+    auto xs = b.weights(DType::kF32, {t, 4 * d});
+    auto fns = b.weights(DType::kF32, {24, 4 * d}, -0.01f, 0.01f);
+    const TensorView x = xs[0];
     auto base = b.buffer(DType::kF32, {24});
     auto scale = b.buffer(DType::kF32, {3});
     auto pre = b.buffer(DType::kF32, {t, 4});
     auto post = b.buffer(DType::kF32, {t, 4});
     auto comb = b.buffer(DType::kF32, {t, 16});
-    auto scratch = b.buffer(DType::kF32, {cuda::hc_mixes_scratch_floats(t, 4, d)});
     auto y = b.buffer(DType::kF32, {t, d});
+    auto a = b.buffer(DType::kF32, {t, d});
     results.push_back(
         b.run("hc mixes (+sinkhorn)", dims({t, 24, 4 * d}), 4.0 * (t * 4 * d + 24 * 4 * d),
-              2.0 * t * 24 * 4 * d, Rate::kF32, [&](int) {
+              2.0 * t * 24 * 4 * d, Rate::kF32, [&](int i) {
                 cuda::launch_hc_mixes(
-                    {x.data_as<float>(), 4 * d, t, 4, d, fn.data_as<float>(), base.data_as<float>(),
-                     scale.data_as<float>(), 1e-20f, 1e-6f, 20, pre.data_as<float>(),
-                     post.data_as<float>(), comb.data_as<float>(), scratch.data_as<float>()},
+                    {xs[static_cast<size_t>(i) % xs.size()].data_as<float>(), 4 * d, t, 4, d,
+                     fns[static_cast<size_t>(i) % fns.size()].data_as<float>(),
+                     base.data_as<float>(), scale.data_as<float>(), 1e-20f, 1e-6f, 20,
+                     pre.data_as<float>(), post.data_as<float>(), comb.data_as<float>()},
                     stream);
               }));
     results.push_back(
@@ -155,6 +159,79 @@ void run_v41_ops(Bench& b, std::vector<Result>& results) {
                                   post.data_as<float>(), comb.data_as<float>()},
                                  stream);
         }));
+    results.push_back(b.run("hc expand + collapse (fused)", dims({t, 4, d}), 4.0 * 10 * t * d, 0,
+                            Rate::kNone, [&](int) {
+                              cuda::launch_hc_expand(
+                                  {x.data_as<float>(), y.data_as<float>(), t, 4, d,
+                                   post.data_as<float>(), comb.data_as<float>(),
+                                   pre.data_as<float>(), a.data_as<float>()},
+                                  stream);
+                            }));
+    b.release();
+  }
+  // The compressor + FP4 cache appends of a decode step: 64 sequences x 6 rows (ratio 2, odd and
+  // even start positions: 3 groups each), one launch each, against the per-sequence loop.
+  {
+    const int nseq = 64, per = 6, dim = 512, kdim = 128;
+    const int64_t t = int64_t{nseq} * per, cap = 4096;
+    auto kv = b.buffer(DType::kF32, {t, dim});
+    auto gate = b.buffer(DType::kF32, {t, dim});
+    auto skv = b.buffer(DType::kF32, {nseq, dim});
+    auto sg = b.buffer(DType::kF32, {nseq, dim});
+    auto nw = b.buffer(DType::kF32, {dim});
+    std::vector<cuda::CompressorSeq> cs(nseq);
+    std::vector<int64_t> entry;
+    int64_t groups = 0, items = 0;
+    for (int i = 0; i < nseq; ++i) {
+      const int64_t start = 1000 + i;
+      const int64_t g = (start + per) / 2 - start / 2;
+      cs[static_cast<size_t>(i)] = {int64_t{i} * per, per, start, i, groups, items};
+      items += cuda::compressor_items(start, per, 2);
+      for (int64_t j = 0; j < g; ++j) entry.push_back(int64_t{i} * cap + start / 2 + j);
+      groups += g;
+    }
+    auto dcs = b.buffer(DType::kI64, {nseq * 6}, 0, 0);
+    b.backend().copy_from_host(dcs, TensorView(cs.data(), DType::kI64, {nseq * 6}));
+    const auto ng = static_cast<int64_t>(entry.size());
+    auto dentry = b.buffer(DType::kI64, {ng}, 0, 0);
+    b.backend().copy_from_host(dentry, TensorView(entry.data(), DType::kI64, {ng}));
+    auto lat = b.buffer(DType::kF32, {groups, dim});
+    auto keys = b.buffer(DType::kF32, {groups, kdim});
+    auto main_pool = b.buffer(DType::kU8, {nseq * cap * 288}, 0, 0);
+    auto idx_pool = b.buffer(DType::kU8, {nseq * cap * 68}, 0, 0);
+    const double comp_bytes = 4.0 * dim * (2.0 * t + groups + 2.0 * nseq);
+    results.push_back(b.run(
+        "compressor batch (ratio 2)", dims({nseq, per, dim}), comp_bytes, 0, Rate::kNone, [&](int) {
+          cuda::launch_compressor_batch({kv.data_as<float>(), gate.data_as<float>(), dim, dim, 2,
+                                         static_cast<const cuda::CompressorSeq*>(dcs.data()), nseq,
+                                         items, skv.data_as<float>(), sg.data_as<float>(), dim,
+                                         nw.data_as<float>(), 1e-20f, lat.data_as<float>()},
+                                        stream);
+        }));
+    results.push_back(b.run("compressor per-sequence loop", dims({nseq, per, dim}), comp_bytes, 0,
+                            Rate::kNone, [&](int) {
+                              for (int i = 0; i < nseq; ++i) {
+                                const cuda::CompressorSeq& q = cs[static_cast<size_t>(i)];
+                                cuda::launch_compressor(
+                                    {kv.data_as<float>() + q.row_begin * dim,
+                                     gate.data_as<float>() + q.row_begin * dim, dim, per, dim, 2,
+                                     q.start_pos, skv.data_as<float>() + int64_t{i} * dim,
+                                     sg.data_as<float>() + int64_t{i} * dim, nw.data_as<float>(),
+                                     1e-20f, lat.data_as<float>() + q.out_group * dim},
+                                    stream);
+                              }
+                            }));
+    cuda::Fp4ScatterWriteParams w;
+    w.count = 2;
+    w.entries = dentry.data_as<int64_t>();
+    w.write[0] = {lat.data_as<float>(),         dim, groups, dim, cuda::Fp4Record::kMainBlock16E4m3,
+                  main_pool.data_as<uint8_t>(), 0};
+    w.write[1] = {
+        keys.data_as<float>(),       kdim, groups, kdim, cuda::Fp4Record::kIndexBlock32Ue8m0,
+        idx_pool.data_as<uint8_t>(), 0};
+    results.push_back(b.run("fp4 scatter write (main+index)", dims({groups, dim + kdim}),
+                            groups * (4.0 * (dim + kdim) + 288 + 68 + 8), 0, Rate::kNone,
+                            [&](int) { cuda::launch_fp4_cache_scatter_write(w, stream); }));
     b.release();
   }
   for (int64_t t : {1, 4096}) {

@@ -258,10 +258,9 @@ TEST_F(CudaV41, HcMixesCollapseExpand) {
       cpu::hc_mixes(x.data(), hc * dim, t, hc, dim, fn.data(), base.data(), scale.data(), 1e-20f,
                     1e-6f, 20, pre.data(), post.data(), comb.data());
       float *dpre = nans(pre.size()), *dpost = nans(post.size()), *dcomb = nans(comb.size());
-      float* scratch = nans(static_cast<size_t>(cuda::hc_mixes_scratch_floats(t, hc, dim)));
       float* dx = up(x);
       cuda::launch_hc_mixes({dx, hc * dim, t, hc, dim, up(fn), up(base), up(scale), 1e-20f, 1e-6f,
-                             20, dpre, dpost, dcomb, scratch},
+                             20, dpre, dpost, dcomb},
                             stream_);
       const auto gpre = down(dpre, pre.size()), gpost = down(dpost, post.size()),
                  gcomb = down(dcomb, comb.size());
@@ -280,6 +279,100 @@ TEST_F(CudaV41, HcMixesCollapseExpand) {
       cuda::launch_hc_expand({dx, up(y), t, hc, dim, up(post), up(comb)}, stream_);
       EXPECT_LE(rel_err(down(dx, ex.size()), ex), 1e-5);
     }
+}
+
+// The one-launch mixes at the decode (1, 7, 384 rows: 2 rows per thread, 1-2 warps per row group)
+// and prefill (4096: 4 rows per thread, 8 warps per row group) tile shapes, V4.1 width 4 x 5120;
+// then collapse, expand, and expand with the fused collapse on the same rows. fp32 dots vs
+// double: 1e-4 absolute on pre/post/comb; 1e-5 relative on collapse/expand; the fused collapse
+// equals launch_hc_collapse of the expanded x bit for bit.
+TEST_F(CudaV41, HcMixesAtDecodeAndPrefillRows) {
+  std::mt19937 rng(40);
+  const int hc = 4;
+  const int64_t dim = 5120;
+  auto fn = rnd(24 * hc * dim, rng, -0.02f, 0.02f);
+  auto base = rnd(24, rng, -1, 1), scale = rnd(3, rng, 0.5f, 1.5f);
+  const float *dfn = up(fn), *dbase = up(base), *dscale = up(scale);
+  for (int64_t t : {1, 7, 384, 4096}) {
+    auto x = rnd(t * hc * dim, rng, -2, 2);
+    std::vector<float> pre(t * hc), post(t * hc), comb(t * hc * hc);
+    cpu::hc_mixes(x.data(), hc * dim, t, hc, dim, fn.data(), base.data(), scale.data(), 1e-20f,
+                  1e-6f, 20, pre.data(), post.data(), comb.data());
+    float *dpre = nans(pre.size()), *dpost = nans(post.size()), *dcomb = nans(comb.size());
+    float* dx = up(x);
+    cuda::launch_hc_mixes(
+        {dx, hc * dim, t, hc, dim, dfn, dbase, dscale, 1e-20f, 1e-6f, 20, dpre, dpost, dcomb},
+        stream_);
+    const auto gpre = down(dpre, pre.size()), gpost = down(dpost, post.size()),
+               gcomb = down(dcomb, comb.size());
+    double worst = 0.0;
+    for (size_t i = 0; i < pre.size(); ++i)
+      worst = std::max(worst, std::abs(double{gpre[i]} - pre[i]));
+    for (size_t i = 0; i < post.size(); ++i)
+      worst = std::max(worst, std::abs(double{gpost[i]} - post[i]));
+    for (size_t i = 0; i < comb.size(); ++i)
+      worst = std::max(worst, std::abs(double{gcomb[i]} - comb[i]));
+    EXPECT_LE(worst, 1e-4) << t << " rows";  // NaN fails too
+    // Collapse, expand, then expand + fused collapse (with a second set of coefficients).
+    std::vector<float> col(static_cast<size_t>(t * dim));
+    cpu::hc_collapse(x.data(), t, hc, dim, pre.data(), col.data());
+    float* dcol = nans(col.size());
+    cuda::launch_hc_collapse({dx, t, hc, dim, up(pre), dcol}, stream_);
+    EXPECT_LE(rel_err(down(dcol, col.size()), col), 1e-5) << t;
+    auto y = rnd(t * dim, rng, -1, 1);
+    auto ex = x;
+    cpu::hc_expand(ex.data(), y.data(), t, hc, dim, post.data(), comb.data());
+    cuda::launch_hc_expand({dx, up(y), t, hc, dim, up(post), up(comb)}, stream_);
+    EXPECT_LE(rel_err(down(dx, ex.size()), ex), 1e-5) << t;
+    auto y2 = rnd(t * dim, rng, -1, 1), pre2 = rnd(t * hc, rng, 0.1f, 1.1f);
+    auto ex2 = down(dx, ex.size());
+    cpu::hc_expand(ex2.data(), y2.data(), t, hc, dim, post.data(), comb.data());
+    std::vector<float> col2(static_cast<size_t>(t * dim));
+    cpu::hc_collapse(ex2.data(), t, hc, dim, pre2.data(), col2.data());
+    float* dpre2 = up(pre2);
+    float* dfused = nans(col2.size());
+    cuda::launch_hc_expand({dx, up(y2), t, hc, dim, up(post), up(comb), dpre2, dfused}, stream_);
+    const auto fused = down(dfused, col2.size());
+    EXPECT_LE(rel_err(down(dx, ex2.size()), ex2), 1e-5) << t;
+    EXPECT_LE(rel_err(fused, col2), 1e-5) << t;
+    float* dcol2 = nans(col2.size());
+    cuda::launch_hc_collapse({dx, t, hc, dim, dpre2, dcol2}, stream_);
+    const auto col2_gpu = down(dcol2, col2.size());
+    EXPECT_EQ(std::memcmp(fused.data(), col2_gpu.data(), fused.size() * sizeof(float)), 0) << t;
+  }
+}
+
+// hc 1..4 on widths that are not multiples of 32 (tail units), a row pitch wider than the row
+// and not a multiple of 4 (the scalar-load path), and row counts that leave partial tiles.
+TEST_F(CudaV41, HcMixesOddShapes) {
+  std::mt19937 rng(41);
+  for (int hc : {1, 2, 3, 4})
+    for (int64_t dim : {33, 72})
+      for (int64_t pad : {0, 3})
+        for (int64_t t : {5, 300}) {
+          const int m = (2 + hc) * hc;
+          const int64_t width = hc * dim, ldx = width + pad;
+          auto x = rnd(t * ldx, rng, -2, 2), fn = rnd(m * width, rng, -0.05f, 0.05f);
+          auto base = rnd(m, rng, -1, 1), scale = rnd(3, rng, 0.5f, 1.5f);
+          std::vector<float> pre(t * hc), post(t * hc), comb(t * hc * hc);
+          cpu::hc_mixes(x.data(), ldx, t, hc, dim, fn.data(), base.data(), scale.data(), 1e-20f,
+                        1e-6f, 20, pre.data(), post.data(), comb.data());
+          float *dpre = nans(pre.size()), *dpost = nans(post.size()), *dcomb = nans(comb.size());
+          cuda::launch_hc_mixes({up(x), ldx, t, hc, dim, up(fn), up(base), up(scale), 1e-20f, 1e-6f,
+                                 20, dpre, dpost, dcomb},
+                                stream_);
+          const auto gpre = down(dpre, pre.size()), gpost = down(dpost, post.size()),
+                     gcomb = down(dcomb, comb.size());
+          double worst = 0.0;
+          for (size_t i = 0; i < pre.size(); ++i)
+            worst = std::max(worst, std::abs(double{gpre[i]} - pre[i]));
+          for (size_t i = 0; i < post.size(); ++i)
+            worst = std::max(worst, std::abs(double{gpost[i]} - post[i]));
+          for (size_t i = 0; i < comb.size(); ++i)
+            worst = std::max(worst, std::abs(double{gcomb[i]} - comb[i]));
+          EXPECT_LE(worst, 1e-4) << "hc " << hc << " dim " << dim << " pad " << pad << " rows "
+                                 << t;
+        }
 }
 
 // Records byte-exact, including the skipped (overwritten-later) rows of a long chunk.
@@ -351,6 +444,114 @@ TEST_F(CudaV41, CompressorChunksWithCarry) {
         EXPECT_EQ(down(dskv, skv.size()), skv);
       }
       s += len;
+    }
+  }
+}
+
+// The batched compressor and the scattered FP4 writes against one launch per sequence (bytes) and
+// the CPU (latents 4e-3 as above, records of the GPU latents byte-exact). Six sequences in two
+// consecutive calls (partial groups carried from before the first call and between the calls,
+// sequences with 0 rows, distinct state slots in a different order), ratio 1 and 2.
+TEST_F(CudaV41, CompressorBatchAndFp4ScatterMatchPerSequence) {
+  std::mt19937 rng(42);
+  const int dim = 512, kdim = 128;
+  const int nseq = 6;
+  const int64_t cap = 32;  // cache entries per sequence
+  const std::vector<int64_t> slot = {3, 0, 5, 1, 4, 2};
+  const std::vector<int64_t> start0 = {0, 7, 10, 3, 4, 1};
+  const std::vector<std::vector<int64_t>> calls = {{0, 1, 5, 6, 3, 2}, {1, 0, 6, 1, 1, 3}};
+  const auto main_f = cpu::Fp4Record::kMainBlock16E4m3;
+  const auto idx_f = cpu::Fp4Record::kIndexBlock32Ue8m0;
+  const int64_t main_bytes = cpu::fp4_record_bytes(main_f, dim);
+  const int64_t idx_bytes = cpu::fp4_record_bytes(idx_f, kdim);
+  const auto f32_bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (int ratio : {1, 2}) {
+    // State [slot][dim] (ratio - 1 <= 1 rows per slot): batched GPU, per-sequence GPU, CPU.
+    auto state_kv = rnd(nseq * dim, rng, -2, 2), state_g = rnd(nseq * dim, rng, -3, 3);
+    float *bskv = up(state_kv), *bsg = up(state_g), *pskv = up(state_kv), *psg = up(state_g);
+    auto cskv = state_kv, csg = state_g;
+    std::vector<uint8_t> main_pool(static_cast<size_t>(nseq * cap * main_bytes), 0xAA),
+        idx_pool(static_cast<size_t>(nseq * cap * idx_bytes), 0xAA);
+    uint8_t *dmain = up(main_pool), *didx = up(idx_pool);
+    uint8_t *pmain = up(main_pool), *pidx = up(idx_pool);
+    auto start = start0;
+    const auto norm_w = rnd(dim, rng, 0.5f, 1.5f);
+    const float* dw = up(norm_w);
+    for (const auto& rows : calls) {
+      int64_t total = 0;
+      for (int64_t r : rows) total += r;
+      auto kv = rnd(total * dim, rng, -2, 2), g = rnd(total * dim, rng, -3, 3);
+      const float *dkv = up(kv), *dg = up(g);
+      std::vector<cuda::CompressorSeq> cs(nseq);
+      std::vector<int64_t> gcount(nseq), entry;
+      int64_t row = 0, groups = 0, items = 0;
+      for (int i = 0; i < nseq; ++i) {
+        gcount[i] = cpu::compressor_groups(start[i], rows[i], ratio);
+        cs[i] = {row, rows[i], start[i], slot[i], groups, items};
+        items += cuda::compressor_items(start[i], rows[i], ratio);
+        for (int64_t j = 0; j < gcount[i]; ++j)
+          entry.push_back(slot[i] * cap + start[i] / ratio + j);
+        row += rows[i];
+        groups += gcount[i];
+      }
+      ASSERT_GT(groups, 0);
+      float* bout = nans(static_cast<size_t>(groups * dim));
+      cuda::launch_compressor_batch({dkv, ratio > 1 ? dg : nullptr, dim, dim, ratio, up(cs), nseq,
+                                     items, bskv, bsg, dim, dw, 1e-20f, bout},
+                                    stream_);
+      float* pout = nans(static_cast<size_t>(groups * dim));
+      std::vector<float> cout(static_cast<size_t>(groups * dim), kNaN);
+      for (int i = 0; i < nseq; ++i) {
+        const int64_t r0 = cs[i].row_begin, o = cs[i].out_group;
+        cuda::launch_compressor(
+            {dkv + r0 * dim, ratio > 1 ? dg + r0 * dim : nullptr, dim, rows[i], dim, ratio,
+             start[i], pskv + slot[i] * dim, psg + slot[i] * dim, dw, 1e-20f, pout + o * dim},
+            stream_);
+        cpu::compressor(kv.data() + r0 * dim, ratio > 1 ? g.data() + r0 * dim : nullptr, dim,
+                        rows[i], dim, ratio, start[i], cskv.data() + slot[i] * dim,
+                        csg.data() + slot[i] * dim, norm_w.data(), 1e-20f, cout.data() + o * dim);
+      }
+      const auto blat = down(bout, cout.size()), plat = down(pout, cout.size());
+      EXPECT_TRUE(f32_bits_equal(blat, plat)) << "ratio " << ratio;
+      EXPECT_LE(rel_err(blat, cout), 4e-3) << "ratio " << ratio;
+      EXPECT_TRUE(f32_bits_equal(down(bskv, state_kv.size()), down(pskv, state_kv.size())));
+      EXPECT_TRUE(f32_bits_equal(down(bsg, state_g.size()), down(psg, state_g.size())));
+      if (ratio == 2) {
+        EXPECT_TRUE(f32_bits_equal(down(bskv, state_kv.size()), cskv));
+      }
+      // Index keys: any rows; then main entries + keys in one scattered launch.
+      auto keys = rnd(groups * kdim, rng, -3, 3);
+      const float* dkeys = up(keys);
+      cuda::Fp4ScatterWriteParams w;
+      w.count = 2;
+      w.entries = up(entry);
+      w.write[0] = {bout, dim, groups, dim, cuda::Fp4Record::kMainBlock16E4m3, dmain, 0};
+      w.write[1] = {dkeys, kdim, groups, kdim, cuda::Fp4Record::kIndexBlock32Ue8m0, didx, 0};
+      cuda::launch_fp4_cache_scatter_write(w, stream_);
+      for (int i = 0; i < nseq; ++i) {
+        if (gcount[i] == 0) continue;
+        const int64_t o = cs[i].out_group, first = start[i] / ratio;
+        cpu::fp4_cache_write(blat.data() + o * dim, dim, gcount[i], dim, main_f,
+                             main_pool.data() + slot[i] * cap * main_bytes, first);
+        cpu::fp4_cache_write(keys.data() + o * kdim, kdim, gcount[i], kdim, idx_f,
+                             idx_pool.data() + slot[i] * cap * idx_bytes, first);
+        cuda::launch_fp4_cache_write(
+            {pout + o * dim, dim, gcount[i], dim, cuda::Fp4Record::kMainBlock16E4m3,
+             pmain + slot[i] * cap * main_bytes, first},
+            stream_);
+        cuda::launch_fp4_cache_write(
+            {dkeys + o * kdim, kdim, gcount[i], kdim, cuda::Fp4Record::kIndexBlock32Ue8m0,
+             pidx + slot[i] * cap * idx_bytes, first},
+            stream_);
+      }
+      const auto gmain = down(dmain, main_pool.size()), gidx = down(didx, idx_pool.size());
+      EXPECT_EQ(gmain, main_pool) << "ratio " << ratio;
+      EXPECT_EQ(gidx, idx_pool) << "ratio " << ratio;
+      EXPECT_EQ(gmain, down(pmain, main_pool.size()));
+      EXPECT_EQ(gidx, down(pidx, idx_pool.size()));
+      for (int i = 0; i < nseq; ++i) start[i] += rows[i];
     }
   }
 }

@@ -259,7 +259,10 @@ struct SwigluParams {
 void launch_swiglu_clamped(const SwigluParams& p, Stream stream);
 
 // mHC mixes (model.md §3): x [rows, hc*dim] (pitch ldx), fn [(2+hc)*hc, hc*dim], base, scale [3]
-// -> pre [rows,hc], post [rows,hc], comb [rows,hc,hc]. hc <= 4. scratch: hc_mixes_scratch_floats.
+// -> pre [rows,hc], post [rows,hc], comb [rows,hc,hc]. hc <= 4. One launch: thread-block clusters
+// of 8 split hc*dim, each block a register-tiled fp32 dot over its slice (x read once), the
+// partials reduced through distributed shared memory in a fixed order (deterministic), then one
+// warp per row for the RMS scaling, sigmoids, softmax and Sinkhorn. fp32 FMA, no TF32.
 struct HcMixesParams {
   const float* x = nullptr;
   int64_t ldx = 0;
@@ -275,9 +278,7 @@ struct HcMixesParams {
   float* pre = nullptr;
   float* post = nullptr;
   float* comb = nullptr;
-  float* scratch = nullptr;
 };
-[[nodiscard]] int64_t hc_mixes_scratch_floats(int64_t rows, int hc, int64_t dim);
 void launch_hc_mixes(const HcMixesParams& p, Stream stream);
 
 // out[r,:] = Σ_k pre[r,k] x[r,k,:]  (x [rows, hc, dim]).
@@ -291,7 +292,9 @@ struct HcCollapseParams {
 };
 void launch_hc_collapse(const HcCollapseParams& p, Stream stream);
 
-// In place: x'[r,k,:] = post[r,k] y[r,:] + Σ_j comb[r,j,k] x[r,j,:].
+// In place: x'[r,k,:] = post[r,k] y[r,:] + Σ_j comb[r,j,k] x[r,j,:]. With collapse_out set, also
+// collapse_out[r,:] = Σ_k collapse_pre[r,k] x'[r,k,:] (the next site's collapse, fused: the same
+// values as launch_hc_collapse on the updated x).
 struct HcExpandParams {
   float* x = nullptr;
   const float* y = nullptr;
@@ -300,6 +303,8 @@ struct HcExpandParams {
   int64_t dim = 0;
   const float* post = nullptr;
   const float* comb = nullptr;
+  const float* collapse_pre = nullptr;
+  float* collapse_out = nullptr;
 };
 void launch_hc_expand(const HcExpandParams& p, Stream stream);
 
@@ -330,6 +335,16 @@ struct Fp4CacheWriteParams {
 };
 void launch_fp4_cache_write(const Fp4CacheWriteParams& p, Stream stream);
 
+// Scattered FP4 cache writes, `count` (1 or 2) of them in one launch: for each write w,
+// write[w].cache[entries[r]] = FP4 record of write[w].x[r, :dim] for r < write[w].rows
+// (first_entry is not used). Records are the same bytes as launch_fp4_cache_write's.
+struct Fp4ScatterWriteParams {
+  Fp4CacheWriteParams write[2];
+  int count = 1;
+  const int64_t* entries = nullptr;  // device [max rows]
+};
+void launch_fp4_cache_scatter_write(const Fp4ScatterWriteParams& p, Stream stream);
+
 // Compressor (model.md §2.3) for rows at consecutive positions [start_pos, start_pos + rows):
 // out [compressor_groups, dim] = norm(bf16(gated pool over each completed group of `ratio`)),
 // partial groups carried in state_kv/state_gate [ratio-1, dim] (slot = pos % ratio). gate is
@@ -349,6 +364,39 @@ struct CompressorParams {
   float* out = nullptr;
 };
 void launch_compressor(const CompressorParams& p, Stream stream);
+
+// One sequence of a batched compressor call (a plain record: the host builds an array of them and
+// uploads it). items = max(groups, 1 if a trailing partial group is stored else 0), where groups =
+// (start_pos + rows) / ratio - start_pos / ratio; item_begin is the exclusive prefix sum of items.
+struct CompressorSeq {
+  int64_t row_begin = 0;  // first row of the sequence in kv / gate
+  int64_t rows = 0;
+  int64_t start_pos = 0;
+  int64_t state_slot = 0;  // state at state_kv / state_gate + state_slot * state_stride
+  int64_t out_group = 0;   // its first group's row in out
+  int64_t item_begin = 0;
+};
+static_assert(sizeof(CompressorSeq) == 6 * sizeof(int64_t));
+[[nodiscard]] int64_t compressor_items(int64_t start_pos, int64_t rows, int ratio);
+// launch_compressor for num_seqs sequences in one launch, one block per item; the same bytes as
+// one launch_compressor per sequence (distinct state slots). seqs is a device array.
+struct CompressorBatchParams {
+  const float* kv = nullptr;
+  const float* gate = nullptr;
+  int64_t ld = 0;
+  int dim = 512;
+  int ratio = 2;
+  const CompressorSeq* seqs = nullptr;
+  int num_seqs = 0;
+  int64_t num_items = 0;  // sum of the items of all sequences (the grid)
+  float* state_kv = nullptr;
+  float* state_gate = nullptr;
+  int64_t state_stride = 0;  // floats between state slots
+  const float* norm_weight = nullptr;
+  float eps = 1e-20f;
+  float* out = nullptr;
+};
+void launch_compressor_batch(const CompressorBatchParams& p, Stream stream);
 
 // Indexer scores (model.md §2.4) over FP4 index-key records; see cpu::indexer_scores.
 // heads <= 64, head_dim == 128. bf16 tensor cores (mma.sync) on key tiles dequantised once per

@@ -1,10 +1,13 @@
-// V4.1 elementwise and small-reduction ops: RoPE (angles in double), clamped SwiGLU, mHC (mixes as
-// a split-K partial-dot kernel + a per-row finish with sigmoid/softmax/Sinkhorn; collapse; expand),
+// V4.1 elementwise and small-reduction ops: RoPE (angles in double), clamped SwiGLU, mHC (mixes in
+// one launch: cluster split-K register-tiled dots + a per-row finish with sigmoid/softmax/Sinkhorn;
+// collapse; expand with an optional fused collapse),
 // the Engram gate, the Engram row gather from host memory and its dequantisation, and the pinned
 // host allocation the tables live in (cuMem HOST with 2 MB granules, else cudaHostAlloc).
+#include <cooperative_groups.h>
 #include <cuda.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "backend/cuda/cuda_util.cuh"
 #include "backend/cuda/kernels.h"
@@ -50,120 +53,293 @@ __global__ void swiglu_kernel(SwigluParams p) {
 // ---- mHC ----------------------------------------------------------------------------------------
 
 constexpr int kMaxHc = 4;
-constexpr int kMaxMix = (2 + kMaxHc) * kMaxHc;  // 24
-constexpr int kMixChunk = kThreads;             // elements of f per block (one per thread)
-constexpr int kMixRowsPerBlock = 8;
+constexpr int kMixCluster = 8;  // blocks of a cluster splitting hc*dim (portable cluster size)
+constexpr int kMixWarps = kThreads / 32;
+constexpr int kMixKLanes = 8;     // lanes along k, a float4 each: 128 contiguous bytes of a row
+constexpr int kMixRLanes = 4;     // lanes along rows
+constexpr int kMixMinTiles = 24;  // row tiles (clusters) wanted before a tile grows
+constexpr int64_t kMixBigRows = 1024;
 
-// scratch[r, split, 0..m) = partial f·fn_k; [.., m] = partial Σ f^2.
-__global__ void __launch_bounds__(kThreads) hc_mix_partial_kernel(HcMixesParams p, int splits) {
-  __shared__ float red[kThreads / 32][kMaxMix + 1];
-  const int m = (2 + p.hc) * p.hc;
-  const int64_t width = p.hc * p.dim;
-  const int split = blockIdx.x;
-  const int64_t k = static_cast<int64_t>(split) * kMixChunk + threadIdx.x;
-  const bool in = k < width;
-  float w[kMaxMix];
-#pragma unroll
-  for (int j = 0; j < kMaxMix; ++j) w[j] = (j < m && in) ? p.fn[j * width + k] : 0.0f;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kMixRowsPerBlock;
-  for (int64_t r = r0; r < min(p.rows, r0 + kMixRowsPerBlock); ++r) {
-    const float f = in ? p.x[r * p.ldx + k] : 0.0f;
-    float v[kMaxMix + 1];
-#pragma unroll
-    for (int j = 0; j < kMaxMix; ++j) v[j] = warp_sum(f * w[j]);
-    v[kMaxMix] = warp_sum(f * f);
-    if (lane == 0) {
-#pragma unroll
-      for (int j = 0; j < kMaxMix; ++j) red[warp][j] = v[j];
-      red[warp][m] = v[kMaxMix];
-    }
-    __syncthreads();
-    if (threadIdx.x <= m) {
-      float s = 0.0f;
-      for (int i = 0; i < kThreads / 32; ++i) s += red[i][threadIdx.x];
-      p.scratch[(r * splits + split) * (m + 1) + threadIdx.x] = s;
-    }
-    __syncthreads();
+__device__ __forceinline__ float4 zero4() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+
+// row[k .. k+4) with zeros past `width`. kVec: width % 4 == 0 and row 16-byte aligned.
+template <bool kVec, bool kStream>
+__device__ __forceinline__ float4 load4(const float* row, int64_t k, int64_t width) {
+  if constexpr (kVec) {
+    if (k >= width) return zero4();
+    const float4* a = reinterpret_cast<const float4*>(row + k);
+    if constexpr (kStream) return __ldcs(a);
+    return __ldg(a);
+  } else {
+    float4 v = zero4();
+    if (k < width) v.x = row[k];
+    if (k + 1 < width) v.y = row[k + 1];
+    if (k + 2 < width) v.z = row[k + 2];
+    if (k + 3 < width) v.w = row[k + 3];
+    return v;
   }
 }
 
-// One warp per row: reduce the partials, then pre/post/comb. HC is a template constant so the
-// coefficient arrays stay in registers (a runtime hc put them in local memory: 60 us per call).
-template <int HC>
-__global__ void hc_mix_finish_kernel(HcMixesParams p, int splits) {
-  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (r >= p.rows) return;
-  constexpr int hc = HC, m = (2 + HC) * HC;
-  float mix[m + 1];
+// mHC mixes in one launch. Grid (kMixCluster, row tiles); a cluster owns a tile of
+// rt = 4*RPT*wr rows and splits the width w = HC*dim in units of 32 columns over its
+// kMixCluster * (kMixWarps / wr) warps (unit u to slice u % slices). Warp (row_sub = warp % wr,
+// k_sub = warp / wr) holds 4*RPT rows: lane = (rq, kq), kq = lane % 8 reads a float4 of each of
+// its RPT rows (rq*RPT + r) and of the M fn rows, and keeps RPT x (M + 1) fp32 sums (the last:
+// Σ f^2). Reduction, all in a fixed order: lanes by a reduce-scatter over kq, warps of a block
+// through shared memory, the cluster's blocks through distributed shared memory; then one warp
+// per row (rows rank, rank + 8, ... of the tile) does the RMS scale, the sigmoids, the softmax and
+// Sinkhorn on a 4x4 matrix held one element per lane (lanes 16..31, zero padding for hc < 4).
+template <int HC, int RPT, bool kVec>
+__global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, RPT == 2 ? 2 : 1)
+    hc_mixes_kernel(HcMixesParams p, int wr) {
+  constexpr int M = (2 + HC) * HC;
+  constexpr int MA = M + 1;
+  constexpr int N = RPT * MA;
+  constexpr int kWarpRows = kMixRLanes * RPT;
+  static_assert(RPT == 2 || RPT == 4);
+  __shared__ float red[kMixWarps][kWarpRows][MA];
+  __shared__ float part[kMixWarps * kWarpRows][MA];
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int kq = lane % kMixKLanes, rq = lane / kMixKLanes;
+  const int row_sub = warp % wr, k_sub = warp / wr, ksubs = kMixWarps / wr;
+  const int rt = kWarpRows * wr;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.y) * rt;
+  const int64_t width = static_cast<int64_t>(HC) * p.dim;
+  const int64_t units = (width + 31) / 32;
+  const int64_t slices = static_cast<int64_t>(kMixCluster) * ksubs;
+  const int64_t slice = static_cast<int64_t>(cluster.block_rank()) * ksubs + k_sub;
+
+  const float* xr[RPT];
+  bool valid[RPT];
 #pragma unroll
-  for (int j = 0; j <= m; ++j) {
-    float s = 0.0f;
-    for (int sp = lane; sp < splits; sp += 32) s += p.scratch[(r * splits + sp) * (m + 1) + j];
-    mix[j] = warp_sum(s);
+  for (int r = 0; r < RPT; ++r) {
+    const int64_t row = tile0 + row_sub * kWarpRows + rq * RPT + r;
+    valid[r] = row < p.rows;
+    xr[r] = p.x + (valid[r] ? row : 0) * p.ldx;
   }
-  if (lane != 0) return;
-  const float inv = rsqrtf(mix[m] / static_cast<float>(hc * p.dim) + p.rms_eps);
-  for (int j = 0; j < m; ++j) mix[j] *= inv;
-  for (int k = 0; k < hc; ++k) {
-    p.pre[r * hc + k] = 1.0f / (1.0f + expf(-(mix[k] * p.scale[0] + p.base[k]))) + p.hc_eps;
-    p.post[r * hc + k] = 2.0f / (1.0f + expf(-(mix[hc + k] * p.scale[1] + p.base[hc + k])));
-  }
-  float c[HC * HC];
+  float acc[N];
 #pragma unroll
-  for (int i = 0; i < hc * hc; ++i) c[i] = mix[2 * hc + i] * p.scale[2] + p.base[2 * hc + i];
-  for (int j = 0; j < hc; ++j) {
-    float mx = c[j * hc];
-    for (int k = 1; k < hc; ++k) mx = fmaxf(mx, c[j * hc + k]);
-    float sum = 0.0f;
-    for (int k = 0; k < hc; ++k) sum += (c[j * hc + k] = expf(c[j * hc + k] - mx));
-    for (int k = 0; k < hc; ++k) c[j * hc + k] = c[j * hc + k] / sum + p.hc_eps;
-  }
-#pragma unroll 1
-  for (int it = 0; it < p.sinkhorn_iters; ++it) {
-    if (it > 0) {
-      for (int j = 0; j < hc; ++j) {
-        float sum = 0.0f;
-        for (int k = 0; k < hc; ++k) sum += c[j * hc + k];
-        for (int k = 0; k < hc; ++k) c[j * hc + k] /= sum + p.hc_eps;
+  for (int i = 0; i < N; ++i) acc[i] = 0.0f;
+  float4 xn[RPT];
+#pragma unroll
+  for (int r = 0; r < RPT; ++r)
+    xn[r] = valid[r] ? load4<kVec, true>(xr[r], slice * 32 + kq * 4, width) : zero4();
+  for (int64_t u = slice; u < units; u += slices) {
+    const int64_t k = u * 32 + kq * 4;
+    float4 xv[RPT];
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) xv[r] = xn[r];
+    if (u + slices < units) {
+#pragma unroll
+      for (int r = 0; r < RPT; ++r)
+        if (valid[r]) xn[r] = load4<kVec, true>(xr[r], k + slices * 32, width);
+    }
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+      const float4 w = load4<kVec, false>(p.fn + j * width, k, width);
+#pragma unroll
+      for (int r = 0; r < RPT; ++r) {
+        float& a = acc[r * MA + j];
+        a = fmaf(xv[r].x, w.x, a);
+        a = fmaf(xv[r].y, w.y, a);
+        a = fmaf(xv[r].z, w.z, a);
+        a = fmaf(xv[r].w, w.w, a);
       }
     }
-    for (int k = 0; k < hc; ++k) {
-      float sum = 0.0f;
-      for (int j = 0; j < hc; ++j) sum += c[j * hc + k];
-      for (int j = 0; j < hc; ++j) c[j * hc + k] /= sum + p.hc_eps;
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+      float& a = acc[r * MA + M];
+      a = fmaf(xv[r].x, xv[r].x, a);
+      a = fmaf(xv[r].y, xv[r].y, a);
+      a = fmaf(xv[r].z, xv[r].z, a);
+      a = fmaf(xv[r].w, xv[r].w, a);
     }
   }
-  for (int i = 0; i < hc * hc; ++i) p.comb[r * hc * hc + i] = c[i];
+
+  // Sum over the 8 kq lanes (lane bits 0..2). xor 4: each lane keeps half of the rows (bit 2
+  // set: the upper half) and adds its partner's copy of them.
+  {
+    const bool hi = (lane & 4) != 0;
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const float send = hi ? acc[i] : acc[i + N / 2];
+      const float keep = hi ? acc[i + N / 2] : acc[i];
+      acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, 4);
+    }
+  }
+  int rl;  // the warp row (of this lane's rq group) whose sums acc[0, MA) now hold
+  if constexpr (RPT == 4) {
+    const bool hi = (lane & 2) != 0;
+#pragma unroll
+    for (int i = 0; i < MA; ++i) {
+      const float send = hi ? acc[i] : acc[i + MA];
+      const float keep = hi ? acc[i + MA] : acc[i];
+      acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
+    }
+#pragma unroll
+    for (int i = 0; i < MA; ++i) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 1);
+    rl = 2 * ((lane >> 2) & 1) + ((lane >> 1) & 1);
+  } else {
+#pragma unroll
+    for (int i = 0; i < MA; ++i) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 2);
+#pragma unroll
+    for (int i = 0; i < MA; ++i) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 1);
+    rl = (lane >> 2) & 1;
+  }
+  const int owner_mask = RPT == 4 ? 1 : 3;  // one writer per row among the lanes that hold it
+  if ((lane & owner_mask) == 0) {
+#pragma unroll
+    for (int i = 0; i < MA; ++i) red[warp][rq * RPT + rl][i] = acc[i];
+  }
+  __syncthreads();
+  // Block partial of each tile row: the warps sharing its row_sub, in k_sub order.
+  for (int e = threadIdx.x; e < rt * MA; e += blockDim.x) {
+    const int rr = e / MA, i = e % MA;
+    float s = 0.0f;
+    for (int ks = 0; ks < ksubs; ++ks) s += red[ks * wr + rr / kWarpRows][rr % kWarpRows][i];
+    part[rr][i] = s;
+  }
+  cluster.sync();
+
+  // Lane roles: lanes [0, 2*HC) pre/post (mix index = lane), lane 8 the Σ f^2, lanes 16 + 4*jr + kc
+  // comb[jr][kc] (mix index 2*HC + jr*HC + kc; padding outside hc x hc).
+  int idx = -1;
+  bool cv = false;
+  int jr = 0, kc = 0;
+  if (lane < 2 * HC) {
+    idx = lane;
+  } else if (lane == 8) {
+    idx = M;
+  } else if (lane >= 16) {
+    jr = (lane - 16) >> 2;
+    kc = (lane - 16) & 3;
+    cv = jr < HC && kc < HC;
+    if (cv) idx = 2 * HC + jr * HC + kc;
+  }
+  const int rank = static_cast<int>(cluster.block_rank());
+  for (int rr = rank + kMixCluster * warp; rr < rt; rr += kMixCluster * kMixWarps) {
+    const int64_t row = tile0 + rr;
+    if (row >= p.rows) continue;  // warp-uniform
+    float val = 0.0f;
+    if (idx >= 0)
+      for (int b = 0; b < kMixCluster; ++b)
+        val += cluster.map_shared_rank(&part[0][0], b)[rr * MA + idx];
+    const float ss = __shfl_sync(0xffffffffu, val, 8);
+    const float mix = val * rsqrtf(ss / static_cast<float>(width) + p.rms_eps);
+    if (lane < HC) {
+      p.pre[row * HC + lane] = 1.0f / (1.0f + expf(-(mix * p.scale[0] + p.base[lane]))) + p.hc_eps;
+    } else if (lane < 2 * HC) {
+      p.post[row * HC + lane - HC] = 2.0f / (1.0f + expf(-(mix * p.scale[1] + p.base[lane])));
+    }
+    float c = cv ? mix * p.scale[2] + p.base[idx] : -INFINITY;
+    float mx = fmaxf(c, __shfl_xor_sync(0xffffffffu, c, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float e = cv ? expf(c - mx) : 0.0f;
+    float sum = e + __shfl_xor_sync(0xffffffffu, e, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    c = cv ? e / sum + p.hc_eps : 0.0f;
+#pragma unroll 1
+    for (int it = 0; it < p.sinkhorn_iters; ++it) {
+      if (it > 0) {  // rows: lanes xor 1, 2
+        float s = c + __shfl_xor_sync(0xffffffffu, c, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        c = cv ? c / (s + p.hc_eps) : 0.0f;
+      }
+      float s = c + __shfl_xor_sync(0xffffffffu, c, 4);  // columns: lanes xor 4, 8
+      s += __shfl_xor_sync(0xffffffffu, s, 8);
+      c = cv ? c / (s + p.hc_eps) : 0.0f;
+    }
+    if (cv) p.comb[row * HC * HC + jr * HC + kc] = c;
+  }
+  cluster.sync();  // keep this block's `part` alive until the cluster has read it
 }
 
+// V values per thread (4: float4 loads and stores; needs dim % 4 == 0 and aligned rows).
+template <int V>
+__device__ __forceinline__ void load_v(const float* p, float (&o)[V]) {
+  if constexpr (V == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    o[0] = v.x;
+    o[1] = v.y;
+    o[2] = v.z;
+    o[3] = v.w;
+  } else {
+    o[0] = *p;
+  }
+}
+template <int V>
+__device__ __forceinline__ void store_v(float* p, const float (&o)[V]) {
+  if constexpr (V == 4) {
+    *reinterpret_cast<float4*>(p) = make_float4(o[0], o[1], o[2], o[3]);
+  } else {
+    *p = o[0];
+  }
+}
+
+// Grid (chunks of dim / V, rows); grid-stride in both.
+template <int V>
 __global__ void hc_collapse_kernel(HcCollapseParams p) {
-  const int64_t total = p.rows * p.dim;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / p.dim, d = i % p.dim;
-    float acc = 0.0f;
-    for (int k = 0; k < p.hc; ++k)
-      acc = fmaf(p.pre[r * p.hc + k], p.x[(r * p.hc + k) * p.dim + d], acc);
-    p.out[i] = acc;
-  }
+  const int64_t chunks = p.dim / V;
+  for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y)
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < chunks;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      float acc[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) acc[e] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kMaxHc; ++k) {
+        if (k >= p.hc) break;
+        float in[V];
+        load_v<V>(p.x + (r * p.hc + k) * p.dim + i * V, in);
+        const float w = p.pre[r * p.hc + k];
+#pragma unroll
+        for (int e = 0; e < V; ++e) acc[e] = fmaf(w, in[e], acc[e]);
+      }
+      store_v<V>(p.out + r * p.dim + i * V, acc);
+    }
 }
 
+template <int V>
 __global__ void hc_expand_kernel(HcExpandParams p) {
-  const int64_t total = p.rows * p.dim;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / p.dim, d = i % p.dim;
-    float in[kMaxHc];
-    for (int j = 0; j < p.hc; ++j) in[j] = p.x[(r * p.hc + j) * p.dim + d];
-    const float y = p.y[i];
-    for (int k = 0; k < p.hc; ++k) {
-      float acc = p.post[r * p.hc + k] * y;
-      for (int j = 0; j < p.hc; ++j) acc = fmaf(p.comb[(r * p.hc + j) * p.hc + k], in[j], acc);
-      p.x[(r * p.hc + k) * p.dim + d] = acc;
+  const int64_t chunks = p.dim / V;
+  for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y)
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < chunks;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      float in[kMaxHc][V];
+#pragma unroll
+      for (int j = 0; j < kMaxHc; ++j)
+        if (j < p.hc) load_v<V>(p.x + (r * p.hc + j) * p.dim + i * V, in[j]);
+      float y[V];
+      load_v<V>(p.y + r * p.dim + i * V, y);
+      float col[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) col[e] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kMaxHc; ++k) {
+        if (k >= p.hc) break;
+        const float post = p.post[r * p.hc + k];
+        float out[V];
+#pragma unroll
+        for (int e = 0; e < V; ++e) out[e] = post * y[e];
+#pragma unroll
+        for (int j = 0; j < kMaxHc; ++j) {
+          if (j >= p.hc) break;
+          const float cjk = p.comb[(r * p.hc + j) * p.hc + k];
+#pragma unroll
+          for (int e = 0; e < V; ++e) out[e] = fmaf(cjk, in[j][e], out[e]);
+        }
+        store_v<V>(p.x + (r * p.hc + k) * p.dim + i * V, out);
+        if (p.collapse_out != nullptr) {
+          const float w = p.collapse_pre[r * p.hc + k];
+#pragma unroll
+          for (int e = 0; e < V; ++e) col[e] = fmaf(w, out[e], col[e]);
+        }
+      }
+      if (p.collapse_out != nullptr) store_v<V>(p.collapse_out + r * p.dim + i * V, col);
     }
-  }
 }
 
 // ---- Engram -------------------------------------------------------------------------------------
@@ -239,37 +415,97 @@ void launch_swiglu_clamped(const SwigluParams& p, Stream stream) {
   MS_CUDA_CHECK_LAUNCH();
 }
 
-int64_t hc_mixes_scratch_floats(int64_t rows, int hc, int64_t dim) {
-  const int64_t splits = ceil_div(hc * dim, kMixChunk);
-  return rows * splits * ((2 + hc) * hc + 1);
+namespace {
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <int HC, int RPT, bool kVec>
+void launch_mixes(const HcMixesParams& p, int wr, int64_t tiles, cudaStream_t s) {
+  hc_mixes_kernel<HC, RPT, kVec>
+      <<<dim3(kMixCluster, static_cast<unsigned>(tiles)), kThreads, 0, s>>>(p, wr);
 }
+
+// Grid of the row-wise mHC kernels: (chunks per row, rows), both capped.
+dim3 hc_row_grid(int64_t rows, int64_t chunks) {
+  return dim3(static_cast<unsigned>(std::clamp<int64_t>(ceil_div(chunks, kThreads), 1, 64)),
+              static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+}
+
+}  // namespace
 
 void launch_hc_mixes(const HcMixesParams& p, Stream stream) {
   if (p.rows == 0) return;
   if (p.hc < 1 || p.hc > kMaxHc)
     detail::cuda_call_failed(__FILE__, __LINE__, "hc <= 4", "bad hc", "");
-  const int splits = static_cast<int>(ceil_div(p.hc * p.dim, kMixChunk));
-  const dim3 grid(static_cast<unsigned>(splits),
-                  static_cast<unsigned>(ceil_div(p.rows, kMixRowsPerBlock)));
-  hc_mix_partial_kernel<<<grid, kThreads, 0, as_cuda_stream(stream)>>>(p, splits);
-  MS_CUDA_CHECK_LAUNCH();
-  const auto finish = p.hc == 4   ? hc_mix_finish_kernel<4>
-                      : p.hc == 3 ? hc_mix_finish_kernel<3>
-                      : p.hc == 2 ? hc_mix_finish_kernel<2>
-                                  : hc_mix_finish_kernel<1>;
-  finish<<<static_cast<unsigned>(ceil_div(p.rows, 4)), 128, 0, as_cuda_stream(stream)>>>(p, splits);
+  const int64_t width = p.hc * p.dim;
+  const bool vec = width % 4 == 0 && p.ldx % 4 == 0 && aligned16(p.x) && aligned16(p.fn);
+  // NOTE: 4 rows per thread (100 accumulators, one block per SM) pays off only when the fp32
+  // FMAs, not HBM, bound the kernel (prefill); decode shapes take 2 rows and two blocks per SM.
+  const int rpt = p.hc == 4 && vec && p.rows >= kMixBigRows ? 4 : 2;
+  const int warp_rows = kMixRLanes * rpt;
+  int wr = 1;  // warps of a block on different rows (the rest split k)
+  while (wr < kMixWarps && ceil_div(p.rows, int64_t{warp_rows} * wr * 2) >= kMixMinTiles) wr *= 2;
+  const int64_t tiles = ceil_div(p.rows, int64_t{warp_rows} * wr);
+  if (tiles > 65535)
+    detail::cuda_call_failed(__FILE__, __LINE__, "hc mixes rows", "too many rows", "");
+  const cudaStream_t s = as_cuda_stream(stream);
+  if (rpt == 4) {
+    launch_mixes<4, 4, true>(p, wr, tiles, s);
+  } else if (vec) {
+    switch (p.hc) {
+      case 4:
+        launch_mixes<4, 2, true>(p, wr, tiles, s);
+        break;
+      case 3:
+        launch_mixes<3, 2, true>(p, wr, tiles, s);
+        break;
+      case 2:
+        launch_mixes<2, 2, true>(p, wr, tiles, s);
+        break;
+      default:
+        launch_mixes<1, 2, true>(p, wr, tiles, s);
+        break;
+    }
+  } else {
+    switch (p.hc) {
+      case 4:
+        launch_mixes<4, 2, false>(p, wr, tiles, s);
+        break;
+      case 3:
+        launch_mixes<3, 2, false>(p, wr, tiles, s);
+        break;
+      case 2:
+        launch_mixes<2, 2, false>(p, wr, tiles, s);
+        break;
+      default:
+        launch_mixes<1, 2, false>(p, wr, tiles, s);
+        break;
+    }
+  }
   MS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_hc_collapse(const HcCollapseParams& p, Stream stream) {
   if (p.rows * p.dim == 0) return;
-  hc_collapse_kernel<<<grid_for(p.rows * p.dim), kThreads, 0, as_cuda_stream(stream)>>>(p);
+  if (p.hc < 1 || p.hc > kMaxHc)
+    detail::cuda_call_failed(__FILE__, __LINE__, "hc <= 4", "bad hc", "");
+  const cudaStream_t s = as_cuda_stream(stream);
+  if (p.dim % 4 == 0 && aligned16(p.x) && aligned16(p.out))
+    hc_collapse_kernel<4><<<hc_row_grid(p.rows, p.dim / 4), kThreads, 0, s>>>(p);
+  else
+    hc_collapse_kernel<1><<<hc_row_grid(p.rows, p.dim), kThreads, 0, s>>>(p);
   MS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_hc_expand(const HcExpandParams& p, Stream stream) {
   if (p.rows * p.dim == 0) return;
-  hc_expand_kernel<<<grid_for(p.rows * p.dim), kThreads, 0, as_cuda_stream(stream)>>>(p);
+  if (p.hc < 1 || p.hc > kMaxHc)
+    detail::cuda_call_failed(__FILE__, __LINE__, "hc <= 4", "bad hc", "");
+  const cudaStream_t s = as_cuda_stream(stream);
+  if (p.dim % 4 == 0 && aligned16(p.x) && aligned16(p.y) && aligned16(p.collapse_out))
+    hc_expand_kernel<4><<<hc_row_grid(p.rows, p.dim / 4), kThreads, 0, s>>>(p);
+  else
+    hc_expand_kernel<1><<<hc_row_grid(p.rows, p.dim), kThreads, 0, s>>>(p);
   MS_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,9 +1,12 @@
 // V4.1 cache writers and the compressor: the SWA ring row (FP8 e4m3, block-32 power-of-two ue8m0
 // scales), the FP4 main entry (block 16, e4m3 scales) and index key (block 32, ue8m0 scales), each
-// one warp per 32 channels with the block amax reduced by shuffles; the compressor (gated pooling
-// over groups of `ratio` absolute positions with the partial group carried in fp32 state, bf16
-// cast, RMSNorm), one block per completed group.
+// one warp per 32 channels with the block amax reduced by shuffles (also scattered: one launch for
+// the main entries and index keys of a batch); the compressor (gated pooling over groups of `ratio`
+// absolute positions with the partial group carried in fp32 state, bf16 cast, RMSNorm), one block
+// per completed group, per sequence or for a whole batch in one launch.
 #include <cuda_bf16.h>
+
+#include <algorithm>
 
 #include "backend/cuda/cuda_util.cuh"
 #include "backend/cuda/kernels.h"
@@ -29,57 +32,81 @@ __global__ void swa_write_kernel(SwaWriteParams p) {
   if (lane == 0) rec[p.dim + blk] = static_cast<uint8_t>(scale);
 }
 
-// Grid: (dim/32, rows); one warp per 32 channels (two blocks of 16 for the main format).
-__global__ void fp4_write_kernel(Fp4CacheWriteParams p) {
-  const int64_t r = blockIdx.y;
-  const int lane = threadIdx.x & 31;
-  const int chunk = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
-  if (chunk >= p.dim / 32) return;
+// FP4 record of x[0, dim) at rec; one warp per 32 channels (two blocks of 16 for the main format).
+__device__ __forceinline__ void fp4_write_chunk(const float* x, int dim, Fp4Record format,
+                                                int chunk, int lane, uint8_t* rec) {
   const int c = chunk * 32 + lane;
-  const float x = p.x[r * p.ldx + c];
-  const bool main = p.format == Fp4Record::kMainBlock16E4m3;
-  float amax = fabsf(x);
+  const float v = x[c];
+  const bool main = format == Fp4Record::kMainBlock16E4m3;
+  float amax = fabsf(v);
   for (int o = main ? 8 : 16; o > 0; o >>= 1)
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   uint32_t code;
   uint32_t scale;
   if (main) {
     scale = v41::fp4_e4m3_scale_code(amax);
-    code = v41::e2m1_encode(__fdiv_rn(x, v41::e4m3_decode(scale)));
+    code = v41::e2m1_encode(__fdiv_rn(v, v41::e4m3_decode(scale)));
   } else {
     scale = v41::fp4_ue8m0_scale_code(amax);
-    code = v41::e2m1_encode(x * (1.0f / v41::ue8m0_decode(scale)));
+    code = v41::e2m1_encode(v * (1.0f / v41::ue8m0_decode(scale)));
   }
   const uint32_t hi = __shfl_down_sync(0xffffffffu, code, 1);
-  const int64_t bytes = p.dim / 2 + p.dim / (main ? 16 : 32);
-  uint8_t* rec = p.cache + (p.first_entry + r) * bytes;
   if ((lane & 1) == 0) rec[c / 2] = static_cast<uint8_t>((code & 0xFu) | ((hi & 0xFu) << 4));
-  if (main && (lane & 15) == 0) rec[p.dim / 2 + c / 16] = static_cast<uint8_t>(scale);
-  if (!main && lane == 0) rec[p.dim / 2 + chunk] = static_cast<uint8_t>(scale);
+  if (main && (lane & 15) == 0) rec[dim / 2 + c / 16] = static_cast<uint8_t>(scale);
+  if (!main && lane == 0) rec[dim / 2 + chunk] = static_cast<uint8_t>(scale);
 }
 
-// One block per completed group, one thread per channel.
-__global__ void compressor_kernel(CompressorParams p) {
-  __shared__ float scratch[32];
-  const int64_t first = (p.start_pos / p.ratio + blockIdx.x) * p.ratio;
+__device__ __forceinline__ int64_t fp4_bytes(Fp4Record format, int dim) {
+  return dim / 2 + dim / (format == Fp4Record::kMainBlock16E4m3 ? 16 : 32);
+}
+
+// Grid: (dim/32 / 8, rows, grid-stride); one warp per 32 channels.
+__global__ void fp4_write_kernel(Fp4CacheWriteParams p) {
+  const int lane = threadIdx.x & 31;
+  const int chunk = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (chunk >= p.dim / 32) return;
+  const int64_t bytes = fp4_bytes(p.format, p.dim);
+  for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y)
+    fp4_write_chunk(p.x + r * p.ldx, p.dim, p.format, chunk, lane,
+                    p.cache + (p.first_entry + r) * bytes);
+}
+
+// Grid: (max dim/32 / 8, max rows, count); row r of write z to record entries[r].
+__global__ void fp4_scatter_kernel(Fp4ScatterWriteParams p) {
+  const Fp4CacheWriteParams w = blockIdx.z == 0 ? p.write[0] : p.write[1];
+  const int lane = threadIdx.x & 31;
+  const int chunk = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
+  if (chunk >= w.dim / 32) return;
+  const int64_t bytes = fp4_bytes(w.format, w.dim);
+  for (int64_t r = blockIdx.y; r < w.rows; r += gridDim.y)
+    fp4_write_chunk(w.x + r * w.ldx, w.dim, w.format, chunk, lane, w.cache + p.entries[r] * bytes);
+}
+
+// Group `first / ratio` (its first position `first`) into out[0, dim): thread c owns channel c;
+// blockDim.x = dim rounded up to 32. kv/gate row 0 is position start_pos; earlier positions come
+// from the state.
+__device__ __forceinline__ void compress_group(const float* kv, const float* gate, int64_t ld,
+                                               int dim, int ratio, int64_t start_pos,
+                                               const float* state_kv, const float* state_gate,
+                                               const float* norm_weight, float eps, int64_t first,
+                                               float* out, float* scratch) {
   float v = 0.0f;
   const int c = threadIdx.x;
-  if (c < p.dim) {
+  if (c < dim) {
     const auto kv_at = [&](int64_t pos) {
-      return pos < p.start_pos ? p.state_kv[(pos % p.ratio) * p.dim + c]
-                               : p.kv[(pos - p.start_pos) * p.ld + c];
+      return pos < start_pos ? state_kv[(pos % ratio) * dim + c] : kv[(pos - start_pos) * ld + c];
     };
-    if (p.ratio == 1) {
+    if (ratio == 1) {
       v = kv_at(first);
     } else {
       const auto g_at = [&](int64_t pos) {
-        return pos < p.start_pos ? p.state_gate[(pos % p.ratio) * p.dim + c]
-                                 : p.gate[(pos - p.start_pos) * p.ld + c];
+        return pos < start_pos ? state_gate[(pos % ratio) * dim + c]
+                               : gate[(pos - start_pos) * ld + c];
       };
       float mx = -INFINITY;
-      for (int t = 0; t < p.ratio; ++t) mx = fmaxf(mx, g_at(first + t));
+      for (int t = 0; t < ratio; ++t) mx = fmaxf(mx, g_at(first + t));
       float num = 0.0f, den = 0.0f;
-      for (int t = 0; t < p.ratio; ++t) {
+      for (int t = 0; t < ratio; ++t) {
         const float e = expf(g_at(first + t) - mx);
         den += e;
         num = fmaf(e, kv_at(first + t), num);
@@ -89,20 +116,83 @@ __global__ void compressor_kernel(CompressorParams p) {
     v = __bfloat162float(__float2bfloat16_rn(v));
   }
   const float ss = block_sum(v * v, scratch);
-  if (c < p.dim) {
-    const float inv = rsqrtf(ss / static_cast<float>(p.dim) + p.eps);
-    p.out[static_cast<int64_t>(blockIdx.x) * p.dim + c] =
-        v * inv * (p.norm_weight ? p.norm_weight[c] : 1.0f);
+  if (c < dim) {
+    const float inv = rsqrtf(ss / static_cast<float>(dim) + eps);
+    out[c] = v * inv * (norm_weight ? norm_weight[c] : 1.0f);
   }
+}
+
+// Rows at positions [first_pos, end) (a trailing partial group) into the state.
+__device__ __forceinline__ void store_partial(const float* kv, const float* gate, int64_t ld,
+                                              int dim, int ratio, int64_t start_pos,
+                                              int64_t first_pos, int64_t end, float* state_kv,
+                                              float* state_gate) {
+  for (int64_t pos = first_pos; pos < end; ++pos)
+    for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+      state_kv[(pos % ratio) * dim + c] = kv[(pos - start_pos) * ld + c];
+      if (gate != nullptr) state_gate[(pos % ratio) * dim + c] = gate[(pos - start_pos) * ld + c];
+    }
+}
+
+// One block per completed group.
+__global__ void compressor_kernel(CompressorParams p) {
+  __shared__ float scratch[32];
+  const int64_t first = (p.start_pos / p.ratio + blockIdx.x) * p.ratio;
+  compress_group(p.kv, p.gate, p.ld, p.dim, p.ratio, p.start_pos, p.state_kv, p.state_gate,
+                 p.norm_weight, p.eps, first, p.out + static_cast<int64_t>(blockIdx.x) * p.dim,
+                 scratch);
 }
 
 // The trailing partial group's rows into the state (after compressor_kernel read it).
 __global__ void compressor_state_kernel(CompressorParams p, int64_t first_pos) {
   const int64_t pos = first_pos + blockIdx.x;
-  for (int c = threadIdx.x; c < p.dim; c += blockDim.x) {
-    p.state_kv[(pos % p.ratio) * p.dim + c] = p.kv[(pos - p.start_pos) * p.ld + c];
-    if (p.gate != nullptr)
-      p.state_gate[(pos % p.ratio) * p.dim + c] = p.gate[(pos - p.start_pos) * p.ld + c];
+  store_partial(p.kv, p.gate, p.ld, p.dim, p.ratio, p.start_pos, pos, pos + 1, p.state_kv,
+                p.state_gate);
+}
+
+__host__ __device__ inline int64_t groups_of(int64_t start_pos, int64_t rows, int ratio) {
+  return (start_pos + rows) / ratio - start_pos / ratio;
+}
+// First position of the trailing partial group stored in the state (== end: none).
+__host__ __device__ inline int64_t partial_begin(int64_t start_pos, int64_t rows, int ratio) {
+  const int64_t end = start_pos + rows;
+  if (ratio == 1) return end;
+  return end / ratio * ratio > start_pos ? end / ratio * ratio : start_pos;
+}
+
+// One block per item: item g < groups compresses the sequence's group g; item 0 then stores the
+// trailing partial group. Only group 0 reads the state, and the same threads write it after
+// reading (thread c: channel c), so one launch keeps the per-sequence order.
+__global__ void compressor_batch_kernel(CompressorBatchParams p) {
+  __shared__ float scratch[32];
+  const int64_t item = blockIdx.x;
+  int lo = 0, hi = p.num_seqs - 1;  // the last sequence with item_begin <= item
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (p.seqs[mid].item_begin <= item)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const CompressorSeq sq = p.seqs[lo];
+  const int64_t g = item - sq.item_begin;
+  const float* kv = p.kv + sq.row_begin * p.ld;
+  const float* gate = p.gate != nullptr ? p.gate + sq.row_begin * p.ld : nullptr;
+  float* state_kv = p.state_kv + sq.state_slot * p.state_stride;
+  float* state_gate =
+      p.state_gate != nullptr ? p.state_gate + sq.state_slot * p.state_stride : nullptr;
+  if (g < groups_of(sq.start_pos, sq.rows, p.ratio)) {
+    const int64_t first = (sq.start_pos / p.ratio + g) * p.ratio;
+    compress_group(kv, gate, p.ld, p.dim, p.ratio, sq.start_pos, state_kv, state_gate,
+                   p.norm_weight, p.eps, first, p.out + (sq.out_group + g) * p.dim, scratch);
+  }
+  if (g == 0) {
+    const int64_t end = sq.start_pos + sq.rows;
+    const int64_t first = partial_begin(sq.start_pos, sq.rows, p.ratio);
+    if (first < end) {
+      __syncthreads();
+      store_partial(kv, gate, p.ld, p.dim, p.ratio, sq.start_pos, first, end, state_kv, state_gate);
+    }
   }
 }
 
@@ -117,26 +207,58 @@ void launch_swa_write_fp8(const SwaWriteParams& p, Stream stream) {
 
 void launch_fp4_cache_write(const Fp4CacheWriteParams& p, Stream stream) {
   if (p.rows == 0) return;
-  const dim3 grid(static_cast<unsigned>(ceil_div(p.dim / 32, 8)), static_cast<unsigned>(p.rows));
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.dim / 32, 8)),
+                  static_cast<unsigned>(std::min<int64_t>(p.rows, 65535)));
   fp4_write_kernel<<<grid, 256, 0, as_cuda_stream(stream)>>>(p);
+  MS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_fp4_cache_scatter_write(const Fp4ScatterWriteParams& p, Stream stream) {
+  if (p.count < 1 || p.count > 2)
+    detail::cuda_call_failed(__FILE__, __LINE__, "fp4 scatter count", "1 or 2 writes", "");
+  int64_t rows = 0;
+  int dim = 0;
+  for (int i = 0; i < p.count; ++i) {
+    rows = std::max(rows, p.write[i].rows);
+    dim = std::max(dim, p.write[i].dim);
+  }
+  if (rows == 0) return;
+  const dim3 grid(static_cast<unsigned>(ceil_div(dim / 32, 8)),
+                  static_cast<unsigned>(std::min<int64_t>(rows, 65535)),
+                  static_cast<unsigned>(p.count));
+  fp4_scatter_kernel<<<grid, 256, 0, as_cuda_stream(stream)>>>(p);
   MS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_compressor(const CompressorParams& p, Stream stream) {
   if (p.rows == 0) return;
-  const int64_t groups = (p.start_pos + p.rows) / p.ratio - p.start_pos / p.ratio;
+  const int64_t groups = groups_of(p.start_pos, p.rows, p.ratio);
   const int threads = static_cast<int>(ceil_div(p.dim, 32) * 32);
   if (groups > 0) {
     compressor_kernel<<<static_cast<unsigned>(groups), threads, 0, as_cuda_stream(stream)>>>(p);
     MS_CUDA_CHECK_LAUNCH();
   }
   const int64_t end = p.start_pos + p.rows;
-  const int64_t first = std::max(p.start_pos, end / p.ratio * p.ratio);
-  if (p.ratio > 1 && end > first) {
+  const int64_t first = partial_begin(p.start_pos, p.rows, p.ratio);
+  if (end > first) {
     compressor_state_kernel<<<static_cast<unsigned>(end - first), 256, 0, as_cuda_stream(stream)>>>(
         p, first);
     MS_CUDA_CHECK_LAUNCH();
   }
+}
+
+int64_t compressor_items(int64_t start_pos, int64_t rows, int ratio) {
+  const int64_t groups = groups_of(start_pos, rows, ratio);
+  if (groups > 0) return groups;
+  return partial_begin(start_pos, rows, ratio) < start_pos + rows ? 1 : 0;
+}
+
+void launch_compressor_batch(const CompressorBatchParams& p, Stream stream) {
+  if (p.num_items == 0 || p.num_seqs == 0) return;
+  const int threads = static_cast<int>(ceil_div(p.dim, 32) * 32);
+  compressor_batch_kernel<<<static_cast<unsigned>(p.num_items), threads, 0,
+                            as_cuda_stream(stream)>>>(p);
+  MS_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace moeserve::cuda

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <random>
@@ -723,7 +724,6 @@ struct DeepseekV41Gpu::Impl {
     p.pre = pre;
     p.post = post;
     p.comb = comb;
-    p.scratch = buf<float>("hc_scratch", cu::hc_mixes_scratch_floats(n, hc, d));
     cu::launch_hc_mixes(p, stream);
     cost.flops += 2.0 * static_cast<double>(n) * c.hc_mix_count() * hc * d;
     cost.weight_bytes += static_cast<double>(fn.bytes());
@@ -738,7 +738,10 @@ struct DeepseekV41Gpu::Impl {
     p.out = out;
     cu::launch_hc_collapse(p, stream);
   }
-  void expand(float* x, const float* y, int64_t n, const float* post, const float* comb) {
+  // x = expand(y, x); with collapse_out set, also collapse_out = collapse(x', collapse_pre)
+  // (fused).
+  void expand(float* x, const float* y, int64_t n, const float* post, const float* comb,
+              const float* collapse_pre = nullptr, float* collapse_out = nullptr) {
     cu::HcExpandParams p;
     p.x = x;
     p.y = y;
@@ -747,6 +750,8 @@ struct DeepseekV41Gpu::Impl {
     p.dim = c.hidden_size;
     p.post = post;
     p.comb = comb;
+    p.collapse_pre = collapse_pre;
+    p.collapse_out = collapse_out;
     cu::launch_hc_expand(p, stream);
   }
 
@@ -872,7 +877,10 @@ struct DeepseekV41Gpu::Impl {
     cu::launch_engram_gate(p, stream);
   }
 
-  // Compressor + index keys + FP4 cache appends for the rows of s (model.md §2.3).
+  // Compressor + index keys + FP4 cache appends for the rows of s (model.md §2.3): one compressor
+  // launch and one FP4 write launch (main entries and index keys) for all sequences, their
+  // parameters in one upload: [CompressorSeq per input | cache entry per group | group positions
+  // (int32, packed two per int64)].
   void compress(const Batch& b, const RowSet& s, int32_t l, const float* a) {
     Layer& L = *layers[static_cast<size_t>(l)];
     const LayerInfo& info = c.layer(l);
@@ -882,71 +890,83 @@ struct DeepseekV41Gpu::Impl {
     float* gate = ratio > 1 ? buf<float>("comp_gate", n * hd) : nullptr;
     linear(a, d, n, L.comp_wkv, kvc, hd);
     if (ratio > 1) linear(a, d, n, L.comp_wgate, gate, hd);
-    int64_t groups_total = 0;
-    std::vector<int64_t> gcount(b.in.size());
-    for (size_t i = 0; i < b.in.size(); ++i) {
+    const size_t nin = b.in.size();
+    std::vector<cu::CompressorSeq> cs(nin);
+    std::vector<int64_t> gcount(nin), entry;
+    std::vector<int32_t> gpos;
+    int64_t groups_total = 0, items = 0;
+    for (size_t i = 0; i < nin; ++i) {
+      const int32_t slot = b.in[i].seq;
       gcount[i] = cpu::compressor_groups(s.first_pos[i], s.rows[i], ratio);
+      cs[i].row_begin = s.begin[i];
+      cs[i].rows = s.rows[i];
+      cs[i].start_pos = s.first_pos[i];
+      cs[i].state_slot = slot;
+      cs[i].out_group = groups_total;
+      cs[i].item_begin = items;
+      items += cu::compressor_items(s.first_pos[i], s.rows[i], ratio);
+      const int64_t j0 = seqs[static_cast<size_t>(slot)].entries[static_cast<size_t>(l)];
+      MS_CHECK_LE(j0 + gcount[i], L.cap);
+      for (int64_t g = 0; g < gcount[i]; ++g) {
+        entry.push_back(static_cast<int64_t>(slot) * L.cap + j0 + g);
+        gpos.push_back(static_cast<int32_t>((j0 + g) * ratio));
+      }
       groups_total += gcount[i];
     }
+    if (items == 0) return;
+    constexpr size_t kSeqWords = sizeof(cu::CompressorSeq) / sizeof(int64_t);
+    std::vector<int64_t> blob(nin * kSeqWords + entry.size() + (gpos.size() + 1) / 2, 0);
+    std::memcpy(blob.data(), cs.data(), nin * sizeof(cu::CompressorSeq));
+    std::copy(entry.begin(), entry.end(), blob.begin() + static_cast<ptrdiff_t>(nin * kSeqWords));
+    if (!gpos.empty())
+      std::memcpy(blob.data() + nin * kSeqWords + entry.size(), gpos.data(),
+                  gpos.size() * sizeof(int32_t));
+    const int64_t* dblob = upload("comp_params", blob);
+    const int64_t* dentry = dblob + nin * kSeqWords;
+    const int32_t* dpos = reinterpret_cast<const int32_t*>(dentry + entry.size());
     float* lat = buf<float>("comp_lat", groups_total * hd);
-    std::vector<int32_t> gpos;
-    int64_t goff = 0;
-    const int64_t part_stride = static_cast<int64_t>(std::max(ratio - 1, 1)) * hd;
-    for (size_t i = 0; i < b.in.size(); ++i) {
-      if (s.rows[i] == 0) continue;
-      const int32_t slot = b.in[i].seq;
-      cu::CompressorParams p;
-      p.kv = kvc + static_cast<int64_t>(s.begin[i]) * hd;
-      p.gate = gate != nullptr ? gate + static_cast<int64_t>(s.begin[i]) * hd : nullptr;
+    {
+      cu::CompressorBatchParams p;
+      p.kv = kvc;
+      p.gate = gate;
       p.ld = hd;
-      p.rows = s.rows[i];
       p.dim = static_cast<int>(hd);
       p.ratio = ratio;
-      p.start_pos = s.first_pos[i];
-      p.state_kv = L.part_kv.as<float>() + slot * part_stride;
-      p.state_gate = L.part_gate.as<float>() + slot * part_stride;
+      p.seqs = reinterpret_cast<const cu::CompressorSeq*>(dblob);
+      p.num_seqs = static_cast<int>(nin);
+      p.num_items = items;
+      p.state_kv = L.part_kv.as<float>();
+      p.state_gate = L.part_gate.as<float>();
+      p.state_stride = static_cast<int64_t>(std::max(ratio - 1, 1)) * hd;
       p.norm_weight = L.comp_norm.as<float>();
       p.eps = static_cast<float>(c.rms_norm_eps);
-      p.out = lat + goff * hd;
-      cu::launch_compressor(p, stream);
-      const int64_t j0 = seqs[static_cast<size_t>(slot)].entries[static_cast<size_t>(l)];
-      for (int64_t g = 0; g < gcount[i]; ++g)
-        gpos.push_back(static_cast<int32_t>((j0 + g) * ratio));
-      goff += gcount[i];
+      p.out = lat;
+      cu::launch_compressor_batch(p, stream);
     }
     if (groups_total == 0) return;
-    const int32_t* dpos = upload("comp_pos", gpos);
     float* keys = buf<float>("comp_keys", groups_total * id);
     linear(lat, hd, groups_total, L.idx_wk, keys, id);
     rms(keys, groups_total, id, L.idx_knorm);
     rope(lat, groups_total, 1, hd, dpos, RopeKind::kCompress);
     rope(keys, groups_total, 1, id, dpos, RopeKind::kCompress);
-    goff = 0;
-    for (size_t i = 0; i < b.in.size(); ++i) {
-      if (gcount[i] == 0) continue;
-      Sequence& sq = seqs[static_cast<size_t>(b.in[i].seq)];
-      int64_t& entries = sq.entries[static_cast<size_t>(l)];
-      MS_CHECK_LE(entries + gcount[i], L.cap);
-      cu::Fp4CacheWriteParams w;
-      w.x = lat + goff * hd;
-      w.ldx = hd;
-      w.rows = gcount[i];
-      w.dim = static_cast<int>(hd);
-      w.format = cu::Fp4Record::kMainBlock16E4m3;
-      w.cache = L.main_pool.as<uint8_t>() +
-                static_cast<int64_t>(b.in[i].seq) * L.cap * c.main_entry_bytes();
-      w.first_entry = entries;
-      cu::launch_fp4_cache_write(w, stream);
-      w.x = keys + goff * id;
-      w.ldx = id;
-      w.dim = static_cast<int>(id);
-      w.format = cu::Fp4Record::kIndexBlock32Ue8m0;
-      w.cache = L.index_pool.as<uint8_t>() +
-                static_cast<int64_t>(b.in[i].seq) * L.cap * c.index_entry_bytes();
-      cu::launch_fp4_cache_write(w, stream);
-      entries += gcount[i];
-      goff += gcount[i];
-    }
+    cu::Fp4ScatterWriteParams w;
+    w.count = 2;
+    w.entries = dentry;
+    w.write[0].x = lat;
+    w.write[0].ldx = hd;
+    w.write[0].rows = groups_total;
+    w.write[0].dim = static_cast<int>(hd);
+    w.write[0].format = cu::Fp4Record::kMainBlock16E4m3;
+    w.write[0].cache = L.main_pool.as<uint8_t>();
+    w.write[1].x = keys;
+    w.write[1].ldx = id;
+    w.write[1].rows = groups_total;
+    w.write[1].dim = static_cast<int>(id);
+    w.write[1].format = cu::Fp4Record::kIndexBlock32Ue8m0;
+    w.write[1].cache = L.index_pool.as<uint8_t>();
+    cu::launch_fp4_cache_scatter_write(w, stream);
+    for (size_t i = 0; i < nin; ++i)
+      seqs[static_cast<size_t>(b.in[i].seq)].entries[static_cast<size_t>(l)] += gcount[i];
   }
 
   void topk(const float* scores, int64_t rows, int64_t n, int64_t ld, int k, int32_t* out) {
@@ -1461,7 +1481,10 @@ struct DeepseekV41Gpu::Impl {
     float* pre = buf<float>("pre", n * hc);
     const RowSet* s = &b.enc;
     const int32_t boundary = c.decoder_start_layer();
-    for (int32_t l : layer_ids) {
+    // true: the previous layer's last expand already wrote collapse(x, pre) into "a".
+    bool a_ready = false;
+    for (size_t li = 0; li < layer_ids.size(); ++li) {
+      const int32_t l = layer_ids[li];
       Layer& L = *layers[static_cast<size_t>(l)];
       const LayerInfo& info = c.layer(l);
       if (info.engram_index >= 0 && s->n > 0) {
@@ -1470,7 +1493,8 @@ struct DeepseekV41Gpu::Impl {
       }
       mark(GpuComponent::kMhc);
       float* a = buf<float>("a", n * d);
-      collapse(x, n, pre, a);
+      if (!a_ready) collapse(x, n, pre, a);
+      a_ready = false;
       rms(a, n, d, L.attn_norm);
       if (info.is_kv_source) {
         mark(GpuComponent::kAttention);
@@ -1513,13 +1537,13 @@ struct DeepseekV41Gpu::Impl {
       attention(b, *s, l, a, y);
       if (opt.trace) trace_rows(trace.attn_out, l, y, n * d);
       mark(GpuComponent::kMhc);
-      expand(x, y, n, post_a, comb_a);
+      // The ffn site's input collapse(x', pre_a) fused into the expand (mixes does not write x).
+      float* fbuf = buf<float>("f", n * d);
+      expand(x, y, n, post_a, comb_a, pre_a, fbuf);
       float* pre_f = buf<float>("pre_f", n * hc);
       float* post_f = buf<float>("post_f", n * hc);
       float* comb_f = buf<float>("comb_f", n * hc * hc);
       mixes(x, n, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f, post_f, comb_f);
-      float* fbuf = buf<float>("f", n * d);
-      collapse(x, n, pre_a, fbuf);
       rms(fbuf, n, d, L.ffn_norm);
       if (opt.trace) trace_rows(trace.ffn_in, l, fbuf, n * d);
       mark(GpuComponent::kMoe);
@@ -1533,7 +1557,13 @@ struct DeepseekV41Gpu::Impl {
         cu::stream_synchronize(stream);
       }
       mark(GpuComponent::kMhc);
-      expand(x, y, n, post_f, comb_f);
+      // The next layer's attention-input collapse(x', pre_f) fused into this expand, unless Engram
+      // changes x in between.
+      const bool fuse_next =
+          li + 1 < layer_ids.size() && c.layer(layer_ids[li + 1]).engram_index < 0;
+      expand(x, y, n, post_f, comb_f, fuse_next ? pre_f : nullptr,
+             fuse_next ? buf<float>("a", n * d) : nullptr);
+      a_ready = fuse_next;
       cu::copy_d2d(pre, pre_f, static_cast<size_t>(n * hc) * 4, stream);
       if (opt.trace) trace_rows(trace.layer_out, l, x, n * hc * d);
     }
