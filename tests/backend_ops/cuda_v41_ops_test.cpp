@@ -1079,8 +1079,11 @@ struct GroupedCase {
 // Products are exact (bf16 x e2m1 * 2^k); fp32 vs double accumulation: 2e-5.
 TEST_F(CudaV41, MoeGroupAndGroupedMxfp4Gemm) {
   const int topk = 6, experts = 24, local = 7;
+  // {37, 200, 256, 1}: split-K cluster path with 2 K steps over 4 ranks (two ranks empty);
+  // {29, 300, 1280, 1}: split-K with 10 steps as 3 + 3 + 3 + 1.
   for (const GroupedCase gc : {GroupedCase{37, 200, 256, 1}, GroupedCase{37, 200, 256, 100},
-                               GroupedCase{150, 64, 32, 100}, GroupedCase{5, 130, 64, 1}}) {
+                               GroupedCase{150, 64, 32, 100}, GroupedCase{5, 130, 64, 1},
+                               GroupedCase{29, 300, 1280, 1}}) {
     SCOPED_TRACE("tokens " + std::to_string(gc.tokens) + " n " + std::to_string(gc.n) + " k " +
                  std::to_string(gc.k) + " hint " + std::to_string(gc.rows_hint));
     std::mt19937 rng(static_cast<uint32_t>(31 + gc.tokens + gc.n));

@@ -2,12 +2,14 @@
 // fake-quant, the routed expert's SwiGLU fused with it, the device-side MoE grouping (no host
 // sync, a prerequisite for capturing the MoE in a CUDA graph), the grouped MXFP4 GEMM over the
 // grouped rows, and the FP8 -> bf16 weight dequantisation for the cuBLASLt dense path.
-// The grouped GEMM: one CTA per (128 output columns, 16 or 64 rows, expert); it walks K in
+// The grouped GEMM: one CTA per (128 output columns, 16 or 64 rows, expert; skinny decode
+// batches: per K quarter, a 4-CTA cluster adding its partial tiles in rank order); it walks K in
 // steps of 128 (skinny tiles) or 32, one ue8m0 scale per 32 per weight row, dequantises the
 // packed e2m1 nibbles to bf16 through a 16-entry table and one bf16x2 multiply by the
 // power-of-two scale (exact), and multiplies with bf16 WMMA into fp32. The next step's weights and activations are loaded into registers while
 // the current step multiplies. CTAs past an expert's row count exit at once, so the grid is
 // sized from max_rows without knowing the counts on the host.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -135,9 +137,12 @@ struct GemmTile {
 
 // kTK: K per step (32 or 128; one ue8m0 scale per 32). Skinny tiles (16 rows) take 128 so a CTA
 // keeps 8 KB of weights in flight (this step's and the next's).
-template <int kTM, int kTK>
-__global__ void __launch_bounds__(kGemmThreads) grouped_mxfp4_gemm_kernel(
-    GroupedMxfp4GemmParams p) {
+// kSplit > 1: the K steps are split over the kSplit CTAs of a thread-block cluster (consecutive
+// blockIdx.x), which add their partial tiles through distributed shared memory in rank order
+// (deterministic), each rank writing 1/kSplit of the tile: small-M decode batches then stream the
+// expert weights with kSplit times more CTAs in flight.
+template <int kTM, int kTK, int kSplit>
+__device__ __forceinline__ void grouped_mxfp4_gemm_body(const GroupedMxfp4GemmParams& p) {
   using namespace nvcuda;
   using T = GemmTile<kTM, kTK>;
   constexpr int kPadK = T::kPadK;
@@ -152,8 +157,9 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_mxfp4_gemm_kernel(
   const int64_t beg = p.offsets[e];
   const int64_t cnt = p.offsets[e + 1] - beg;
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTM;
-  if (m0 >= cnt) return;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
+  if (m0 >= cnt) return;  // the whole cluster (same expert and rows) leaves together
+  const int sp = static_cast<int>(blockIdx.x % kSplit);
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x / kSplit) * kTileN;
   const int tid = threadIdx.x;
   const int warp = tid >> 5;
   if (tid < 16) {
@@ -202,9 +208,12 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_mxfp4_gemm_kernel(
     for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
   const int64_t k_steps = p.k / kTK;
-  load(0);
+  const int64_t per = (k_steps + kSplit - 1) / kSplit;
+  const int64_t ks0 = k_steps < sp * per ? k_steps : sp * per;
+  const int64_t ks1 = k_steps < ks0 + per ? k_steps : ks0 + per;
+  if (ks0 < ks1) load(ks0);
   __syncthreads();  // lut
-  for (int64_t ks = 0; ks < k_steps; ++ks) {
+  for (int64_t ks = ks0; ks < ks1; ++ks) {
 #pragma unroll
     for (int j = 0; j < T::kAPer; ++j) {
       const int v = tid + j * kGemmThreads;
@@ -235,7 +244,7 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_mxfp4_gemm_kernel(
         dst[q] = make_uint4(outw[q * 4], outw[q * 4 + 1], outw[q * 4 + 2], outw[q * 4 + 3]);
     }
     __syncthreads();
-    if (ks + 1 < k_steps) load(ks + 1);
+    if (ks + 1 < ks1) load(ks + 1);
 #pragma unroll
     for (int kk = 0; kk < kTK; kk += 16) {
       wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> af[kTM / 16];
@@ -258,12 +267,41 @@ __global__ void __launch_bounds__(kGemmThreads) grouped_mxfp4_gemm_kernel(
     for (int j = 0; j < 2; ++j)
       wmma::store_matrix_sync(&c_tile[i * 16][warp * 32 + j * 16], acc[i][j], kPadN,
                               wmma::mem_row_major);
-  __syncthreads();
-  for (int i = tid; i < kTM * kTileN; i += kGemmThreads) {
-    const int r = i / kTileN;
-    const int c = i % kTileN;
-    if (m0 + r < cnt && n0 + c < p.n) p.y[(beg + m0 + r) * p.ldy + n0 + c] = c_tile[r][c];
+  if constexpr (kSplit == 1) {
+    __syncthreads();
+    for (int i = tid; i < kTM * kTileN; i += kGemmThreads) {
+      const int r = i / kTileN;
+      const int c = i % kTileN;
+      if (m0 + r < cnt && n0 + c < p.n) p.y[(beg + m0 + r) * p.ldy + n0 + c] = c_tile[r][c];
+    }
+  } else {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every rank's partial tile is in its shared memory
+    constexpr int kPart = kTM * kTileN / kSplit;
+    for (int i = sp * kPart + tid; i < (sp + 1) * kPart; i += kGemmThreads) {
+      const int r = i / kTileN;
+      const int c = i % kTileN;
+      float v = 0.0f;
+#pragma unroll
+      for (int q = 0; q < kSplit; ++q) v += cluster.map_shared_rank(&c_tile[r][c], q)[0];
+      if (m0 + r < cnt && n0 + c < p.n) p.y[(beg + m0 + r) * p.ldy + n0 + c] = v;
+    }
+    cluster.sync();  // keep this rank's tile alive until every rank has read it
   }
+}
+
+template <int kTM, int kTK>
+__global__ void __launch_bounds__(kGemmThreads) grouped_mxfp4_gemm_kernel(
+    GroupedMxfp4GemmParams p) {
+  grouped_mxfp4_gemm_body<kTM, kTK, 1>(p);
+}
+
+constexpr int kKSplit = 4;
+template <int kTM, int kTK>
+__global__ void __cluster_dims__(kKSplit, 1, 1) __launch_bounds__(kGemmThreads)
+    grouped_mxfp4_gemm_split_kernel(GroupedMxfp4GemmParams p) {
+  grouped_mxfp4_gemm_body<kTM, kTK, kKSplit>(p);
 }
 
 __global__ void dequant_fp8_kernel(const uint8_t* w, const uint8_t* s, int64_t n, int64_t k,
@@ -319,12 +357,18 @@ void launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream) {
              "K % 32 == 0, lda % 8 == 0, lda >= K, ldy >= N, a 16-byte aligned");
   const bool small = p.rows_hint <= 24;
   const int tm = small ? 16 : 64;
-  const dim3 grid(static_cast<unsigned>(ceil_div(p.n, kTileN)),
+  const int64_t n_tiles = ceil_div(p.n, kTileN);
+  // Skinny batches whose (column tile, expert) CTAs would not fill the GPU about four times over
+  // split K over a 4-CTA cluster (one M tile per expert is the expected case at these hints).
+  const bool split = small && p.k % 128 == 0 && n_tiles * p.num_experts < 4 * 132;
+  const dim3 grid(static_cast<unsigned>(n_tiles * (split ? kKSplit : 1)),
                   static_cast<unsigned>(ceil_div(p.max_rows, tm)),
                   static_cast<unsigned>(p.num_experts));
   if (grid.y > 65535) bad_args("launch_grouped_mxfp4_gemm", "max_rows / tile <= 65535");
   const cudaStream_t s = as_cuda_stream(stream);
-  if (small && p.k % 128 == 0) {
+  if (split) {
+    grouped_mxfp4_gemm_split_kernel<16, 128><<<grid, kGemmThreads, 0, s>>>(p);
+  } else if (small && p.k % 128 == 0) {
     grouped_mxfp4_gemm_kernel<16, 128><<<grid, kGemmThreads, 0, s>>>(p);
   } else if (small) {
     grouped_mxfp4_gemm_kernel<16, 32><<<grid, kGemmThreads, 0, s>>>(p);
