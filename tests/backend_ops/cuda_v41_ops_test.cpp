@@ -24,8 +24,10 @@
 #include "common/numeric.h"
 
 #ifdef MOESERVE_HAVE_CUDA
+#include "backend/cuda/cublaslt_gemm.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/model_glue.h"
 #endif
 
 namespace moeserve {
@@ -992,45 +994,130 @@ std::vector<float> bf16_bits_to_float(const std::vector<uint16_t>& b) {
   return f;
 }
 
-// The MXFP8 activation fake-quant is the host rule bit for bit (bf16 and fp32 outputs), with a
-// row gather and a row count read on the device; rows past the count stay untouched.
-TEST_F(CudaV41, ActQuantMxfp8IsBitExact) {
-  std::mt19937 rng(21);
-  const int64_t rows = 9, cols = 5120;
-  auto x = rnd(rows * cols, rng, -3, 3);
-  for (int64_t c = 0; c < cols; ++c) {
-    x[static_cast<size_t>(2 * cols + c)] *= 1e-6f;  // amax clamp (1e-4)
-    x[static_cast<size_t>(5 * cols + c)] *= 300.0f;
+// The strided-batched cuBLASLt call of the GPU model's grouped wo_a (bf16 in, fp32 out): group
+// g reads A's columns [g k, +k), B's rows [g n, +n) and writes C's columns [g n, +n). Against
+// a double-precision host product of the same bf16 values; fp32 accumulation over k = 96: 1e-5.
+TEST_F(CudaV41, LtGemmStridedBatchMatchesCpu) {
+  std::mt19937 rng(24);
+  const int64_t m = 37, k = 96, n = 40, groups = 3;
+  const auto to_bf16 = [](float v) {
+    uint32_t b;
+    std::memcpy(&b, &v, 4);
+    return static_cast<uint16_t>(b >> 16);  // truncation: an exact bf16 value
+  };
+  auto af = rnd(m * groups * k, rng, -2, 2), bf = rnd(groups * n * k, rng, -2, 2);
+  std::vector<uint16_t> a(af.size()), b(bf.size());
+  for (size_t i = 0; i < af.size(); ++i) a[i] = to_bf16(af[i]);
+  for (size_t i = 0; i < bf.size(); ++i) b[i] = to_bf16(bf[i]);
+  const auto av = bf16_bits_to_float(a), bv = bf16_bits_to_float(b);
+  std::vector<float> ref(static_cast<size_t>(m * groups * n));
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < n; ++c) {
+        double acc = 0.0;
+        for (int64_t i = 0; i < k; ++i)
+          acc += static_cast<double>(av[static_cast<size_t>(r * groups * k + g * k + i)]) *
+                 bv[static_cast<size_t>((g * n + c) * k + i)];
+        ref[static_cast<size_t>(r * groups * n + g * n + c)] = static_cast<float>(acc);
+      }
+  cuda::CublasLtGemm lt(stream_);
+  float* c = nans(ref.size());
+  cuda::LtGemmParams p;
+  p.precision = cuda::GemmPrecision::kBf16F32;
+  p.a = up(a);
+  p.lda = groups * k;
+  p.b = up(b);
+  p.ldb = k;
+  p.b_transposed = true;
+  p.c = c;
+  p.ldc = groups * n;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.batch = groups;
+  p.stride_a = k;
+  p.stride_b = n * k;
+  p.stride_c = n;
+  lt.run(p);
+  EXPECT_LE(rel_err(down(c, ref.size()), ref), 1e-5);
+}
+
+// The candidate-block sort of the GPU model (ascending, -1 entries last) against std::sort:
+// k = 2048 (the model's), 7 and 1000 (padded networks), with -1 padding and repeated ids.
+TEST_F(CudaV41, SortRowsAscending) {
+  std::mt19937 rng(23);
+  for (int k : {2048, 7, 1000}) {
+    const int64_t rows = 5;
+    std::vector<int32_t> x(static_cast<size_t>(rows * k));
+    std::uniform_int_distribution<int32_t> id(-1, 1 << 20);
+    for (auto& v : x) v = rng() % 5 == 0 ? -1 : id(rng);
+    for (int i = 0; i < k; ++i) x[static_cast<size_t>(4 * k + i)] = -1;  // an all-padding row
+    std::vector<int32_t> ref = x;
+    for (int64_t r = 0; r < rows; ++r) {
+      auto b = ref.begin() + r * k;
+      std::sort(b, b + k, [](int32_t a, int32_t c) {
+        return static_cast<uint32_t>(a) < static_cast<uint32_t>(c);  // -1 last
+      });
+    }
+    int32_t* d = up(x);
+    cuda::launch_sort_rows_ascending(d, rows, k, stream_);
+    EXPECT_EQ(down(d, x.size()), ref) << "k " << k;
   }
-  const std::vector<int32_t> index = {8, 2, 5, 0, 2, 7, 1};
-  const std::vector<int32_t> count = {6};
-  std::vector<float> ref(static_cast<size_t>(6 * cols));
-  for (int64_t r = 0; r < 6; ++r)
-    fq_fp8_block32_pow2(std::span<const float>(x).subspan(static_cast<size_t>(index[r] * cols), cols),
-                        std::span<float>(ref).subspan(static_cast<size_t>(r * cols), cols));
-  const float* dx = up(x);
-  const int32_t* di = up(index);
-  const int32_t* dc = up(count);
-  float* o32 = nans(static_cast<size_t>(7 * cols));
-  auto* o16 = up(std::vector<uint16_t>(static_cast<size_t>(7 * cols), 0x7FC0));
-  for (bool bf16 : {false, true}) {
-    cuda::ActQuantParams p;
-    p.x = dx;
-    p.ldx = cols;
-    p.row_index = di;
-    p.rows = 7;
-    p.device_rows = dc;
-    p.cols = cols;
-    p.out = bf16 ? static_cast<void*>(o16) : static_cast<void*>(o32);
-    p.out_type = bf16 ? cuda::ActivationType::kBF16 : cuda::ActivationType::kF32;
-    p.ldo = cols;
-    cuda::launch_act_quant_mxfp8(p, stream_);
-    const std::vector<float> got = bf16 ? bf16_bits_to_float(down(o16, static_cast<size_t>(7 * cols)))
-                                        : down(o32, static_cast<size_t>(7 * cols));
-    size_t diff = 0;
-    for (size_t i = 0; i < ref.size(); ++i) diff += got[i] != ref[i];
-    EXPECT_EQ(diff, 0u) << (bf16 ? "bf16" : "fp32");
-    for (size_t i = ref.size(); i < got.size(); ++i) ASSERT_TRUE(std::isnan(got[i])) << i;
+}
+
+// The MXFP8 activation fake-quant is the host rule bit for bit (bf16 and fp32 outputs), with a
+// row gather and a row count read on the device; rows past the count stay untouched. Shapes: the
+// vector kernel (5120 columns; 96 columns, a partial 2048-column chunk, pitch 100) and the scalar
+// fallback (pitch 98 is not float4-aligned).
+TEST_F(CudaV41, ActQuantMxfp8IsBitExact) {
+  struct Shape {
+    int64_t cols, ldx, ldo;
+  };
+  for (const Shape sh : {Shape{5120, 5120, 5120}, Shape{96, 100, 96}, Shape{96, 98, 104}}) {
+    SCOPED_TRACE("cols " + std::to_string(sh.cols) + " ldx " + std::to_string(sh.ldx));
+    std::mt19937 rng(21);
+    const int64_t rows = 9, cols = sh.cols, ldx = sh.ldx, ldo = sh.ldo;
+    auto x = rnd(rows * ldx, rng, -3, 3);
+    for (int64_t c = 0; c < cols; ++c) {
+      x[static_cast<size_t>(2 * ldx + c)] *= 1e-6f;  // amax clamp (1e-4)
+      x[static_cast<size_t>(5 * ldx + c)] *= 300.0f;
+    }
+    const std::vector<int32_t> index = {8, 2, 5, 0, 2, 7, 1};
+    const std::vector<int32_t> count = {6};
+    std::vector<float> ref(static_cast<size_t>(6 * cols));
+    for (int64_t r = 0; r < 6; ++r)
+      fq_fp8_block32_pow2(
+          std::span<const float>(x).subspan(static_cast<size_t>(index[r] * ldx), cols),
+          std::span<float>(ref).subspan(static_cast<size_t>(r * cols), cols));
+    const float* dx = up(x);
+    const int32_t* di = up(index);
+    const int32_t* dc = up(count);
+    float* o32 = nans(static_cast<size_t>(7 * ldo));
+    auto* o16 = up(std::vector<uint16_t>(static_cast<size_t>(7 * ldo), 0x7FC0));
+    for (bool bf16 : {false, true}) {
+      cuda::ActQuantParams p;
+      p.x = dx;
+      p.ldx = ldx;
+      p.row_index = di;
+      p.rows = 7;
+      p.device_rows = dc;
+      p.cols = cols;
+      p.out = bf16 ? static_cast<void*>(o16) : static_cast<void*>(o32);
+      p.out_type = bf16 ? cuda::ActivationType::kBF16 : cuda::ActivationType::kF32;
+      p.ldo = ldo;
+      cuda::launch_act_quant_mxfp8(p, stream_);
+      const std::vector<float> got =
+          bf16 ? bf16_bits_to_float(down(o16, static_cast<size_t>(7 * ldo)))
+               : down(o32, static_cast<size_t>(7 * ldo));
+      size_t diff = 0;
+      for (int64_t r = 0; r < 6; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          diff += got[static_cast<size_t>(r * ldo + c)] != ref[static_cast<size_t>(r * cols + c)];
+      EXPECT_EQ(diff, 0u) << (bf16 ? "bf16" : "fp32");
+      for (int64_t r = 0; r < 7; ++r)
+        for (int64_t c = r < 6 ? cols : 0; c < ldo; ++c)
+          ASSERT_TRUE(std::isnan(got[static_cast<size_t>(r * ldo + c)])) << r << " " << c;
+    }
   }
 }
 

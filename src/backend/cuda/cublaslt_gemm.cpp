@@ -23,7 +23,8 @@ namespace {
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
-using ShapeKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
+using ShapeKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool,
+                            int64_t, int64_t, int64_t, int64_t>;
 
 // Descriptors of one call (destroyed with it).
 struct Descs {
@@ -84,6 +85,18 @@ void CublasLtGemm::run(const LtGemmParams& p) {
   }
   MS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, data_type, u(p.k), u(p.m), p.lda));
   MS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, out_type, u(p.n), u(p.m), p.ldc));
+  if (p.batch > 1) {
+    const auto batched = [&](cublasLtMatrixLayout_t l, int64_t stride) {
+      const auto count = static_cast<int32_t>(p.batch);
+      MS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                       &count, sizeof(count)));
+      MS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+          l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+    };
+    batched(d.a, p.stride_b);  // cuBLASLt's A is our B (see above)
+    batched(d.b, p.stride_a);
+    batched(d.c, p.stride_c);
+  }
 
   const ShapeKey key{static_cast<int>(p.precision),
                      p.m,
@@ -93,7 +106,11 @@ void CublasLtGemm::run(const LtGemmParams& p) {
                      p.ldb,
                      p.ldc,
                      p.b_transposed,
-                     p.beta != 0.0f};
+                     p.beta != 0.0f,
+                     p.batch,
+                     p.stride_a,
+                     p.stride_b,
+                     p.stride_c};
   auto it = impl_->algos.find(key);
   if (it == impl_->algos.end()) {
     cublasLtMatmulPreference_t pref = nullptr;

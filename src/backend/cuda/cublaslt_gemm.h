@@ -29,6 +29,11 @@ struct LtGemmParams {
   int64_t k = 0;
   float alpha = 1.0f;
   float beta = 0.0f;
+  // Strided batch: C_i = A_i · op(B_i) for i < batch, X_i = X + i * stride_x (elements).
+  int64_t batch = 1;
+  int64_t stride_a = 0;
+  int64_t stride_b = 0;
+  int64_t stride_c = 0;
 };
 
 class CublasLtGemm {

@@ -92,23 +92,35 @@ __global__ void fill_records_kernel(uint8_t* rec, int64_t total, int64_t code_by
   rec[i] = static_cast<uint8_t>(v);
 }
 
+// Ascending sort of one row (k <= 2048; -1 entries last) in shared memory: a bitonic network
+// over the next power of two, padded with INT32_MAX. Equal keys are equal values, so the
+// network's instability does not show.
 __global__ void sort_rows_kernel(int32_t* x, int k) {
   __shared__ int32_t keys[2048];
   int32_t* row = x + static_cast<int64_t>(blockIdx.x) * k;
-  for (int i = threadIdx.x; i < k; i += blockDim.x) {
-    const int32_t v = row[i];
+  int n2 = 1;
+  while (n2 < k) n2 <<= 1;
+  for (int i = threadIdx.x; i < n2; i += blockDim.x) {
+    const int32_t v = i < k ? row[i] : -1;
     keys[i] = v < 0 ? 0x7FFFFFFF : v;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < k; i += blockDim.x) {
-    const int32_t ki = keys[i];
-    int rank = 0;
-    for (int j = 0; j < k; ++j) {
-      const int32_t kj = keys[j];
-      rank += (kj < ki || (kj == ki && j < i)) ? 1 : 0;
+  for (int size = 2; size <= n2; size <<= 1) {
+    for (int stride = size / 2; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < n2 / 2; i += blockDim.x) {
+        const int lo = 2 * i - (i & (stride - 1));
+        const int hi = lo + stride;
+        const bool ascending = (lo & size) == 0;
+        const int32_t a = keys[lo], b = keys[hi];
+        if ((a > b) == ascending) {
+          keys[lo] = b;
+          keys[hi] = a;
+        }
+      }
+      __syncthreads();
     }
-    row[rank] = ki == 0x7FFFFFFF ? -1 : ki;
   }
+  for (int i = threadIdx.x; i < k; i += blockDim.x) row[i] = keys[i] == 0x7FFFFFFF ? -1 : keys[i];
 }
 
 unsigned blocks_for(int64_t n) { return static_cast<unsigned>(ceil_div(n, kThreads)); }

@@ -57,6 +57,88 @@ __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(ActQuantParams
   }
 }
 
+// 8 consecutive elements per thread (two float4 loads, one 16-byte bf16 store): a 32-element
+// block is 4 lanes, its amax two shuffles. The same float operations per element as
+// mxfp8_fake_quant_lane, so bit-identical to it. grid (column chunks of 2048, row stride).
+__device__ __forceinline__ void fake_quant8(float (&v)[8]) {
+  float a = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) a = fmaxf(a, fabsf(v[e]));
+  a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
+  a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
+  const float s = v41::ue8m0_decode(v41::fp8_block_scale_code(a));
+  const float inv_s = 1.0f / s;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) v[e] = v41::e4m3_decode(v41::e4m3_encode(v[e] * inv_s)) * s;
+}
+
+__device__ __forceinline__ void store_act8(void* out, ActivationType type, int64_t i,
+                                           const float (&v)[8]) {
+  if (type == ActivationType::kBF16) {
+    uint32_t w[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const __nv_bfloat162 b = __floats2bfloat162_rn(v[2 * e], v[2 * e + 1]);
+      w[e] = *reinterpret_cast<const uint32_t*>(&b);
+    }
+    *reinterpret_cast<uint4*>(static_cast<__nv_bfloat16*>(out) + i) =
+        make_uint4(w[0], w[1], w[2], w[3]);
+  } else {
+    auto* o = reinterpret_cast<float4*>(static_cast<float*>(out) + i);
+    o[0] = make_float4(v[0], v[1], v[2], v[3]);
+    o[1] = make_float4(v[4], v[5], v[6], v[7]);
+  }
+}
+
+constexpr int kVecCols = kQuantThreads * 8;  // columns per block of the vector kernels
+
+__global__ void __launch_bounds__(kQuantThreads) act_quant_vec_kernel(ActQuantParams p) {
+  const int64_t rows = p.device_rows != nullptr ? *p.device_rows : p.rows;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kVecCols + threadIdx.x * 8;
+  // cols % 32 == 0: a 4-lane group is wholly inside or outside the row, and the shuffles of
+  // the groups past the end are never used (the whole warp still takes part).
+  const bool live = c < p.cols;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const int64_t src = p.row_index != nullptr ? p.row_index[r] : r;
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (live) {
+      const auto* x = reinterpret_cast<const float4*>(p.x + src * p.ldx + c);
+      const float4 a = x[0], b = x[1];
+      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+      v[7] = b.w;
+    }
+    fake_quant8(v);
+    if (live) store_act8(p.out, p.out_type, r * p.ldo + c, v);
+  }
+}
+
+__global__ void __launch_bounds__(kQuantThreads) swiglu_quant_vec_kernel(SwigluQuantParams p) {
+  const int64_t rows = p.device_rows != nullptr ? *p.device_rows : p.rows;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kVecCols + threadIdx.x * 8;
+  const bool live = c < p.cols;
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (live) {
+      const auto* g4 = reinterpret_cast<const float4*>(p.gate + r * p.ld + c);
+      const auto* u4 = reinterpret_cast<const float4*>(p.up + r * p.ld + c);
+      const float4 ga = g4[0], gb = g4[1], ua = u4[0], ub = u4[1];
+      const float gs[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
+      const float us[8] = {ua.x, ua.y, ua.z, ua.w, ub.x, ub.y, ub.z, ub.w};
+      const float w = p.row_weight != nullptr ? p.row_weight[r] : 1.0f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        // Same expression order as swiglu_quant_kernel.
+        const float g = fminf(gs[e], p.limit);
+        const float u = fminf(fmaxf(us[e], -p.limit), p.limit);
+        v[e] = g / (1.0f + expf(-g)) * u;
+        if (p.row_weight != nullptr) v[e] *= w;
+      }
+    }
+    fake_quant8(v);
+    if (live) store_act8(p.out, p.out_type, r * p.ldo + c, v);
+  }
+}
+
 __global__ void __launch_bounds__(kQuantThreads) swiglu_quant_kernel(SwigluQuantParams p) {
   const int64_t rows = p.device_rows != nullptr ? *p.device_rows : p.rows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -329,7 +411,15 @@ void launch_act_quant_mxfp8(const ActQuantParams& p, Stream stream) {
   if (p.rows == 0 || p.cols == 0) return;
   if (p.cols % 32 != 0 || p.ldx < p.cols || p.ldo < p.cols)
     bad_args("launch_act_quant_mxfp8", "cols % 32 == 0, ldx >= cols, ldo >= cols");
-  act_quant_kernel<<<quant_grid(p.rows), kQuantThreads, 0, as_cuda_stream(stream)>>>(p);
+  const bool vec = p.ldx % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+                   p.ldo % 8 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
+  if (vec) {
+    const dim3 grid(static_cast<unsigned>(ceil_div(p.cols, kVecCols)),
+                    static_cast<unsigned>(quant_grid(p.rows)));
+    act_quant_vec_kernel<<<grid, kQuantThreads, 0, as_cuda_stream(stream)>>>(p);
+  } else {
+    act_quant_kernel<<<quant_grid(p.rows), kQuantThreads, 0, as_cuda_stream(stream)>>>(p);
+  }
   MS_CUDA_CHECK_LAUNCH();
 }
 
@@ -337,7 +427,16 @@ void launch_swiglu_quant_mxfp8(const SwigluQuantParams& p, Stream stream) {
   if (p.rows == 0 || p.cols == 0) return;
   if (p.cols % 32 != 0 || p.ld < p.cols || p.ldo < p.cols)
     bad_args("launch_swiglu_quant_mxfp8", "cols % 32 == 0, ld >= cols, ldo >= cols");
-  swiglu_quant_kernel<<<quant_grid(p.rows), kQuantThreads, 0, as_cuda_stream(stream)>>>(p);
+  const bool vec = p.ld % 4 == 0 && reinterpret_cast<uintptr_t>(p.gate) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(p.up) % 16 == 0 && p.ldo % 8 == 0 &&
+                   reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
+  if (vec) {
+    const dim3 grid(static_cast<unsigned>(ceil_div(p.cols, kVecCols)),
+                    static_cast<unsigned>(quant_grid(p.rows)));
+    swiglu_quant_vec_kernel<<<grid, kQuantThreads, 0, as_cuda_stream(stream)>>>(p);
+  } else {
+    swiglu_quant_kernel<<<quant_grid(p.rows), kQuantThreads, 0, as_cuda_stream(stream)>>>(p);
+  }
   MS_CUDA_CHECK_LAUNCH();
 }
 

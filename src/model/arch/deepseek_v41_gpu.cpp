@@ -597,21 +597,34 @@ struct DeepseekV41Gpu::Impl {
       gemm_raw(x, cu::ActivationType::kF32, ldx, rows, lin, y, ldy, out_row0, out_rows);
       return;
     }
-    // Quantised rows: bf16 (exact) for the bf16 kernels, fp32 for the exact fp32 GEMM.
+    const QuantRows q = quant_rows(x, ldx, rows, lin.in, lin.kind, "aq");
+    gemm_raw(q.data, q.type, lin.in, rows, lin, y, ldy, out_row0, out_rows);
+  }
+
+  // The MXFP8 fake-quant of x [rows, in] as a GEMM on weights of `kind` takes it: bf16 (exact)
+  // for the bf16 kernels, fp32 for the exact fp32 GEMM; in buffer `name` (16/32 appended). One
+  // quantisation can feed several linears with the same input and kind (gemm_raw).
+  struct QuantRows {
+    const void* data;
+    cu::ActivationType type;
+  };
+  QuantRows quant_rows(const float* x, int64_t ldx, int64_t rows, int64_t in, Linear::Kind kind,
+                       const std::string& name) {
     const cu::ActivationType t =
-        lin.kind == Linear::Kind::kF32 ? cu::ActivationType::kF32 : cu::ActivationType::kBF16;
-    void* q = t == cu::ActivationType::kF32 ? static_cast<void*>(buf<float>("aq32", rows * lin.in))
-                                            : static_cast<void*>(buf<uint16_t>("aq16", rows * lin.in));
+        kind == Linear::Kind::kF32 ? cu::ActivationType::kF32 : cu::ActivationType::kBF16;
+    void* q = t == cu::ActivationType::kF32
+                  ? static_cast<void*>(buf<float>(name + "32", rows * in))
+                  : static_cast<void*>(buf<uint16_t>(name + "16", rows * in));
     cu::ActQuantParams ap;
     ap.x = x;
     ap.ldx = ldx;
     ap.rows = rows;
-    ap.cols = lin.in;
+    ap.cols = in;
     ap.out = q;
     ap.out_type = t;
-    ap.ldo = lin.in;
+    ap.ldo = in;
     cu::launch_act_quant_mxfp8(ap, stream);
-    gemm_raw(q, t, lin.in, rows, lin, y, ldy, out_row0, out_rows);
+    return {q, t};
   }
 
   // c[m, n] (fp32, ldc) = a[m, k] (lda) · b[n, k]^T (ldb) on cuBLASLt.
@@ -1136,12 +1149,19 @@ struct DeepseekV41Gpu::Impl {
     const size_t rec = c.swa_row_bytes();
     mark(GpuComponent::kDense);
     float* qr = buf<float>("qr", n * q);
-    linear(a, d, n, L.wq_a, qr, q);
+    float* kv = buf<float>("kv", n * hd);
+    if (L.wq_a.act_quant && L.wkv.act_quant && L.wq_a.kind == L.wkv.kind) {
+      // One quantisation of a for both projections.
+      const QuantRows qa = quant_rows(a, d, n, d, L.wq_a.kind, "aq_attn");
+      gemm_raw(qa.data, qa.type, d, n, L.wq_a, qr, q);
+      gemm_raw(qa.data, qa.type, d, n, L.wkv, kv, hd);
+    } else {
+      linear(a, d, n, L.wq_a, qr, q);
+      linear(a, d, n, L.wkv, kv, hd);
+    }
     rms(qr, n, q, L.q_norm);
     float* qh = buf<float>("q", n * h * hd);
     linear(qr, q, n, L.wq_b, qh, h * hd);
-    float* kv = buf<float>("kv", n * hd);
-    linear(a, d, n, L.wkv, kv, hd);
     mark(GpuComponent::kAttention);
     rope(qh, n, h, hd, s.pos.as<int32_t>(), info.rope);
     rms(kv, n, hd, L.kv_norm);
@@ -1200,8 +1220,33 @@ struct DeepseekV41Gpu::Impl {
     mark(GpuComponent::kDense);
     const int64_t g = c.o_groups, og = c.o_lora_rank, gin = h * hd / g;
     float* mid = buf<float>("attn_mid", n * g * og);
-    for (int64_t gi = 0; gi < g; ++gi)
-      linear(o + gi * gin, h * hd, n, L.wo_a, mid + gi * og, g * og, gi * og, og);
+    if (L.wo_a.act_quant && L.wo_a.kind == Linear::Kind::kFp8) {
+      // The G group GEMMs as one strided-batched cuBLASLt call: group gi reads o's channels
+      // [gi gin, +gin) and wo_a's rows [gi og, +og), and writes mid's columns [gi og, +og).
+      const QuantRows qo = quant_rows(o, h * hd, n, h * hd, L.wo_a.kind, "aq_o");
+      cu::LtGemmParams p;
+      p.precision = cu::GemmPrecision::kBf16F32;
+      p.a = qo.data;
+      p.lda = h * hd;
+      p.b = L.wo_a.wbf16.as<uint16_t>();
+      p.ldb = gin;
+      p.b_transposed = true;
+      p.c = mid;
+      p.ldc = g * og;
+      p.m = n;
+      p.n = og;
+      p.k = gin;
+      p.batch = g;
+      p.stride_a = gin;
+      p.stride_b = og * gin;
+      p.stride_c = og;
+      lt->run(p);
+      cost.flops += 2.0 * static_cast<double>(n) * og * gin * g;
+      cost.weight_bytes += static_cast<double>(L.wo_a.bytes());
+    } else {
+      for (int64_t gi = 0; gi < g; ++gi)
+        linear(o + gi * gin, h * hd, n, L.wo_a, mid + gi * og, g * og, gi * og, og);
+    }
     linear(mid, g * og, n, L.wo_b, y, d);
   }
 
@@ -1251,8 +1296,15 @@ struct DeepseekV41Gpu::Impl {
     // Shared expert (clamped SwiGLU too, oracle choice 6) straight into y.
     float* g1 = buf<float>("moe_g", n * inter);
     float* u1 = buf<float>("moe_u", n * inter);
-    linear(f, d, n, L.shared.w1, g1, inter);
-    linear(f, d, n, L.shared.w3, u1, inter);
+    if (L.shared.w1.act_quant && L.shared.w3.act_quant &&
+        L.shared.w1.kind == L.shared.w3.kind) {
+      const QuantRows qf = quant_rows(f, d, n, d, L.shared.w1.kind, "aq_ffn");  // for w1 and w3
+      gemm_raw(qf.data, qf.type, d, n, L.shared.w1, g1, inter);
+      gemm_raw(qf.data, qf.type, d, n, L.shared.w3, u1, inter);
+    } else {
+      linear(f, d, n, L.shared.w1, g1, inter);
+      linear(f, d, n, L.shared.w3, u1, inter);
+    }
     swiglu(g1, u1, g1, n, inter, nullptr);
     linear(g1, inter, n, L.shared.w2, y, d);
     if (local == 0) return;
