@@ -224,7 +224,8 @@ struct GemmTile {
 // (deterministic), each rank writing 1/kSplit of the tile: small-M decode batches then stream the
 // expert weights with kSplit times more CTAs in flight.
 template <int kTM, int kTK, int kSplit>
-__device__ __forceinline__ void grouped_mxfp4_gemm_body(const GroupedMxfp4GemmParams& p) {
+__device__ __forceinline__ void grouped_mxfp4_gemm_tile(const GroupedMxfp4GemmParams& p,
+                                                        int64_t m0) {
   using namespace nvcuda;
   using T = GemmTile<kTM, kTK>;
   constexpr int kPadK = T::kPadK;
@@ -238,8 +239,6 @@ __device__ __forceinline__ void grouped_mxfp4_gemm_body(const GroupedMxfp4GemmPa
   const int e = blockIdx.z;
   const int64_t beg = p.offsets[e];
   const int64_t cnt = p.offsets[e + 1] - beg;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTM;
-  if (m0 >= cnt) return;  // the whole cluster (same expert and rows) leaves together
   const int sp = static_cast<int>(blockIdx.x % kSplit);
   const int64_t n0 = static_cast<int64_t>(blockIdx.x / kSplit) * kTileN;
   const int tid = threadIdx.x;
@@ -373,6 +372,20 @@ __device__ __forceinline__ void grouped_mxfp4_gemm_body(const GroupedMxfp4GemmPa
   }
 }
 
+// The M tiles of expert blockIdx.z from blockIdx.y on, gridDim.y apart: the grid is sized from
+// the expected rows per expert, not the worst case, so few CTAs start only to find no rows. The
+// loop bounds are the same for every CTA of a cluster (same expert and blockIdx.y).
+template <int kTM, int kTK, int kSplit>
+__device__ __forceinline__ void grouped_mxfp4_gemm_body(const GroupedMxfp4GemmParams& p) {
+  const int e = blockIdx.z;
+  const int64_t cnt = p.offsets[e + 1] - p.offsets[e];
+  for (int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTM; m0 < cnt;
+       m0 += static_cast<int64_t>(gridDim.y) * kTM) {
+    grouped_mxfp4_gemm_tile<kTM, kTK, kSplit>(p, m0);
+    __syncthreads();  // this tile's shared memory reads are done before the next tile's writes
+  }
+}
+
 template <int kTM, int kTK>
 __global__ void __launch_bounds__(kGemmThreads) grouped_mxfp4_gemm_kernel(
     GroupedMxfp4GemmParams p) {
@@ -401,6 +414,15 @@ int quant_grid(int64_t rows) {
   return static_cast<int>(std::min<int64_t>(std::max<int64_t>(rows, 1), 65535));
 }
 
+// Row blocks of the vector kernels: all rows when the count is known on the host; when the count
+// is read on the device, `rows` is only an upper bound (e.g. every hit on a local expert) and the
+// blocks loop over the rows, so a few hundred keep the GPU busy without launching thousands that
+// find nothing to do.
+int vec_row_blocks(int64_t rows, bool device_count) {
+  return device_count ? static_cast<int>(std::min<int64_t>(std::max<int64_t>(rows, 1), 256))
+                      : quant_grid(rows);
+}
+
 void bad_args(const char* what, const char* need) {
   detail::cuda_call_failed(__FILE__, __LINE__, what, "bad arguments", need);
 }
@@ -415,7 +437,7 @@ void launch_act_quant_mxfp8(const ActQuantParams& p, Stream stream) {
                    p.ldo % 8 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
   if (vec) {
     const dim3 grid(static_cast<unsigned>(ceil_div(p.cols, kVecCols)),
-                    static_cast<unsigned>(quant_grid(p.rows)));
+                    static_cast<unsigned>(vec_row_blocks(p.rows, p.device_rows != nullptr)));
     act_quant_vec_kernel<<<grid, kQuantThreads, 0, as_cuda_stream(stream)>>>(p);
   } else {
     act_quant_kernel<<<quant_grid(p.rows), kQuantThreads, 0, as_cuda_stream(stream)>>>(p);
@@ -432,7 +454,7 @@ void launch_swiglu_quant_mxfp8(const SwigluQuantParams& p, Stream stream) {
                    reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
   if (vec) {
     const dim3 grid(static_cast<unsigned>(ceil_div(p.cols, kVecCols)),
-                    static_cast<unsigned>(quant_grid(p.rows)));
+                    static_cast<unsigned>(vec_row_blocks(p.rows, p.device_rows != nullptr)));
     swiglu_quant_vec_kernel<<<grid, kQuantThreads, 0, as_cuda_stream(stream)>>>(p);
   } else {
     swiglu_quant_kernel<<<quant_grid(p.rows), kQuantThreads, 0, as_cuda_stream(stream)>>>(p);
@@ -460,9 +482,12 @@ void launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream) {
   // Skinny batches whose (column tile, expert) CTAs would not fill the GPU about four times over
   // split K over a 4-CTA cluster (one M tile per expert is the expected case at these hints).
   const bool split = small && p.k % 128 == 0 && n_tiles * p.num_experts < 4 * 132;
+  // M tiles per expert in the grid: twice the expected rows (rows_hint), at least 1; CTAs loop
+  // over further tiles when an expert gets more rows.
+  const int64_t m_tiles = std::min(ceil_div(p.max_rows, tm),
+                                   std::max<int64_t>(1, ceil_div(2 * std::max<int64_t>(p.rows_hint, 1), tm)));
   const dim3 grid(static_cast<unsigned>(n_tiles * (split ? kKSplit : 1)),
-                  static_cast<unsigned>(ceil_div(p.max_rows, tm)),
-                  static_cast<unsigned>(p.num_experts));
+                  static_cast<unsigned>(m_tiles), static_cast<unsigned>(p.num_experts));
   if (grid.y > 65535) bad_args("launch_grouped_mxfp4_gemm", "max_rows / tile <= 65535");
   const cudaStream_t s = as_cuda_stream(stream);
   if (split) {

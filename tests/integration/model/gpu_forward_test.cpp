@@ -96,7 +96,8 @@ struct PromptResult {
 // `prompts` sequences in one GPU batch (chunked prefill in two chunks of odd length, bounded
 // replay), then `steps` decode steps, both sides fed the CPU's greedy token (teacher forcing).
 std::vector<PromptResult> greedy_prompts(bool exact_linears, int num_prompts, int len0,
-                                         int len_step, int steps, bool f64_attention = false) {
+                                         int len_step, int steps, bool f64_attention = false,
+                                         bool fast_attention = false) {
   const std::filesystem::path dir = make_temp_dir("gpu_forward");
   EXPECT_TRUE(write_generated_model(dir, gpu_tiny_config(), 0));
   auto backend = make_cpu_backend();
@@ -105,6 +106,7 @@ std::vector<PromptResult> greedy_prompts(bool exact_linears, int num_prompts, in
   arch::GpuModelOptions opt;
   opt.exact_linears = exact_linears;
   opt.f64_attention = f64_attention;
+  opt.fast_attention = fast_attention;
   opt.max_seqs = num_prompts;
   opt.max_context = 256;
   opt.max_rows = 1024;
@@ -253,6 +255,18 @@ TEST(GpuForward, GreedyDecodeMatchesCpuExactLinears) {
 TEST(GpuForward, GreedyDecodeMatchesCpu) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   greedy_case(false);
+}
+
+// The sparse attention on single fp16 operands (GpuModelOptions::fast_attention, 2^-11 relative):
+// every row differs from the CPU at the 1e-4 level, so only the greedy agreement is asserted, at
+// the same far-above-chance floor as the fp32 paths.
+TEST(GpuForward, GreedyDecodeFastAttention) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const auto r = greedy_prompts(false, 16, 9, 0, 8, false, true);
+  fmt::print("fast attention, short: {} of 16 prompts never flipped, {:.3f} of greedy tokens "
+             "identical\n",
+             never_flipped(r), same_fraction(r));
+  EXPECT_GE(same_fraction(r), kMinSameFraction);
 }
 
 // Rows of [rows, width] whose relative difference (to the row's max) exceeds tol.
