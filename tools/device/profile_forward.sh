@@ -42,7 +42,7 @@ for r in csv.DictReader(lines):
     else:
         name, ns = r.get("Name", ""), float(r.get("Duration (ns)", 0) or 0)
     # Weight / cache fill kernels of --random-weights and the synthetic KV fill are not the step.
-    base = name.split("(")[0].split("<")[0].split("::")[-1]
+    base = name.split("(")[0].rsplit("::", 1)[-1].split("<")[0]
     if base in ("fill_kernel", "fill_records_kernel", "dequant_fp8_kernel"): continue
     name = name.split("(")[0][:100]
     tot[name] += ns; cnt[name] += 1
