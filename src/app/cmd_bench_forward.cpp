@@ -197,9 +197,6 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   }
   go.tf32_dense = opt.tf32;
   go.fast_attention = opt.fast_attention;
-  // The step returns the device greedy tokens only (sampling on the device, as a serving step);
-  // round 1-2 runs also copied every logits row to pageable host memory (~3 ms at 64 rows).
-  go.copy_logits = false;
   go.local_experts = opt.local_experts;
   if (opt.layers > 0) go.layers = arch::subsample_layers(config, opt.layers);
   const auto t_load = Clock::now();
@@ -300,7 +297,6 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"iterations", opt.iterations},
               {"tf32_fp32_linears", opt.tf32},
               {"fast_attention", opt.fast_attention},
-              {"logits_copied_to_host", false},
               {"seed", opt.seed},
               {"device_name", dev.name}};
   nlohmann::json comps = nlohmann::json::object();

@@ -1654,11 +1654,9 @@ struct DeepseekV41Gpu::Impl {
       ap.out = g;
       ap.scratch = buf<uint64_t>("argmax_scratch", m);
       cu::launch_argmax_rows(ap, stream);
+      out.logits.resize(static_cast<size_t>(m * v));
       out.greedy.resize(static_cast<size_t>(m));
-      if (opt.copy_logits) {
-        out.logits.resize(static_cast<size_t>(m * v));
-        cu::copy_d2h(out.logits.data(), logits, out.logits.size() * 4, stream);
-      }
+      cu::copy_d2h(out.logits.data(), logits, out.logits.size() * 4, stream);
       cu::copy_d2h(out.greedy.data(), g, out.greedy.size() * 4, stream);
     }
     mark(GpuComponent::kOther);

@@ -58,9 +58,6 @@ struct GpuModelOptions {
   // precision class, twice the MMA rate); false: fp16 hi + lo pairs (about fp32), which the
   // GPU-vs-CPU model tests use.
   bool fast_attention = false;
-  // true: forward() copies each logits row to the host (GpuForwardOutput::logits); false: only the
-  // device greedy tokens come back (what a serving step needs when sampling on the device).
-  bool copy_logits = true;
   bool trace = false;  // keep per-layer attn_norm outputs and layer outputs (trace())
 };
 
