@@ -228,11 +228,13 @@ double same_fraction(const std::vector<PromptResult>& r) {
   return static_cast<double>(same) / std::max(steps, 1);
 }
 
-// Measured on the H200 (docs/perf/forward-gpu-2026-11-29.md, round 2); thresholds about half of
-// the measured values, far above chance (1/4096). Long: 8 prompts of 23..65 tokens + 64 decode
-// steps (every prompt flips during its prefill). Short: 16 prompts of 9 tokens + 8 steps.
+// Measured on the H200 (docs/perf/forward-gpu-2026-11-29-r3.md); thresholds about half of the
+// measured values, far above chance (1/4096). Long: 8 prompts of 23..65 tokens + 64 decode steps
+// (every prompt flips during its prefill): 53% identical. Short: 16 prompts of 9 tokens + 8
+// steps: 91% identical; the count of prompts that never flip (1-2 of 16) moves with any change of
+// summation order, so it is printed, not asserted.
 constexpr double kMinSameFraction = 0.25;
-constexpr int kMinUnflippedShort = 1;
+constexpr double kMinSameFractionShort = 0.45;
 
 void greedy_case(bool exact_linears) {
   const auto long_run = greedy_prompts(exact_linears, 8, 23, 6, 64);
@@ -242,8 +244,7 @@ void greedy_case(bool exact_linears) {
   const auto short_run = greedy_prompts(exact_linears, 16, 9, 0, 8);
   fmt::print("short: {} of 16 prompts never flipped, {:.3f} of greedy tokens identical\n",
              never_flipped(short_run), same_fraction(short_run));
-  EXPECT_GE(never_flipped(short_run), kMinUnflippedShort);
-  EXPECT_GE(same_fraction(short_run), kMinSameFraction);
+  EXPECT_GE(same_fraction(short_run), kMinSameFractionShort);
 }
 
 TEST(GpuForward, GreedyDecodeMatchesCpuExactLinears) {
@@ -258,8 +259,8 @@ TEST(GpuForward, GreedyDecodeMatchesCpu) {
 }
 
 // The sparse attention on single fp16 operands (GpuModelOptions::fast_attention, 2^-11 relative):
-// every row differs from the CPU at the 1e-4 level, so only the greedy agreement is asserted, at
-// the same far-above-chance floor as the fp32 paths.
+// every row differs from the CPU at the 1e-4 level, so only the greedy agreement is asserted
+// (measured 52% of short-prompt tokens; floor 25%, chance 1/4096).
 TEST(GpuForward, GreedyDecodeFastAttention) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   const auto r = greedy_prompts(false, 16, 9, 0, 8, false, true);
