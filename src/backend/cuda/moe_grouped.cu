@@ -24,15 +24,26 @@ namespace {
 
 constexpr int kQuantThreads = 256;  // 8 warps, one 32-element block per warp at a time
 
+// The MXFP8 rule of fq_fp8_block32_pow2: a block's power-of-two scale from its amax, then each
+// value rounded to e4m3 at that scale (e4m3_encode saturates to ±448, the clamp of
+// fake_quant.h, and keeps NaN).
+struct Mxfp8Scale {
+  float s, inv;
+};
+__device__ __forceinline__ Mxfp8Scale mxfp8_scale(float amax) {
+  const float s = v41::ue8m0_decode(v41::fp8_block_scale_code(amax));
+  return {s, 1.0f / s};
+}
+__device__ __forceinline__ float mxfp8_round(float v, Mxfp8Scale sc) {
+  return v41::e4m3_decode(v41::e4m3_encode(v * sc.inv)) * sc.s;
+}
+
 // The fake-quant value of the lane's element within its warp's 32-element block.
 __device__ __forceinline__ float mxfp8_fake_quant_lane(float v) {
   float a = fabsf(v);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
-  const float s = v41::ue8m0_decode(v41::fp8_block_scale_code(a));
-  const float inv_s = 1.0f / s;
-  // e4m3_encode saturates to ±448 (= the clamp of fake_quant.h) and keeps NaN.
-  return v41::e4m3_decode(v41::e4m3_encode(v * inv_s)) * s;
+  return mxfp8_round(v, mxfp8_scale(a));
 }
 
 __device__ __forceinline__ void store_act(void* out, ActivationType type, int64_t i, float v) {
@@ -66,10 +77,9 @@ __device__ __forceinline__ void fake_quant8(float (&v)[8]) {
   for (int e = 0; e < 8; ++e) a = fmaxf(a, fabsf(v[e]));
   a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
   a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
-  const float s = v41::ue8m0_decode(v41::fp8_block_scale_code(a));
-  const float inv_s = 1.0f / s;
+  const Mxfp8Scale sc = mxfp8_scale(a);
 #pragma unroll
-  for (int e = 0; e < 8; ++e) v[e] = v41::e4m3_decode(v41::e4m3_encode(v[e] * inv_s)) * s;
+  for (int e = 0; e < 8; ++e) v[e] = mxfp8_round(v[e], sc);
 }
 
 __device__ __forceinline__ void store_act8(void* out, ActivationType type, int64_t i,
@@ -423,6 +433,22 @@ int vec_row_blocks(int64_t rows, bool device_count) {
                       : quant_grid(rows);
 }
 
+// The vector kernel (8 elements per thread; grid: 2048-column chunks x row blocks) when the
+// pointers and pitches allow it, else the scalar one (a block per row).
+template <typename P>
+void launch_quant_rows(void (*vec_kernel)(P), void (*scalar_kernel)(P), bool vec, const P& p,
+                       Stream stream) {
+  const cudaStream_t s = as_cuda_stream(stream);
+  if (vec) {
+    const dim3 grid(static_cast<unsigned>(ceil_div(p.cols, kVecCols)),
+                    static_cast<unsigned>(vec_row_blocks(p.rows, p.device_rows != nullptr)));
+    vec_kernel<<<grid, kQuantThreads, 0, s>>>(p);
+  } else {
+    scalar_kernel<<<quant_grid(p.rows), kQuantThreads, 0, s>>>(p);
+  }
+  MS_CUDA_CHECK_LAUNCH();
+}
+
 void bad_args(const char* what, const char* need) {
   detail::cuda_call_failed(__FILE__, __LINE__, what, "bad arguments", need);
 }
@@ -435,14 +461,7 @@ void launch_act_quant_mxfp8(const ActQuantParams& p, Stream stream) {
     bad_args("launch_act_quant_mxfp8", "cols % 32 == 0, ldx >= cols, ldo >= cols");
   const bool vec = p.ldx % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
                    p.ldo % 8 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
-  if (vec) {
-    const dim3 grid(static_cast<unsigned>(ceil_div(p.cols, kVecCols)),
-                    static_cast<unsigned>(vec_row_blocks(p.rows, p.device_rows != nullptr)));
-    act_quant_vec_kernel<<<grid, kQuantThreads, 0, as_cuda_stream(stream)>>>(p);
-  } else {
-    act_quant_kernel<<<quant_grid(p.rows), kQuantThreads, 0, as_cuda_stream(stream)>>>(p);
-  }
-  MS_CUDA_CHECK_LAUNCH();
+  launch_quant_rows(act_quant_vec_kernel, act_quant_kernel, vec, p, stream);
 }
 
 void launch_swiglu_quant_mxfp8(const SwigluQuantParams& p, Stream stream) {
@@ -452,14 +471,7 @@ void launch_swiglu_quant_mxfp8(const SwigluQuantParams& p, Stream stream) {
   const bool vec = p.ld % 4 == 0 && reinterpret_cast<uintptr_t>(p.gate) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(p.up) % 16 == 0 && p.ldo % 8 == 0 &&
                    reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
-  if (vec) {
-    const dim3 grid(static_cast<unsigned>(ceil_div(p.cols, kVecCols)),
-                    static_cast<unsigned>(vec_row_blocks(p.rows, p.device_rows != nullptr)));
-    swiglu_quant_vec_kernel<<<grid, kQuantThreads, 0, as_cuda_stream(stream)>>>(p);
-  } else {
-    swiglu_quant_kernel<<<quant_grid(p.rows), kQuantThreads, 0, as_cuda_stream(stream)>>>(p);
-  }
-  MS_CUDA_CHECK_LAUNCH();
+  launch_quant_rows(swiglu_quant_vec_kernel, swiglu_quant_kernel, vec, p, stream);
 }
 
 void launch_moe_group(const MoeGroupParams& p, Stream stream) {

@@ -22,6 +22,7 @@
 
 #include "backend/cuda/cuda_util.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mma.cuh"
 #include "backend/cuda/v41_device.cuh"
 
 namespace moeserve::cuda {
@@ -72,23 +73,6 @@ constexpr size_t kOffLut = kOffList + align128(sizeof(int32_t) * kMaxKeys);
 constexpr size_t kOffStage = kOffLut + align128(sizeof(__half2) * 256);
 constexpr size_t kStageBytes = align128(static_cast<size_t>(kTile) * kSwaRec);
 constexpr size_t kSmemBytes = kOffStage + 2 * kStageBytes;
-
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Four 8x8 fp16 matrices, transposed: lanes 8j..8j+7 give the row addresses of matrix j.
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* smem_row) {
-  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(smem_row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
-}
 
 __device__ __forceinline__ uint32_t lds32(const __half* p) {
   return *reinterpret_cast<const uint32_t*>(p);
@@ -305,8 +289,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(SparseAtt
         for (int n = 0; n < 4; ++n) {
           const uint32_t b0 = lds32(&kt[n * 8 + g][d]);
           const uint32_t b1 = lds32(&kt[n * 8 + g][d + 8]);
-          mma16816(acc[n], qf[0][ks], b0, b1);
-          if constexpr (kSplit) mma16816(acc[n], qf[kParts - 1][ks], b0, b1);
+          mma::f16_16816(acc[n], qf[0][ks], b0, b1);
+          if constexpr (kSplit) mma::f16_16816(acc[n], qf[kParts - 1][ks], b0, b1);
         }
       }
 #pragma unroll
@@ -395,12 +379,12 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(SparseAtt
 #pragma unroll
         for (int np = 0; np < kOTiles / 2; ++np) {
           uint32_t b[4];
-          ldsm_x4_trans(b, &kt[key][slice * kSlice + np * 16 + (lane >> 4) * 8]);
-          mma16816(o[2 * np], ph, b[0], b[1]);
-          mma16816(o[2 * np + 1], ph, b[2], b[3]);
+          mma::ldsm_x4_trans(b, &kt[key][slice * kSlice + np * 16 + (lane >> 4) * 8]);
+          mma::f16_16816(o[2 * np], ph, b[0], b[1]);
+          mma::f16_16816(o[2 * np + 1], ph, b[2], b[3]);
           if constexpr (kSplit) {
-            mma16816(o[2 * np], pl, b[0], b[1]);
-            mma16816(o[2 * np + 1], pl, b[2], b[3]);
+            mma::f16_16816(o[2 * np], pl, b[0], b[1]);
+            mma::f16_16816(o[2 * np + 1], pl, b[2], b[3]);
           }
         }
       }

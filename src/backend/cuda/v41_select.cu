@@ -8,6 +8,7 @@
 
 #include "backend/cuda/cuda_util.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mma.cuh"
 #include "backend/cuda/v41_device.cuh"
 
 namespace moeserve::cuda {
@@ -40,21 +41,24 @@ struct IdxLaunch {
   bool accumulate = false;     // add to the scores of an earlier launch (heads > 32)
 };
 
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  const auto a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a)
-               : "memory");
-}
-
-// d += a (16x16, row) * b (16x8, col), bf16 in, fp32 accumulate.
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                               uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// acc[j] = the 16 keys from `rows` (a bf16 tile, pitch kIdxPitch) times B fragment set j of the
+// queries (hi, + lo when kSplit == 2) over the 128 dims, for the active j.
+template <int kNT, int kSplit>
+__device__ __forceinline__ void idx_subtile_mma(float (&acc)[kNT][4], const __nv_bfloat16* rows,
+                                                const uint32_t (&bq)[kNT][kSplit][8][2],
+                                                const bool (&act)[kNT], int lane) {
+#pragma unroll
+  for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    uint32_t a[4];
+    mma::ldsm_x4(a, rows + (lane & 15) * kIdxPitch + 16 * s + 8 * (lane >> 4));
+#pragma unroll
+    for (int j = 0; j < kNT; ++j)
+      if (act[j])
+#pragma unroll
+        for (int k = 0; k < kSplit; ++k) mma::bf16_16816(acc[j], a, bq[j][k][s][0], bq[j][k][s][1]);
+  }
 }
 
 __device__ __forceinline__ uint32_t bf162_bits(__nv_bfloat162 v) {
@@ -224,19 +228,7 @@ __global__ void __launch_bounds__(kIdxThreads, 2)
 #pragma unroll 1
       for (int sub = 0; sub < 4; ++sub) {
         float acc[kNT][4];
-#pragma unroll
-        for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-#pragma unroll
-        for (int s = 0; s < 8; ++s) {
-          uint32_t a[4];
-          ldsm_x4(a, kt + (sub * 16 + (lane & 15)) * kIdxPitch + 16 * s + 8 * (lane >> 4));
-#pragma unroll
-          for (int j = 0; j < kNT; ++j)
-            if (act[j])
-#pragma unroll
-              for (int k = 0; k < kSplit; ++k)
-                mma_bf16_16816(acc[j], a, bq[j][k][s][0], bq[j][k][s][1]);
-        }
+        idx_subtile_mma<kNT, kSplit>(acc, kt + sub * 16 * kIdxPitch, bq, act, lane);
         // v[2j + kh]: this thread's two heads of row slot j, key g + 8 kh.
         float v[2 * kNT];
 #pragma unroll
@@ -265,19 +257,7 @@ __global__ void __launch_bounds__(kIdxThreads, 2)
       }
     } else {
       float acc[kNT][4];
-#pragma unroll
-      for (int j = 0; j < kNT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-#pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        uint32_t a[4];
-        ldsm_x4(a, kt + (warp * 16 + (lane & 15)) * kIdxPitch + 16 * s + 8 * (lane >> 4));
-#pragma unroll
-        for (int j = 0; j < kNT; ++j)
-          if (act[j])
-#pragma unroll
-            for (int k = 0; k < kSplit; ++k)
-              mma_bf16_16816(acc[j], a, bq[j][k][s][0], bq[j][k][s][1]);
-      }
+      idx_subtile_mma<kNT, kSplit>(acc, kt + warp * 16 * kIdxPitch, bq, act, lane);
       float s0 = 0.0f, s1 = 0.0f;  // keys g, g + 8
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
