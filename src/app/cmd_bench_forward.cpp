@@ -56,6 +56,7 @@ struct BenchForwardOptions {
   int32_t iterations = 5;
   bool tf32 = true;
   bool fast_attention = false;
+  bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -185,7 +186,9 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
                       "--backend cuda needs --model DIR or --random-weights --config F");
   MS_ASSIGN_OR_RETURN(ModelConfig config, load_model_config(cfg_path));
   arch::GpuModelOptions go;
-  const int32_t warmup = 1;
+  // With CUDA graphs a decode shape runs eagerly once, then is captured: two warm-up steps so
+  // that every timed step is a replay.
+  const int32_t warmup = decode && opt.cuda_graphs ? 2 : 1;
   if (decode) {
     go.max_seqs = opt.batch;
     go.max_context = opt.context + opt.tokens_per_seq * (warmup + 2 * opt.iterations + 1);
@@ -197,6 +200,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   }
   go.tf32_dense = opt.tf32;
   go.fast_attention = opt.fast_attention;
+  go.cuda_graphs = decode && opt.cuda_graphs;
   go.local_experts = opt.local_experts;
   if (opt.layers > 0) go.layers = arch::subsample_layers(config, opt.layers);
   const auto t_load = Clock::now();
@@ -297,6 +301,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"iterations", opt.iterations},
               {"tf32_fp32_linears", opt.tf32},
               {"fast_attention", opt.fast_attention},
+              {"cuda_graphs", decode && opt.cuda_graphs},
               {"seed", opt.seed},
               {"device_name", dev.name}};
   nlohmann::json comps = nlohmann::json::object();
@@ -308,6 +313,8 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
                {"synthetic_fill_s_median", median(fill_s)},
                {"step_ms_median", step_ms},
                {"step_ms_all", step_s},
+               {"graph_replays", model->graph_replays()},
+               {"graph_captures", model->graph_captures()},
                {"gpu_ms_profiled_sum", gpu_ms},
                {"component_gpu_ms", comps},
                {"rows", rows},
@@ -327,7 +334,8 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
       "cuBLASLt bf16 rate); bytes = weights as held on the device (FP8/MXFP4, fp32 for the "
       "BF16-checkpoint tensors) touched by the step + cache bytes read by attention and the "
       "indexers; FLOPs = linears + attention + indexer scores. step_ms is host wall time of "
-      "forward() (includes the MoE routing host sync per layer).";
+      "forward(): host plan, one metadata upload, the launches (or the graph replay), the "
+      "logits copy to the host.";
   std::printf("%-28s %14s\n", "metric", "value");
   std::printf("%-28s %14s\n", "kind", decode ? "decode" : "prefill");
   std::printf("%-28s %14zu\n", "layers", model->layers().size());
@@ -381,6 +389,10 @@ void register_bench_forward(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_flag("--fast-attention", opt->fast_attention,
                  "cuda: sparse attention on single fp16 operands instead of hi + lo pairs");
+  cmd->add_option("--cuda-graphs", opt->cuda_graphs,
+                  "cuda decode: run the timed steps as captured CUDA graphs (the per-component "
+                  "breakdown always comes from eager profiled steps)")
+      ->capture_default_str();
   cmd->add_option("--prompt-len", opt->prompt_len, "prompt tokens")->capture_default_str();
   cmd->add_option("--decode-steps", opt->decode_steps, "decode steps")->capture_default_str();
   cmd->add_option("--chunk-size", opt->chunk_size, "prefill chunk (0: whole prompt)")

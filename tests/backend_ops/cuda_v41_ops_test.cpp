@@ -548,6 +548,13 @@ TEST_F(CudaV41, CompressorBatchAndFp4ScatterMatchPerSequence) {
              pidx + slot[i] * cap * idx_bytes, first},
             stream_);
       }
+      {
+        // Slots with entry -1 (the forward pads its group slots per sequence) write nothing.
+        cuda::Fp4ScatterWriteParams wj = w;
+        wj.entries = up(std::vector<int64_t>(static_cast<size_t>(std::max<int64_t>(groups, 1)), -1));
+        wj.write[1].x = up(rnd(std::max<int64_t>(groups, 1) * kdim, rng, -3, 3));
+        cuda::launch_fp4_cache_scatter_write(wj, stream_);
+      }
       const auto gmain = down(dmain, main_pool.size()), gidx = down(didx, idx_pool.size());
       EXPECT_EQ(gmain, main_pool) << "ratio " << ratio;
       EXPECT_EQ(gidx, idx_pool) << "ratio " << ratio;

@@ -88,7 +88,7 @@ float event_elapsed_ms(void* start, void* end) {
 }
 
 void graph_capture_begin(void* stream) {
-  MS_CUDA_CHECK(cudaStreamBeginCapture(as_cuda_stream(stream), cudaStreamCaptureModeGlobal));
+  MS_CUDA_CHECK(cudaStreamBeginCapture(as_cuda_stream(stream), cudaStreamCaptureModeRelaxed));
 }
 void* graph_capture_end(void* stream) {
   cudaGraph_t graph = nullptr;

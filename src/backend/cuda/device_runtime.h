@@ -36,8 +36,9 @@ void event_synchronize(void* event);
 // Milliseconds between two recorded (and completed) events.
 [[nodiscard]] float event_elapsed_ms(void* start, void* end);
 
-// Graph capture of the work enqueued on `stream` between begin and end (global capture mode);
-// end returns an instantiated executable graph.
+// Graph capture of the work enqueued on `stream` between begin and end (relaxed capture mode:
+// other CUDA calls, e.g. kernel attributes, stay allowed; an allocation during a capture is not
+// captured, so callers must not allocate then); end returns an instantiated executable graph.
 void graph_capture_begin(void* stream);
 [[nodiscard]] void* graph_capture_end(void* stream);
 void graph_launch(void* graph_exec, void* stream);

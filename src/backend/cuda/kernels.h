@@ -337,7 +337,8 @@ void launch_fp4_cache_write(const Fp4CacheWriteParams& p, Stream stream);
 
 // Scattered FP4 cache writes, `count` (1 or 2) of them in one launch: for each write w,
 // write[w].cache[entries[r]] = FP4 record of write[w].x[r, :dim] for r < write[w].rows
-// (first_entry is not used). Records are the same bytes as launch_fp4_cache_write's.
+// (first_entry is not used); rows with entries[r] < 0 are skipped. Records are the same bytes as
+// launch_fp4_cache_write's.
 struct Fp4ScatterWriteParams {
   Fp4CacheWriteParams write[2];
   int count = 1;

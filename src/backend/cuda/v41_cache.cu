@@ -78,8 +78,11 @@ __global__ void fp4_scatter_kernel(Fp4ScatterWriteParams p) {
   const int chunk = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (chunk >= w.dim / 32) return;
   const int64_t bytes = fp4_bytes(w.format, w.dim);
-  for (int64_t r = blockIdx.y; r < w.rows; r += gridDim.y)
-    fp4_write_chunk(w.x + r * w.ldx, w.dim, w.format, chunk, lane, w.cache + p.entries[r] * bytes);
+  for (int64_t r = blockIdx.y; r < w.rows; r += gridDim.y) {
+    const int64_t e = p.entries[r];
+    if (e < 0) continue;  // an unused slot (the forward pads the group slots per sequence)
+    fp4_write_chunk(w.x + r * w.ldx, w.dim, w.format, chunk, lane, w.cache + e * bytes);
+  }
 }
 
 // Group `first / ratio` (its first position `first`) into out[0, dim): thread c owns channel c;

@@ -80,14 +80,46 @@ struct Sequence {
   std::vector<int64_t> entries;  // per backbone layer (KV sources only)
 };
 
+// A piece of the forward's metadata blob (Impl::meta_dev + off once uploaded): `base` points
+// at the blob's device address, which is known only after the plan is complete.
+struct MetaPtr {
+  uint8_t* const* base = nullptr;
+  size_t off = 0;
+  template <typename T = void>
+  [[nodiscard]] T* as() const {
+    return reinterpret_cast<T*>(*base + off);
+  }
+};
+
 // The rows being computed and their per-row device metadata.
 struct RowSet {
   std::vector<int32_t> begin, rows, first_pos;  // per input
   std::vector<int32_t> src_row;                 // per row: row in the full chunk list
   int64_t n = 0;
-  DeviceMemory pos, swa_idx, ring_dst, row_slot, image;
+  MetaPtr pos, swa_idx, ring_dst, row_slot, image;
   bool any_image = false;
 };
+
+// One compressor layer's share of a forward, planned on the host: per input ceil(rows / ratio)
+// group slots (the most a chunk of `rows` can complete; slots past the completed groups have
+// entry -1 and are not written) and max(that, 1) compressor items, so the launch shapes depend
+// on the row counts only, never on the positions (a decode graph stays valid step to step).
+struct CompressPlan {
+  int64_t items = 0, groups = 0;
+  MetaPtr blob;  // [CompressorSeq per input | cache entry per group slot | positions (int32)]
+};
+
+// One index-source layer's selection, planned on the host: width = score columns (the longest
+// sequence's entries rounded up to kWidthBucket; -inf past each row's visible keys).
+struct SelectPlan {
+  int64_t width = 0;
+  int n_seqs = 0;
+  int64_t max_rows = 0;
+  MetaPtr seqs;  // [n_seqs, 4]: first row, rows, first pool record, keys
+};
+constexpr int64_t kWidthBucket = 512;
+// Decode-shaped forwards (every input at most this many rows) run as CUDA graphs.
+constexpr int64_t kGraphMaxRowsPerInput = 16;
 
 }  // namespace
 
@@ -193,20 +225,65 @@ struct DeepseekV41Gpu::Impl {
     cu::stream_synchronize(stream);
   }
 
-  // Grow-only scratch buffers, by name.
+  // Grow-only scratch buffers, by name. ws_gen counts reallocations: a captured graph holds the
+  // addresses of its time and is dropped once it changes.
   std::map<std::string, DeviceMemory> ws;
+  uint64_t ws_gen = 0;
   template <typename T>
   T* buf(const std::string& name, int64_t count) {
     const size_t bytes = static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T);
     DeviceMemory& m = ws[name];
-    if (m.bytes() < bytes) m = DeviceMemory(bytes);
+    if (m.bytes() < bytes) {
+      m = DeviceMemory(bytes);
+      ++ws_gen;
+    }
     return m.as<T>();
   }
+
+  // The forward's metadata (row positions, SWA slots, compressor and indexer descriptors, Engram
+  // ids, ...): planned on the host into meta_host, uploaded in one copy (through a pinned
+  // staging buffer) before any kernel runs, read by the kernels at fixed offsets. A graph replay
+  // needs only this upload.
+  std::vector<uint8_t> meta_host;
+  uint8_t* meta_dev = nullptr;
+  cu::PinnedHostBuffer meta_pinned;
   template <typename T>
-  T* upload(const std::string& name, const std::vector<T>& v) {
-    T* p = buf<T>(name, static_cast<int64_t>(v.size()));
-    cu::copy_h2d(p, v.data(), v.size() * sizeof(T), stream);
-    return p;
+  MetaPtr meta_put(const T* data, size_t count) {
+    const size_t off = (meta_host.size() + 255) / 256 * 256;
+    meta_host.resize(off + std::max<size_t>(count * sizeof(T), 1), 0);
+    if (count > 0) std::memcpy(meta_host.data() + off, data, count * sizeof(T));
+    return MetaPtr{&meta_dev, off};
+  }
+  template <typename T>
+  MetaPtr meta_put(const std::vector<T>& v) {
+    return meta_put(v.data(), v.size());
+  }
+  void meta_upload() {
+    const size_t bytes = std::max<size_t>(meta_host.size(), 1);
+    if (meta_pinned.bytes < bytes) {
+      if (meta_pinned.bytes > 0) cu::free_pinned_host(meta_pinned);
+      meta_pinned = cu::allocate_pinned_host(std::max(bytes, meta_pinned.bytes * 2), false);
+    }
+    std::memcpy(meta_pinned.host, meta_host.data(), meta_host.size());
+    meta_dev = buf<uint8_t>("meta", static_cast<int64_t>(bytes));
+    cu::copy_h2d(meta_dev, meta_pinned.host, meta_host.size(), stream);
+  }
+
+  // Captured decode graphs by launch shape (GraphKey). A shape seen for the first time runs
+  // eagerly (it grows the scratch buffers, builds the cuBLASLt plans and sets kernel
+  // attributes); the second time it is captured and launched, afterwards replayed.
+  struct GraphEntry {
+    void* exec = nullptr;
+    uint64_t gen = 0;
+    GpuForwardCost static_cost;       // the cost the launches add (the plan adds the rest)
+    std::vector<int32_t> moe_layers;  // for add_grouped_moe_cost
+  };
+  std::map<std::vector<int64_t>, GraphEntry> graphs;
+  std::map<std::vector<int64_t>, int> graph_seen;
+  int64_t graph_replays = 0, graph_captures = 0;
+  void drop_graphs() {
+    for (auto& [k, g] : graphs) cu::graph_destroy(g.exec);
+    graphs.clear();
   }
 
   // Profiling: an event at every component switch.
@@ -238,6 +315,8 @@ struct DeepseekV41Gpu::Impl {
       if (l->engram_scales.bytes > 0) cu::free_pinned_host(l->engram_scales);
     }
     for (void* e : event_pool) cu::event_destroy(e);
+    drop_graphs();
+    if (meta_pinned.bytes > 0) cu::free_pinned_host(meta_pinned);
     ws.clear();
     lt.reset();
     if (stream != nullptr) cu::stream_destroy(stream);
@@ -780,6 +859,16 @@ struct DeepseekV41Gpu::Impl {
     RowSet enc, dec;
     std::map<int32_t, int32_t*> sel;  // index-source layer -> [rows, topk] pool entries
     int32_t* cand = nullptr;          // [rows, kb * block] candidate entries (seq-local)
+    // The plan (plan()): metadata pieces and per-layer shapes.
+    MetaPtr tok, pre0, keep, last_rows;
+    std::map<int32_t, MetaPtr> engram;  // Engram layer -> [rows, hashes] ids
+    std::map<int32_t, CompressPlan> comp;
+    std::map<int32_t, SelectPlan> selp;
+    bool narrow = false;  // bounded replay drops rows at the boundary
+    std::vector<int32_t> logit_inputs;
+    int64_t m = 0;              // logits rows
+    GpuForwardCost plan_cost;   // the indexer's share (depends on the entries, not the shapes)
+    std::vector<int64_t> key;   // the launch shape (graph key)
   };
 
   // Builds a row set: rows [row0_s, T_s) of each input; SWA reads floored at floor_s.
@@ -827,25 +916,22 @@ struct DeepseekV41Gpu::Impl {
       }
     }
     s.n = static_cast<int64_t>(s.src_row.size());
-    s.pos = DeviceMemory(std::max<size_t>(pos.size(), 1) * 4);
-    s.swa_idx = DeviceMemory(std::max<size_t>(idx.size(), 1) * 4);
-    s.ring_dst = DeviceMemory(std::max<size_t>(ring_dst.size(), 1) * 8);
-    s.row_slot = DeviceMemory(std::max<size_t>(slot.size(), 1) * 8);
-    s.image = DeviceMemory(std::max<size_t>(img.size(), 1));
-    cu::copy_h2d(s.pos.as(), pos.data(), pos.size() * 4, stream);
-    cu::copy_h2d(s.swa_idx.as(), idx.data(), idx.size() * 4, stream);
-    cu::copy_h2d(s.ring_dst.as(), ring_dst.data(), ring_dst.size() * 8, stream);
-    cu::copy_h2d(s.row_slot.as(), slot.data(), slot.size() * 8, stream);
-    cu::copy_h2d(s.image.as(), img.data(), img.size(), stream);
+    s.pos = meta_put(pos);
+    s.swa_idx = meta_put(idx);
+    s.ring_dst = meta_put(ring_dst);
+    s.row_slot = meta_put(slot);
+    s.image = meta_put(img);
+    b.key.push_back(s.n);
     (void)tag;
   }
 
-  void engram(Batch& b, const RowSet& s, int32_t l, float* x) {
+  // The Engram hash ids of the rows of s at layer l (random over the held rows for random
+  // weights).
+  void plan_engram(Batch& b, const RowSet& s, int32_t l) {
     const Layer& L = *layers[static_cast<size_t>(l)];
     const LayerInfo& info = c.layer(l);
     const int32_t hashes = c.engram_num_hashes();
-    const int64_t n = s.n, d = c.hidden_size, hc = c.hc_mult;
-    const int dim = c.engram_head_dim;
+    const int64_t n = s.n;
     std::vector<int64_t> ids(static_cast<size_t>(n * hashes));
     const auto& all = b.engram_ids[static_cast<size_t>(info.engram_index)];
     for (int64_t r = 0; r < n; ++r)
@@ -854,7 +940,15 @@ struct DeepseekV41Gpu::Impl {
             random_weights
                 ? static_cast<int64_t>(rng() % static_cast<uint64_t>(L.engram_rows))
                 : all[static_cast<size_t>(s.src_row[static_cast<size_t>(r)] * hashes + h)];
-    const int64_t* dids = upload("engram_ids", ids);
+    b.engram[l] = meta_put(ids);
+  }
+
+  void engram(Batch& b, const RowSet& s, int32_t l, float* x) {
+    const Layer& L = *layers[static_cast<size_t>(l)];
+    const int32_t hashes = c.engram_num_hashes();
+    const int64_t n = s.n, d = c.hidden_size, hc = c.hc_mult;
+    const int dim = c.engram_head_dim;
+    const int64_t* dids = b.engram.at(l).as<int64_t>();
     const int64_t nid = n * hashes;
     cu::EngramGatherParams gp;
     gp.codes = static_cast<const uint8_t*>(L.engram_codes.device);
@@ -890,43 +984,40 @@ struct DeepseekV41Gpu::Impl {
     cu::launch_engram_gate(p, stream);
   }
 
-  // Compressor + index keys + FP4 cache appends for the rows of s (model.md §2.3): one compressor
-  // launch and one FP4 write launch (main entries and index keys) for all sequences, their
-  // parameters in one upload: [CompressorSeq per input | cache entry per group | group positions
-  // (int32, packed two per int64)].
-  void compress(const Batch& b, const RowSet& s, int32_t l, const float* a) {
+  // The compressor's share of the plan for layer l and the rows of s (CompressPlan); advances
+  // each sequence's entry count by the groups this forward completes.
+  void plan_compress(Batch& b, const RowSet& s, int32_t l) {
     Layer& L = *layers[static_cast<size_t>(l)];
-    const LayerInfo& info = c.layer(l);
-    const int64_t n = s.n, d = c.hidden_size, hd = c.head_dim, id = c.index_head_dim;
-    const int ratio = info.ratio;
-    float* kvc = buf<float>("comp_kv", n * hd);
-    float* gate = ratio > 1 ? buf<float>("comp_gate", n * hd) : nullptr;
-    linear(a, d, n, L.comp_wkv, kvc, hd);
-    if (ratio > 1) linear(a, d, n, L.comp_wgate, gate, hd);
+    const int ratio = c.layer(l).ratio;
     const size_t nin = b.in.size();
     std::vector<cu::CompressorSeq> cs(nin);
-    std::vector<int64_t> gcount(nin), entry;
+    std::vector<int64_t> entry;
     std::vector<int32_t> gpos;
-    int64_t groups_total = 0, items = 0;
+    int64_t groups = 0, items = 0;
     for (size_t i = 0; i < nin; ++i) {
       const int32_t slot = b.in[i].seq;
-      gcount[i] = cpu::compressor_groups(s.first_pos[i], s.rows[i], ratio);
+      const int64_t rows = s.rows[i];
+      const int64_t done = cpu::compressor_groups(s.first_pos[i], rows, ratio);
+      const int64_t gslots = (rows + ratio - 1) / ratio;
+      const int64_t islots = rows > 0 ? std::max<int64_t>(gslots, 1) : 0;
+      MS_CHECK_LE(done, gslots);
+      MS_CHECK_LE(cu::compressor_items(s.first_pos[i], rows, ratio), islots);
       cs[i].row_begin = s.begin[i];
-      cs[i].rows = s.rows[i];
+      cs[i].rows = rows;
       cs[i].start_pos = s.first_pos[i];
       cs[i].state_slot = slot;
-      cs[i].out_group = groups_total;
+      cs[i].out_group = groups;
       cs[i].item_begin = items;
-      items += cu::compressor_items(s.first_pos[i], s.rows[i], ratio);
-      const int64_t j0 = seqs[static_cast<size_t>(slot)].entries[static_cast<size_t>(l)];
-      MS_CHECK_LE(j0 + gcount[i], L.cap);
-      for (int64_t g = 0; g < gcount[i]; ++g) {
-        entry.push_back(static_cast<int64_t>(slot) * L.cap + j0 + g);
-        gpos.push_back(static_cast<int32_t>((j0 + g) * ratio));
+      int64_t& j0 = seqs[static_cast<size_t>(slot)].entries[static_cast<size_t>(l)];
+      MS_CHECK_LE(j0 + done, L.cap);
+      for (int64_t g = 0; g < gslots; ++g) {
+        entry.push_back(g < done ? static_cast<int64_t>(slot) * L.cap + j0 + g : -1);
+        gpos.push_back(g < done ? static_cast<int32_t>((j0 + g) * ratio) : 0);
       }
-      groups_total += gcount[i];
+      j0 += done;
+      groups += gslots;
+      items += islots;
     }
-    if (items == 0) return;
     constexpr size_t kSeqWords = sizeof(cu::CompressorSeq) / sizeof(int64_t);
     std::vector<int64_t> blob(nin * kSeqWords + entry.size() + (gpos.size() + 1) / 2, 0);
     std::memcpy(blob.data(), cs.data(), nin * sizeof(cu::CompressorSeq));
@@ -934,9 +1025,33 @@ struct DeepseekV41Gpu::Impl {
     if (!gpos.empty())
       std::memcpy(blob.data() + nin * kSeqWords + entry.size(), gpos.data(),
                   gpos.size() * sizeof(int32_t));
-    const int64_t* dblob = upload("comp_params", blob);
+    CompressPlan& cp = b.comp[l];
+    cp.items = items;
+    cp.groups = groups;
+    cp.blob = meta_put(blob);
+    b.key.insert(b.key.end(), {l, items, groups});
+  }
+
+  // Compressor + index keys + FP4 cache appends for the rows of s (model.md §2.3): one compressor
+  // launch and one FP4 write launch (main entries and index keys) for all sequences, their
+  // parameters from the plan.
+  void compress(const Batch& b, const RowSet& s, int32_t l, const float* a) {
+    Layer& L = *layers[static_cast<size_t>(l)];
+    const LayerInfo& info = c.layer(l);
+    const int64_t n = s.n, d = c.hidden_size, hd = c.head_dim, id = c.index_head_dim;
+    const int ratio = info.ratio;
+    const CompressPlan& cp = b.comp.at(l);
+    float* kvc = buf<float>("comp_kv", n * hd);
+    float* gate = ratio > 1 ? buf<float>("comp_gate", n * hd) : nullptr;
+    linear(a, d, n, L.comp_wkv, kvc, hd);
+    if (ratio > 1) linear(a, d, n, L.comp_wgate, gate, hd);
+    const size_t nin = b.in.size();
+    const int64_t items = cp.items, groups_total = cp.groups;
+    if (items == 0) return;
+    constexpr size_t kSeqWords = sizeof(cu::CompressorSeq) / sizeof(int64_t);
+    const int64_t* dblob = cp.blob.as<int64_t>();
     const int64_t* dentry = dblob + nin * kSeqWords;
-    const int32_t* dpos = reinterpret_cast<const int32_t*>(dentry + entry.size());
+    const int32_t* dpos = reinterpret_cast<const int32_t*>(dentry + groups_total);
     float* lat = buf<float>("comp_lat", groups_total * hd);
     {
       cu::CompressorBatchParams p;
@@ -978,8 +1093,6 @@ struct DeepseekV41Gpu::Impl {
     w.write[1].format = cu::Fp4Record::kIndexBlock32Ue8m0;
     w.write[1].cache = L.index_pool.as<uint8_t>();
     cu::launch_fp4_cache_scatter_write(w, stream);
-    for (size_t i = 0; i < nin; ++i)
-      seqs[static_cast<size_t>(b.in[i].seq)].entries[static_cast<size_t>(l)] += gcount[i];
   }
 
   void topk(const float* scores, int64_t rows, int64_t n, int64_t ld, int k, int32_t* out) {
@@ -992,6 +1105,44 @@ struct DeepseekV41Gpu::Impl {
     p.out_idx = out;
     p.scratch = buf<uint8_t>("topk_scratch", static_cast<int64_t>(cu::topk_scratch_bytes(rows, n)));
     cu::launch_topk(p, stream);
+  }
+
+  // The selection's share of the plan for index-source layer l (SelectPlan) and its cost (the
+  // keys each sequence scores).
+  void plan_select(Batch& b, const RowSet& s, int32_t l) {
+    const LayerInfo& info = c.layer(l);
+    const Layer& owner = *layers[static_cast<size_t>(info.kv_owner)];
+    const bool reindex = info.mode == LayerMode::kReindex;
+    const int64_t ncand = static_cast<int64_t>(c.candidate_topk_blocks) * c.candidate_block_size;
+    SelectPlan& sp = b.selp[l];
+    int64_t width = 0;
+    for (size_t i = 0; i < b.in.size(); ++i)
+      width = std::max(
+          width,
+          seqs[static_cast<size_t>(b.in[i].seq)].entries[static_cast<size_t>(info.kv_owner)]);
+    // NOTE: rounded up so that the launch shapes change once per kWidthBucket entries, not every
+    // step; the extra columns score -inf (past every row's visible keys) and top-k drops them.
+    sp.width = reindex ? ncand : (width + kWidthBucket - 1) / kWidthBucket * kWidthBucket;
+    std::vector<int64_t> seq_desc;
+    seq_desc.reserve(b.in.size() * 4);
+    for (size_t i = 0; i < b.in.size(); ++i) {
+      if (s.rows[i] == 0) continue;
+      const int32_t slot = b.in[i].seq;
+      const int64_t entries =
+          seqs[static_cast<size_t>(slot)].entries[static_cast<size_t>(info.kv_owner)];
+      seq_desc.insert(seq_desc.end(), {static_cast<int64_t>(s.begin[i]),
+                                       static_cast<int64_t>(s.rows[i]),
+                                       static_cast<int64_t>(slot) * owner.cap, entries});
+      sp.max_rows = std::max<int64_t>(sp.max_rows, s.rows[i]);
+      if (width == 0) continue;
+      const double cols = reindex ? static_cast<double>(ncand) : static_cast<double>(entries);
+      b.plan_cost.kv_bytes += cols * static_cast<double>(c.index_entry_bytes());
+      b.plan_cost.flops += 2.0 * s.rows[i] * cols * c.index_n_heads * c.index_head_dim;
+    }
+    if (width == 0) sp.width = 0;
+    sp.n_seqs = static_cast<int>(seq_desc.size() / 4);
+    sp.seqs = meta_put(seq_desc);
+    b.key.insert(b.key.end(), {l, sp.width, sp.n_seqs, sp.max_rows});
   }
 
   // Index selection of an index-source layer (model.md §2.4) into b.sel[l].
@@ -1028,42 +1179,21 @@ struct DeepseekV41Gpu::Impl {
     linear(a, d, n, L.idx_wproj, hw, ih);
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ih)) /
                                            std::sqrt(static_cast<double>(id)));
-    const size_t key_bytes = c.index_entry_bytes();
     int32_t* sel = buf<int32_t>(fmt::format("sel_{}", l), n * k);
     b.sel[l] = sel;
     int32_t* idx = buf<int32_t>("idx_topk", n * k);
     const bool reindex = info.mode == LayerMode::kReindex;
     const int64_t ncand = static_cast<int64_t>(c.candidate_topk_blocks) * c.candidate_block_size;
-    int64_t width = 0;
-    for (size_t i = 0; i < b.in.size(); ++i)
-      width = std::max(
-          width,
-          seqs[static_cast<size_t>(b.in[i].seq)].entries[static_cast<size_t>(info.kv_owner)]);
-    if (reindex) width = ncand;
+    const SelectPlan& sp = b.selp.at(l);
+    const int64_t width = sp.width;
     if (width == 0) {
       launch_fill_i32_neg(sel, n * k);
       return;
     }
-    // One launch for every sequence of the batch: [first row, rows, first pool record, keys] per
-    // sequence (one upload); the kernel writes every column of every row (-inf past a row's
+    // One launch for every sequence of the batch ([first row, rows, first pool record, keys] per
+    // sequence from the plan); the kernel writes every column of every row (-inf past a row's
     // visible keys), so the score matrix needs no fill.
     float* scores = buf<float>("idx_scores", n * width);
-    std::vector<int64_t> seq_desc;
-    seq_desc.reserve(b.in.size() * 4);
-    int64_t max_rows = 0;
-    for (size_t i = 0; i < b.in.size(); ++i) {
-      if (s.rows[i] == 0) continue;
-      const int32_t slot = b.in[i].seq;
-      const int64_t entries =
-          seqs[static_cast<size_t>(slot)].entries[static_cast<size_t>(info.kv_owner)];
-      seq_desc.insert(seq_desc.end(), {static_cast<int64_t>(s.begin[i]),
-                                       static_cast<int64_t>(s.rows[i]),
-                                       static_cast<int64_t>(slot) * owner.cap, entries});
-      max_rows = std::max<int64_t>(max_rows, s.rows[i]);
-      const double cols = reindex ? static_cast<double>(ncand) : static_cast<double>(entries);
-      cost.kv_bytes += cols * static_cast<double>(key_bytes);
-      cost.flops += 2.0 * s.rows[i] * cols * ih * id;
-    }
     {
       cu::IndexerScoreParams p;
       p.q = qi;
@@ -1079,9 +1209,9 @@ struct DeepseekV41Gpu::Impl {
       p.scale = scale;
       p.scores = scores;
       p.ld = width;
-      p.n_seqs = static_cast<int>(seq_desc.size() / 4);
-      p.seqs = upload("idx_seqs", seq_desc);
-      p.max_seq_rows = max_rows;
+      p.n_seqs = sp.n_seqs;
+      p.seqs = sp.seqs.as<int64_t>();
+      p.max_seq_rows = sp.max_rows;
       p.max_seq_keys = width;
       // The queries went through the FP4 round trip above: every value is a bf16.
       p.q_exact_bf16 = true;
@@ -1451,8 +1581,6 @@ struct DeepseekV41Gpu::Impl {
     moe_layers_run.clear();
     Batch b;
     b.in = inputs;
-    const int64_t d = c.hidden_size, hc = c.hc_mult, hd = c.head_dim;
-    const int32_t hashes = c.engram_num_hashes();
     for (size_t i = 0; i < inputs.size(); ++i) {
       const GpuSequenceInput& in = inputs[i];
       if (in.seq < 0 || in.seq >= opt.max_seqs || !seqs[static_cast<size_t>(in.seq)].live)
@@ -1468,10 +1596,108 @@ struct DeepseekV41Gpu::Impl {
       for (int32_t t : in.tokens)
         if (t < 0 || t >= c.vocab_size)
           return make_error(ErrorCode::kOutOfRange, "gpu forward: token id {} outside vocab", t);
-      Sequence& sq = seqs[static_cast<size_t>(in.seq)];
+      const Sequence& sq = seqs[static_cast<size_t>(in.seq)];
       if (sq.num_tokens + static_cast<int64_t>(in.tokens.size()) > opt.max_context)
         return make_error(ErrorCode::kOutOfRange, "gpu forward: sequence {} beyond {} positions",
                           in.seq, opt.max_context);
+      b.total += static_cast<int64_t>(in.tokens.size());
+    }
+    if (b.total > opt.max_rows)
+      return make_error(ErrorCode::kOutOfRange, "gpu forward: {} rows > max_rows {}", b.total,
+                        opt.max_rows);
+    b.total = 0;
+    // Everything the launches need from the host, then one upload.
+    plan(b, mode);
+    meta_upload();
+    // Decode-shaped forwards run as CUDA graphs (opt.cuda_graphs): the first forward of a launch
+    // shape runs eagerly, the second is captured, later ones replay it.
+    bool graphable = opt.cuda_graphs && !opt.trace && !opt.profile && !opt.exact_linears &&
+                     !b.narrow && !b.enc.any_image;
+    for (const auto& in : inputs)
+      graphable = graphable && static_cast<int64_t>(in.tokens.size()) <= kGraphMaxRowsPerInput;
+    const auto add_plan_cost = [&] {
+      cost.weight_bytes += b.plan_cost.weight_bytes;
+      cost.kv_bytes += b.plan_cost.kv_bytes;
+      cost.flops += b.plan_cost.flops;
+    };
+    bool launched = false;
+    if (graphable) {
+      auto it = graphs.find(b.key);
+      if (it != graphs.end() && it->second.gen != ws_gen) {
+        drop_graphs();  // scratch buffers moved since the capture
+        it = graphs.end();
+      }
+      if (it != graphs.end()) {
+        cu::graph_launch(it->second.exec, stream);
+        cost = it->second.static_cost;
+        moe_layers_run = it->second.moe_layers;
+        add_plan_cost();
+        ++graph_replays;
+        launched = true;
+      } else if (graph_seen[b.key]++ > 0) {
+        const uint64_t gen = ws_gen;
+        cu::graph_capture_begin(stream);
+        launch(b);
+        void* exec = cu::graph_capture_end(stream);
+        if (gen == ws_gen) {
+          GraphEntry g;
+          g.exec = exec;
+          g.gen = ws_gen;
+          g.static_cost = cost;
+          g.moe_layers = moe_layers_run;
+          graphs[b.key] = std::move(g);
+          cu::graph_launch(exec, stream);
+          add_plan_cost();
+          ++graph_captures;
+          launched = true;
+        } else {
+          // A buffer grew during the capture (this shape's eager forward was followed by one
+          // that swapped the bounded-replay buffers), so the graph may hold a freed address.
+          // Nothing captured has run: run the forward eagerly below, capture next time.
+          cu::graph_destroy(exec);
+          cost = GpuForwardCost{};
+          moe_layers_run.clear();
+        }
+      }
+    }
+    if (!launched) {
+      launch(b);
+      add_plan_cost();
+    }
+    GpuForwardOutput out;
+    out.logit_inputs = b.logit_inputs;
+    if (b.m > 0) {
+      out.logits.resize(static_cast<size_t>(b.m * c.vocab_size));
+      out.greedy.resize(static_cast<size_t>(b.m));
+      cu::copy_d2h(out.logits.data(), buf<float>("logits", b.m * c.vocab_size),
+                   out.logits.size() * 4, stream);
+      cu::copy_d2h(out.greedy.data(), buf<int32_t>("greedy", b.m), out.greedy.size() * 4, stream);
+    }
+    mark(GpuComponent::kOther);
+    cu::stream_synchronize(stream);
+    flush_profile();
+    add_grouped_moe_cost();
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      Sequence& sq = seqs[static_cast<size_t>(inputs[i].seq)];
+      if (!random_weights && !c.engram_layers.empty())
+        advance_engram_history(c, token_map, inputs[i].tokens, inputs[i].is_image, sq.history);
+      sq.num_tokens += static_cast<int32_t>(inputs[i].tokens.size());
+    }
+    return out;
+  }
+
+  // The host half of a forward: positions, row sets, Engram ids, per-layer compressor and
+  // selection shapes (advancing each sequence's entry counts), logits rows; everything the
+  // kernels read goes into meta_host, every shape into b.key.
+  void plan(Batch& b, ForwardMode mode) {
+    const std::span<const GpuSequenceInput> inputs = b.in;
+    const int64_t hc = c.hc_mult;
+    const int32_t hashes = c.engram_num_hashes();
+    meta_host.clear();
+    b.key = {static_cast<int64_t>(mode), static_cast<int64_t>(inputs.size())};
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const GpuSequenceInput& in = inputs[i];
+      Sequence& sq = seqs[static_cast<size_t>(in.seq)];
       b.start.push_back(sq.num_tokens);
       b.chunk_begin.push_back(static_cast<int32_t>(b.total));
       b.total += static_cast<int64_t>(in.tokens.size());
@@ -1484,10 +1710,6 @@ struct DeepseekV41Gpu::Impl {
       for (size_t t = 0; t < in.tokens.size(); ++t)
         b.image.push_back(in.is_image.empty() ? 0 : in.is_image[t]);
     }
-    if (b.total > opt.max_rows)
-      return make_error(ErrorCode::kOutOfRange, "gpu forward: {} rows > max_rows {}", b.total,
-                        opt.max_rows);
-    mark(GpuComponent::kOther);
     // Engram hash ids of every chunk row (§4), on the host from the token ids.
     b.engram_ids.resize(c.engram_layers.size());
     if (!random_weights) {
@@ -1515,20 +1737,65 @@ struct DeepseekV41Gpu::Impl {
     }
     build_set(b, b.enc, zero, zero, "enc");
     build_set(b, b.dec, row0, floor, "dec");
-    // X = embed(ids) in every stream  [T, HC, D]; pre = stream 0.
-    int64_t n = b.enc.n;
+    for (size_t i = 0; i < inputs.size(); ++i)
+      b.key.insert(b.key.end(), {b.enc.rows[i], b.dec.rows[i]});
+    b.key.push_back(b.enc.any_image ? 1 : 0);
     {
       std::vector<int32_t> tok;
       for (const auto& in : inputs)
         for (int32_t t : in.tokens)
           for (int64_t k = 0; k < hc; ++k) tok.push_back(t);
-      const int32_t* dtok = upload("tok", tok);
-      cu::launch_gather_rows(embed.as<float>(), d, dtok, n * hc, d, buf<float>("x", n * hc * d), d,
-                             stream);
-      std::vector<float> pre(static_cast<size_t>(n * hc), 0.0f);
-      for (int64_t r = 0; r < n; ++r) pre[static_cast<size_t>(r * hc)] = 1.0f;
-      (void)upload("pre", pre);
+      b.tok = meta_put(tok);
+      std::vector<float> pre(static_cast<size_t>(b.enc.n * hc), 0.0f);
+      for (int64_t r = 0; r < b.enc.n; ++r) pre[static_cast<size_t>(r * hc)] = 1.0f;
+      b.pre0 = meta_put(pre);
     }
+    // The layers in the launch order (launch()).
+    const RowSet* s = &b.enc;
+    const int32_t boundary = c.decoder_start_layer();
+    for (const int32_t l : layer_ids) {
+      const LayerInfo& info = c.layer(l);
+      if (info.engram_index >= 0 && s->n > 0) plan_engram(b, *s, l);
+      if (info.is_kv_source) plan_compress(b, *s, l);
+      if (l >= boundary && s == &b.enc) {
+        if (b.dec.n != b.enc.n) {
+          b.narrow = true;
+          std::vector<int32_t> keep;
+          for (size_t i = 0; i < inputs.size(); ++i)
+            for (int32_t r = 0; r < b.dec.rows[i]; ++r)
+              keep.push_back(b.enc.begin[i] + (b.enc.rows[i] - b.dec.rows[i]) + r);
+          b.keep = meta_put(keep);
+        }
+        s = &b.dec;
+      }
+      if (s->n == 0) continue;
+      if (info.is_index_source) plan_select(b, *s, l);
+    }
+    if (s == &b.enc && b.dec.n != b.enc.n) s = &b.dec;  // only when no layer reached the boundary
+    // Logits of the last current row of each input that wants them.
+    std::vector<int32_t> last_rows;
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (inputs[i].want_logits && s->rows[i] > 0) {
+        b.logit_inputs.push_back(static_cast<int32_t>(i));
+        last_rows.push_back(s->begin[i] + s->rows[i] - 1);
+      }
+    b.m = static_cast<int64_t>(last_rows.size());
+    b.last_rows = meta_put(last_rows);
+    b.key.insert(b.key.end(), {b.m, b.narrow ? 1 : 0});
+  }
+
+  // The device half of a forward: every launch, no host synchronisation and no host copies
+  // (capturable), reading the metadata the plan uploaded. Leaves the logits in buffer
+  // "logits" and the greedy tokens in "greedy".
+  void launch(Batch& b) {
+    const int64_t d = c.hidden_size, hc = c.hc_mult;
+    mark(GpuComponent::kOther);
+    // X = embed(ids) in every stream  [T, HC, D]; pre = stream 0.
+    int64_t n = b.enc.n;
+    cu::launch_gather_rows(embed.as<float>(), d, b.tok.as<int32_t>(), n * hc, d,
+                           buf<float>("x", n * hc * d), d, stream);
+    cu::copy_d2d(buf<float>("pre", n * hc), b.pre0.as<float>(), static_cast<size_t>(n * hc) * 4,
+                 stream);
     float* x = buf<float>("x", n * hc * d);
     float* pre = buf<float>("pre", n * hc);
     const RowSet* s = &b.enc;
@@ -1556,11 +1823,7 @@ struct DeepseekV41Gpu::Impl {
         // Bounded replay (§2.6): from the candidate-source layer on, only the decoder rows.
         if (b.dec.n != b.enc.n) {
           mark(GpuComponent::kOther);
-          std::vector<int32_t> keep;
-          for (size_t i = 0; i < inputs.size(); ++i)
-            for (int32_t r = 0; r < b.dec.rows[i]; ++r)
-              keep.push_back(b.enc.begin[i] + (b.enc.rows[i] - b.dec.rows[i]) + r);
-          const int32_t* dk = upload("keep", keep);
+          const int32_t* dk = b.keep.as<int32_t>();
           const int64_t m = b.dec.n;
           float* x2 = buf<float>("x2", std::max<int64_t>(m, 1) * hc * d);
           float* pre2 = buf<float>("pre2", std::max<int64_t>(m, 1) * hc);
@@ -1619,20 +1882,12 @@ struct DeepseekV41Gpu::Impl {
       cu::copy_d2d(pre, pre_f, static_cast<size_t>(n * hc) * 4, stream);
       if (opt.trace) trace_rows(trace.layer_out, l, x, n * hc * d);
     }
-    if (s == &b.enc && b.dec.n != b.enc.n) s = &b.dec;  // only when no layer reached the boundary
     // Logits of the last current row of each input that wants them.
     mark(GpuComponent::kSampling);
-    GpuForwardOutput out;
-    std::vector<int32_t> last_rows;
-    for (size_t i = 0; i < inputs.size(); ++i)
-      if (inputs[i].want_logits && s->rows[i] > 0) {
-        out.logit_inputs.push_back(static_cast<int32_t>(i));
-        last_rows.push_back(s->begin[i] + s->rows[i] - 1);
-      }
-    const int64_t m = static_cast<int64_t>(last_rows.size());
+    const int64_t m = b.m;
     if (m > 0) {
       const int64_t v = c.vocab_size;
-      const int32_t* dl = upload("last_rows", last_rows);
+      const int32_t* dl = b.last_rows.as<int32_t>();
       float* xl = buf<float>("xl", m * hc * d);
       float* pl = buf<float>("pl", m * hc);
       cu::launch_gather_rows(x, hc * d, dl, m, hc * d, xl, hc * d, stream);
@@ -1654,23 +1909,7 @@ struct DeepseekV41Gpu::Impl {
       ap.out = g;
       ap.scratch = buf<uint64_t>("argmax_scratch", m);
       cu::launch_argmax_rows(ap, stream);
-      out.logits.resize(static_cast<size_t>(m * v));
-      out.greedy.resize(static_cast<size_t>(m));
-      cu::copy_d2h(out.logits.data(), logits, out.logits.size() * 4, stream);
-      cu::copy_d2h(out.greedy.data(), g, out.greedy.size() * 4, stream);
     }
-    mark(GpuComponent::kOther);
-    cu::stream_synchronize(stream);
-    flush_profile();
-    add_grouped_moe_cost();
-    (void)hd;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      Sequence& sq = seqs[static_cast<size_t>(inputs[i].seq)];
-      if (!random_weights && !c.engram_layers.empty())
-        advance_engram_history(c, token_map, inputs[i].tokens, inputs[i].is_image, sq.history);
-      sq.num_tokens += static_cast<int32_t>(inputs[i].tokens.size());
-    }
-    return out;
   }
 };
 
@@ -1791,6 +2030,8 @@ std::array<double, kNumGpuComponents> DeepseekV41Gpu::component_ms() const {
 void DeepseekV41Gpu::reset_profile() { impl_->comp_ms.fill(0.0); }
 void DeepseekV41Gpu::set_profile(bool on) { impl_->opt.profile = on; }
 const GpuForwardCost& DeepseekV41Gpu::last_cost() const { return impl_->cost; }
+int64_t DeepseekV41Gpu::graph_replays() const { return impl_->graph_replays; }
+int64_t DeepseekV41Gpu::graph_captures() const { return impl_->graph_captures; }
 const GpuForwardTrace& DeepseekV41Gpu::trace() const { return impl_->trace; }
 
 }  // namespace moeserve::arch

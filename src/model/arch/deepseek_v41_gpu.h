@@ -5,15 +5,16 @@
 // pinned host memory the GPU reads directly. Per-sequence caches live in device pools with the
 // CPU state's byte formats: SWA rings (e4m3 + ue8m0, 528 B at hd 512), FP4 main entries (288 B),
 // FP4 index keys (68 B), compressor partial groups (fp32).
-// One forward runs a batch of sequences (prefill chunks and decode rows, concatenated); dense
-// work is batched over all rows, per-sequence work (compressor, indexer scores, cache writes)
-// loops over the sequences. Modes as the CPU model (kOracle / kProduction bounded replay).
+// One forward runs a batch of sequences (prefill chunks and decode rows, concatenated); every
+// launch covers the whole batch (the compressor, indexer scores and cache writes read per-sequence
+// descriptors). Modes as the CPU model (kOracle / kProduction bounded replay).
 // Invariant: forward() advances every sequence it was given by exactly its tokens.
 // Linears: FP8/MXFP4 checkpoint weights get MXFP8 input rows (model.md §5), FP8 weights are held
 // as bf16 for cuBLASLt, routed experts stay MXFP4 for the grouped GEMM; the MoE groups rows on
 // the device (no host sync).
-// NOTE: not CUDA-graph capturable yet: per-step metadata is copied from pageable host vectors and
-// the compressor / indexer loop over sequences with host-known sizes.
+// A forward is planned on the host (positions, SWA slots, compressor and indexer descriptors,
+// Engram ids: one metadata upload) and then launched without host synchronisation, so decode
+// forwards can run as captured CUDA graphs (GpuModelOptions::cuda_graphs).
 #pragma once
 
 #include <array>
@@ -47,6 +48,11 @@ struct GpuModelOptions {
   // drawn uniformly over them).
   int64_t random_engram_rows = int64_t{1} << 20;
   bool profile = false;  // per-component CUDA-event timing
+  // true: decode-shaped forwards (every input <= 16 rows, no images, no bounded-replay
+  // narrowing, no trace/profile/exact_linears) run as CUDA graphs, one per launch shape (batch,
+  // rows per input, logits rows, indexer width rounded up to 512 entries): the first forward of a
+  // shape runs eagerly, the second captures it, later ones replay it.
+  bool cuda_graphs = false;
   // true: FP8/MXFP4 linears dequantised to fp32 at load and run as exact fp32 GEMMs (cuBLASLt,
   // no TF32) on the same MXFP8 inputs: the test's second GEMM path next to the production one.
   bool exact_linears = false;
@@ -148,6 +154,9 @@ class DeepseekV41Gpu {
   void reset_profile();
   void set_profile(bool on);
   [[nodiscard]] const GpuForwardCost& last_cost() const;
+  // Forwards that replayed / captured a CUDA graph so far.
+  [[nodiscard]] int64_t graph_replays() const;
+  [[nodiscard]] int64_t graph_captures() const;
   [[nodiscard]] const GpuForwardTrace& trace() const;
 
   struct Impl;
