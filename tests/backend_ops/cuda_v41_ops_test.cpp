@@ -72,9 +72,19 @@ std::vector<double> compress_freqs() {
   cpu::swa_write_fp8(x.data(), 512, n, 512, pos.data(), out.data(), static_cast<int>(n));
   return out;
 }
+// Each 32-value block of x times 2^k, k uniform in [-spread, spread]: per-block scales that differ
+// within a vector (uniform random values give every block of a vector nearly the same scale).
+[[maybe_unused]] void scale_blocks32(std::vector<float>& x, std::mt19937& rng, int spread) {
+  std::uniform_int_distribution<int> e(-spread, spread);
+  for (size_t b = 0; b < x.size(); b += 32) {
+    const float s = std::ldexp(1.0f, e(rng));
+    for (size_t i = b; i < std::min(x.size(), b + 32); ++i) x[i] *= s;
+  }
+}
 [[maybe_unused]] std::vector<uint8_t> fp4_records(int64_t n, int dim, cpu::Fp4Record f,
-                                                  std::mt19937& rng) {
+                                                  std::mt19937& rng, int block_exp_spread = 0) {
   auto x = rnd(n * dim, rng, -2, 2);
+  if (block_exp_spread > 0) scale_blocks32(x, rng, block_exp_spread);
   std::vector<uint8_t> out(static_cast<size_t>(n * cpu::fp4_record_bytes(f, dim)));
   cpu::fp4_cache_write(x.data(), dim, n, dim, f, out.data(), 0);
   return out;
@@ -604,7 +614,9 @@ TEST_F(CudaV41, IndexerScores) {
 // per sequence: sequences with 0 keys, 0 rows, key counts not a multiple of the 64-key tile, more
 // rows than one 8-row block, more columns than one 2048-column chunk; causal masks at ratio 1 and
 // 2; candidate (Reindex) rows with -1, out-of-range and invisible ids; fp32 queries (hi/lo split)
-// and FP4 queries with q_exact_bf16. 1e-5 of max|ref| (fp32 accumulation).
+// and FP4 queries with q_exact_bf16. Keys and queries have per-32-dim block scales 2^-3..2^3 apart
+// within a vector, so a key block converted with the wrong scale, or dims paired with the wrong
+// query dims, shows. 1e-5 of max|ref| (fp32 accumulation).
 TEST_F(CudaV41, IndexerScoresBatched) {
   std::mt19937 rng(21);
   const int id = 128;
@@ -615,7 +627,7 @@ TEST_F(CudaV41, IndexerScoresBatched) {
                                  {6, 77, 150},   {19, 4200, 3000}, {1, 2049, 2047}};
   const int64_t cap = 4300;  // pool records per sequence
   auto pool = fp4_records(static_cast<int64_t>(seqs.size()) * cap, id,
-                          cpu::Fp4Record::kIndexBlock32Ue8m0, rng);
+                          cpu::Fp4Record::kIndexBlock32Ue8m0, rng, 3);
   int64_t rows = 0, max_rows = 0, max_keys = 0;
   for (const Seq& s : seqs) {
     rows += s.rows;
@@ -631,6 +643,7 @@ TEST_F(CudaV41, IndexerScoresBatched) {
           SCOPED_TRACE("heads " + std::to_string(heads) + " exact " + std::to_string(exact) +
                        " ratio " + std::to_string(ratio) + " cand " + std::to_string(cand));
           auto q = rnd(rows * heads * id, rng, -1, 1);
+          scale_blocks32(q, rng, 3);
           if (exact) fq_fp4_block32_ue8m0(q, q);
           auto w = rnd(rows * heads, rng, -0.3f, 0.3f);
           std::vector<int32_t> pos;

@@ -1,5 +1,6 @@
 // V4.1 selection ops: indexer scores over FP4 index keys (bf16 mma.sync on key tiles dequantised
-// once per CTA, q fragments resident in registers, one launch for a whole batch of sequences),
+// once per CTA by byte-table PRMTs, q fragments resident in registers, one launch for a whole
+// batch of sequences),
 // exact row top-k (per-row radix select + bitonic sort of the survivors), candidate blocks, and
 // top-k/top-p sampling.
 #include <cuda_bf16.h>
@@ -65,12 +66,41 @@ __device__ __forceinline__ uint32_t bf162_bits(__nv_bfloat162 v) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// Exact e2m1 nibble * s: the nibble's bits placed in an fp32 exponent/mantissa give e2m1 * 2^-126
-// (the 0.5 code as a subnormal: these kernels are built without flush-to-zero), then two exact
-// power-of-two products.
-__device__ __forceinline__ float e2m1_times(uint32_t nib, float s) {
-  const float raw = __uint_as_float(((nib & 7u) << 22) | ((nib & 8u) << 28));
-  return raw * 0x1p126f * s;
+// e2m1 -> bf16 by byte tables (exact): the bf16 bits of the magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6 as
+// a low-byte and a high-byte table of 8 entries each, indexed by PRMT with the nibble's magnitude
+// bits. NOTE: the dims leave in the order 0,4,1,5,2,6,3,7 within each group of 8 (word x holds
+// nibbles n0..n7, n0 the low nibble): the pairs (n_i, n_i+4) have their sign bits 4i+3 and 4i+19
+// exactly 16 apart, so one shift by 12 - 4i puts both on the bf16 sign bits 15 and 31. The dot
+// product does not care about the order of the dims as long as the queries follow it (see the q
+// fragments in indexer_mma_kernel). About 22 instructions per 8 dims instead of ~7 per dim for the
+// fp32 bit-assembly it replaces; the tile bits are the same (x * 2^e is exact in bf16 for every
+// ue8m0 code: 0.5 * 2^-127 is a bf16 subnormal, and bf16x2 multiplies keep subnormals).
+constexpr uint32_t kE2m1Bf16Lo0 = 0xC0800000u, kE2m1Bf16Lo1 = 0xC0804000u;
+constexpr uint32_t kE2m1Bf16Hi0 = 0x3F3F3F00u, kE2m1Bf16Hi1 = 0x40404040u;
+
+// Eight e2m1 values (one record word) times the block scale `s2` as four bf16x2 words, dims in
+// the order 0,4 | 1,5 | 2,6 | 3,7.
+__device__ __forceinline__ uint4 e2m1x8_to_bf16(uint32_t x, __nv_bfloat162 s2) {
+  const uint32_t idx = x & 0x77777777u;
+  // Bytes [n1n0, n5n4, n3n2, n7n6]: nibbles n0, n1, n4, n5 in the low half, n2, n3, n6, n7 above.
+  const uint32_t y = __byte_perm(idx, 0u, 0x3120);
+  uint32_t o[4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t sel = h == 0 ? y : y >> 16;
+    const uint32_t lo = __byte_perm(kE2m1Bf16Lo0, kE2m1Bf16Lo1, sel);  // lo(a), lo(b), lo(c), lo(d)
+    const uint32_t hi = __byte_perm(kE2m1Bf16Hi0, kE2m1Bf16Hi1, sel);  // for nibbles a, b, c, d
+    o[2 * h] = __byte_perm(lo, hi, 0x6240);                            // (a, c)
+    o[2 * h + 1] = __byte_perm(lo, hi, 0x7351);                        // (b, d)
+  }
+  // o[i] = (n_i, n_i+4) after the reorder above: o0 = (n0, n4), o1 = (n1, n5), o2 = (n2, n6), ...
+  uint32_t r[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t v = o[i] | ((x << (12 - 4 * i)) & 0x80008000u);
+    r[i] = bf162_bits(__hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v), s2));
+  }
+  return make_uint4(r[0], r[1], r[2], r[3]);
 }
 
 // One thread's half of a key record: 8 data words (64 dims) and the scale word.
@@ -96,25 +126,21 @@ __device__ __forceinline__ void idx_load_raw(const uint8_t* keys, int64_t key_ba
   }
 }
 
-// Dims [64 * half, 64 * half + 64) of key `key` to bf16 (exact) in the shared tile.
+// Dims [64 * half, 64 * half + 64) of key `key` to bf16 (exact) in the shared tile, each group of
+// 8 dims in the e2m1x8_to_bf16 order.
 __device__ __forceinline__ void idx_store_raw(const IdxRaw& r, __nv_bfloat16* kt, int32_t* key_id,
                                               int key, int half) {
-  const float s0 = v41::ue8m0_decode((r.sc >> (16 * half)) & 0xFFu);
-  const float s1 = v41::ue8m0_decode((r.sc >> (16 * half + 8)) & 0xFFu);
+  const __nv_bfloat162 s0 = __float2bfloat162_rn(v41::ue8m0_decode((r.sc >> (16 * half)) & 0xFFu));
+  const __nv_bfloat162 s1 =
+      __float2bfloat162_rn(v41::ue8m0_decode((r.sc >> (16 * half + 8)) & 0xFFu));
   uint4* dst = reinterpret_cast<uint4*>(kt + key * kIdxPitch + 64 * half);
 #pragma unroll
-  for (int q = 0; q < 8; ++q) {
-    const float s = q < 4 ? s0 : s1;
-    const uint32_t x = r.w[q];
-    uint32_t o[4];
-#pragma unroll
-    for (int b = 0; b < 4; ++b)
-      o[b] = bf162_bits(
-          __floats2bfloat162_rn(e2m1_times(x >> (8 * b), s), e2m1_times(x >> (8 * b + 4), s)));
-    dst[q] = make_uint4(o[0], o[1], o[2], o[3]);
-  }
+  for (int q = 0; q < 8; ++q) dst[q] = e2m1x8_to_bf16(r.w[q], q < 4 ? s0 : s1);
   if (half == 0) key_id[key] = r.id;
 }
+
+// CTAs per SM the register budget is sized for (see kNT in indexer_mma_kernel).
+constexpr int idx_min_ctas(bool cand, int split) { return cand && split == 1 ? 3 : 2; }
 
 // Tensor-core indexer scores. S[t, key] = scale * sum_h w[t,h] relu(q[t,h] . key): per key tile
 // an MMA with M = 16 keys (A: the dequantised tile, ldmatrix), N = 8 heads (B: q, resident in
@@ -127,10 +153,23 @@ __device__ __forceinline__ void idx_store_raw(const IdxRaw& r, __nv_bfloat16* kt
 //    groups and key sub-tile w of each tile.
 // kSplit 2: q = hi + lo in bf16, both MMAs into the same accumulator. Columns past the rows'
 // visible count are written -inf without MMA work (the causal upper triangle in prefill).
+// Issue budget per key of a decode tile (6 rows x 32 heads, warp-instructions): 12 HMMA.16816, 2
+// LDSM, ~12 for the key conversion (was ~20 with the per-dim fp32 assembly), ~23 for the epilogue
+// (relu, weights, quad shuffles; ~30 before the unused slots were skipped) and ~3 for the
+// cross-warp pass. NOTE: FP8 mma.sync (m16n8k32 e4m3) is no faster here: on sm_90 ptxas lowers it
+// to 12 F2FP conversions and two f16 HMMA.16816 (Hopper runs FP8 at full rate only through
+// wgmma). IMMA.16832 (s8) is native, but with per-32-dim block scales on both sides every block's
+// partial needs its own convert-and-FFMA per output, ~72 instructions per key against the 12 HMMA
+// it saves.
 template <int kSplit, bool kCand>
-__global__ void __launch_bounds__(kIdxThreads, 2)
+__global__ void __launch_bounds__(kIdxThreads, idx_min_ctas(kCand, kSplit))
     indexer_mma_kernel(IndexerScoreParams p, IdxLaunch L) {
-  constexpr int kNT = 8 / kSplit;          // accumulator tiles (8 heads each) per warp
+  // Accumulator tiles (8 heads each) per warp. NOTE: with candidates the tiles are the head groups
+  // of one row, so 4 cover a launch's 32 heads; the q fragments then take 64 (kSplit 1) or 128
+  // registers instead of 128 / 256, and with kSplit 1 three CTAs fit on an SM (candidate mode is
+  // bound by the per-row key gathers and their conversion, which more resident warps hide better;
+  // kSplit 2 would spill at 168 registers).
+  constexpr int kNT = kCand ? kIdxHeadsPerLaunch / 8 : 8 / kSplit;
   constexpr int kSlots = kCand ? 1 : kNT;  // rows per CTA
   extern __shared__ __align__(16) uint8_t smem[];
   auto* kt_base = reinterpret_cast<__nv_bfloat16*>(smem + kIdxSmemKt);
@@ -176,7 +215,8 @@ __global__ void __launch_bounds__(kIdxThreads, 2)
   const int ntiles =
       c_work > c_begin ? static_cast<int>((c_work - c_begin + kIdxTile - 1) / kIdxTile) : 0;
 
-  // q -> bf16 B fragments: tile j = (row slot, head group) -> heads hg*8 + g, dims 16s + 2t (+8).
+  // q -> bf16 B fragments: tile j = (row slot, head group) -> heads hg*8 + g, the tile columns
+  // 16s + 8h + 2t and + 1, which hold the dims 16s + 8h + t and + 4 (e2m1x8_to_bf16's order).
   uint32_t bq[kNT][kSplit][8][2];
   bool act[kNT];
 #pragma unroll
@@ -192,7 +232,7 @@ __global__ void __launch_bounds__(kIdxThreads, 2)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float2 v = make_float2(0.0f, 0.0f);
-        if (valid) v = *reinterpret_cast<const float2*>(qp + 16 * s + 8 * h + 2 * t);
+        if (valid) v = make_float2(qp[16 * s + 8 * h + t], qp[16 * s + 8 * h + t + 4]);
         const __nv_bfloat162 hi = __floats2bfloat162_rn(v.x, v.y);
         bq[j][0][s][h] = bf162_bits(hi);
         if constexpr (kSplit == 2)
@@ -230,9 +270,13 @@ __global__ void __launch_bounds__(kIdxThreads, 2)
         float acc[kNT][4];
         idx_subtile_mma<kNT, kSplit>(acc, kt + sub * 16 * kIdxPitch, bq, act, lane);
         // v[2j + kh]: this thread's two heads of row slot j, key g + 8 kh.
+        // NOTE: slots past nrows (decode: 6 rows of 8 slots) skip the epilogue: their accumulators
+        // and weights are zero, and the final pass reads no partials past nrows.
         float v[2 * kNT];
 #pragma unroll
         for (int j = 0; j < kNT; ++j) {
+          v[2 * j] = v[2 * j + 1] = 0.0f;
+          if (j >= nrows) continue;
           const float2 wv =
               *reinterpret_cast<const float2*>(ws + j * kIdxHeadsPerLaunch + warp * 8 + 2 * t);
           v[2 * j] = wv.x * fmaxf(acc[j][0], 0.0f) + wv.y * fmaxf(acc[j][1], 0.0f);
@@ -244,11 +288,14 @@ __global__ void __launch_bounds__(kIdxThreads, 2)
         const bool b0 = (t & 1) != 0, b1 = (t & 2) != 0;
 #pragma unroll
         for (int i = 0; i < kNT; ++i) {
+          u[i] = 0.0f;
+          if (i >= nrows) continue;
           const float send = b0 ? v[2 * i] : v[2 * i + 1];
           u[i] = (b0 ? v[2 * i + 1] : v[2 * i]) + __shfl_xor_sync(0xFFFFFFFFu, send, 1);
         }
 #pragma unroll
         for (int i = 0; i < kNT / 2; ++i) {
+          if (2 * i >= nrows) continue;
           const float send = b1 ? u[2 * i] : u[2 * i + 1];
           const float x = (b1 ? u[2 * i + 1] : u[2 * i]) + __shfl_xor_sync(0xFFFFFFFFu, send, 2);
           const int slot = 2 * i + (t >> 1);
@@ -261,6 +308,7 @@ __global__ void __launch_bounds__(kIdxThreads, 2)
       float s0 = 0.0f, s1 = 0.0f;  // keys g, g + 8
 #pragma unroll
       for (int j = 0; j < kNT; ++j) {
+        if (!act[j]) continue;
         const float2 wv = *reinterpret_cast<const float2*>(ws + j * 8 + 2 * t);
         s0 += wv.x * fmaxf(acc[j][0], 0.0f) + wv.y * fmaxf(acc[j][1], 0.0f);
         s1 += wv.x * fmaxf(acc[j][2], 0.0f) + wv.y * fmaxf(acc[j][3], 0.0f);
