@@ -21,6 +21,9 @@ args_decode_s1="--batch 64 --context 131072 --tokens-per-seq 1 --local-experts 1
 # The same with the sparse attention on single fp16 operands (not in the default set).
 args_decode_s6_fast="$args_decode_s6 --fast-attention"
 args_decode_s1_fast="$args_decode_s1 --fast-attention"
+# Without CUDA graphs (every launch from the host; graphs are the decode default).
+args_decode_s6_eager="$args_decode_s6 --cuda-graphs false"
+args_decode_s1_eager="$args_decode_s1 --cuda-graphs false"
 # Prefill after a 128K cached prefix on an 8-layer subsample (+ owners), production vs oracle.
 args_prefill8k_prod="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode production"
 args_prefill8k_oracle="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode oracle"
