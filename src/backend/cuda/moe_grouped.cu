@@ -460,8 +460,9 @@ constexpr int kSkinnyDepth = 3;                    // register ring: current ste
 constexpr int kSkinnyPartPitch = kSkinnyRows + 4;  // fp32 partial tile pitch (conflict-free stores)
 constexpr int kSkinnyMaxSplit = 8;                 // portable cluster size
 constexpr size_t kSkinnySmemBudget = 48 * 1024;    // no opt-in attribute needed; 4 CTAs per SM
-// NOTE: split K until each rank has at most this many steps and the grid has at least
-// kSkinnyMinCtas CTAs (tuned for 132 SMs at 4 CTAs each: ~1-2 waves of short CTAs).
+// NOTE: split K until each rank has at most kSkinnyStepsPerCta steps and the grid has at least
+// kSkinnyMinCtas CTAs (two per SM of a 132-SM H200; an SM holds 4). Untuned guesses: the decode
+// shapes get 864 CTAs of 10 steps (w1, w3) and 960 of 9 (w2), ~1.7 waves of 4 CTAs per SM.
 constexpr int64_t kSkinnyStepsPerCta = 10;
 constexpr int64_t kSkinnyMinCtas = 264;
 
