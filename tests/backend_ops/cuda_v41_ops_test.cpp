@@ -1179,20 +1179,38 @@ TEST_F(CudaV41, SwigluQuantMatchesCpu) {
 struct GroupedCase {
   int64_t tokens, n, k;
   int64_t rows_hint;
+  int experts = 24, local = 7;
+  int64_t hot = 0;     // the first `hot` tokens all route to local expert 0
+  bool empty = false;  // no token routes to local expert 1
 };
 
 // Device grouping of random top-k hits (with bias_vl rows) against the host's bookkeeping, then
 // the grouped MXFP4 GEMM of every grouped row against cpu::mxfp4_gemm with that row's expert.
 // Products are exact (bf16 x e2m1 * 2^k); fp32 vs double accumulation: 2e-5.
 TEST_F(CudaV41, MoeGroupAndGroupedMxfp4Gemm) {
-  const int topk = 6, experts = 24, local = 7;
-  // {37, 200, 256, 1}: split-K cluster path with 2 K steps over 4 ranks (two ranks empty);
-  // {29, 300, 1280, 1}: split-K with 10 steps as 3 + 3 + 3 + 1.
-  for (const GroupedCase gc : {GroupedCase{37, 200, 256, 1}, GroupedCase{37, 200, 256, 100},
-                               GroupedCase{150, 64, 32, 100}, GroupedCase{5, 130, 64, 1},
-                               GroupedCase{29, 300, 1280, 1}}) {
+  const int topk = 6;
+  // Hints <= 24 with K % 128 == 0 take the skinny kernel (split-K over a cluster; 16 tokens per
+  // chunk at hints <= 8, else 32):
+  //   {37, 200, 256, 1}: 2 K steps over 2 ranks; {29, 300, 1280, 1}: 10 steps over 8 ranks;
+  //   the decode shapes (w1 and w3: N 2304 K 5120, 4 ranks of 10 steps; w2: N 5120 K 2304, 2
+  //   ranks of 9), 12 local experts of 36, ~5 rows each, one expert without rows;
+  //   {48, 200, 1152, 6, .., hot 40}: an expert with > 32 rows loops over three 16-token chunks,
+  //   9 steps over 8 ranks as 2 + 2 + 2 + 2 + 1 + 0 + 0 + 0;
+  //   {48, 300, 1152, 20, .., hot 40}: 32-token chunks over two chunk CTAs.
+  // {5, 130, 64, 1}: K % 128 != 0, the 16-row table kernel; {9, 130, 12288, 1}: the skinny
+  // staging does not fit, the table kernel's 4-CTA split; hint 100: the 64-row table kernel.
+  for (const GroupedCase gc :
+       {GroupedCase{37, 200, 256, 1}, GroupedCase{37, 200, 256, 100}, GroupedCase{150, 64, 32, 100},
+        GroupedCase{5, 130, 64, 1}, GroupedCase{29, 300, 1280, 1},
+        GroupedCase{32, 2304, 5120, 6, 36, 12, 0, true},
+        GroupedCase{32, 5120, 2304, 6, 36, 12, 0, true},
+        GroupedCase{48, 200, 1152, 6, 24, 7, 40, true},
+        GroupedCase{48, 300, 1152, 20, 24, 7, 40, false}, GroupedCase{9, 130, 12288, 1}}) {
+    const int experts = gc.experts, local = gc.local;
     SCOPED_TRACE("tokens " + std::to_string(gc.tokens) + " n " + std::to_string(gc.n) + " k " +
-                 std::to_string(gc.k) + " hint " + std::to_string(gc.rows_hint));
+                 std::to_string(gc.k) + " hint " + std::to_string(gc.rows_hint) + " local " +
+                 std::to_string(local) + "/" + std::to_string(experts) + " hot " +
+                 std::to_string(gc.hot));
     std::mt19937 rng(static_cast<uint32_t>(31 + gc.tokens + gc.n));
     const int64_t hits = gc.tokens * topk;
     std::vector<int32_t> ids(static_cast<size_t>(hits)), ids_vl(ids.size());
@@ -1201,6 +1219,11 @@ TEST_F(CudaV41, MoeGroupAndGroupedMxfp4Gemm) {
         std::vector<int32_t> perm(experts);
         std::iota(perm.begin(), perm.end(), 0);
         std::shuffle(perm.begin(), perm.end(), rng);
+        const auto at = [&](int32_t id) {
+          return std::find(perm.begin(), perm.end(), id) - perm.begin();
+        };
+        if (r < gc.hot && at(0) >= topk) std::swap(perm[0], perm[at(0)]);
+        if (gc.empty && at(1) < topk) std::swap(perm[at(1)], perm[topk]);
         std::copy_n(perm.begin(), topk, v->begin() + r * topk);
       }
     auto wts = rnd(hits, rng, 0.05f, 1.5f), wts_vl = rnd(hits, rng, 0.05f, 1.5f);

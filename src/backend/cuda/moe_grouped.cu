@@ -9,6 +9,9 @@
 // power-of-two scale (exact), and multiplies with bf16 WMMA into fp32. The next step's weights and activations are loaded into registers while
 // the current step multiplies. CTAs past an expert's row count exit at once, so the grid is
 // sized from max_rows without knowing the counts on the host.
+// Decode hints (rows_hint <= 24, K % 128 == 0) take the skinny kernel instead: weights as the
+// mma A operand dequantised in registers (no table, no weight tile in shared memory), the
+// expert's rows as n8 B tiles, split-K over a cluster sized to keep HBM busy (see its comment).
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <mma.h>
@@ -17,6 +20,7 @@
 
 #include "backend/cuda/cuda_util.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mma.cuh"
 #include "backend/cuda/v41_device.cuh"
 
 namespace moeserve::cuda {
@@ -409,6 +413,356 @@ __global__ void __cluster_dims__(kKSplit, 1, 1) __launch_bounds__(kGemmThreads)
   grouped_mxfp4_gemm_body<kTM, kTK, kKSplit>(p);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Skinny (decode) grouped MXFP4 GEMM: a few rows per expert, so the call is pure weight streaming
+// and the kernel is built around keeping HBM busy with little ALU work per weight byte.
+//
+// Swapped operands: the m16n8k16 A operand is 16 WEIGHT rows (16 output columns), the B operand
+// is 8 grouped activation rows (tokens), so ~6 rows per expert fill one n8 tile instead of
+// wasting 10 of 16 rows of an M tile. Each warp owns 32 weight rows (two m16 tiles, sharing the
+// B fragments), a CTA 4 warps = 128 rows; the CTA's K steps (128 each) may be split over a
+// thread-block cluster whose ranks add their partial tiles in rank order (deterministic).
+//
+// The K permutation (a dot product is invariant under one permutation of K applied to both
+// operands; no weight repacking). Lane = 4 g + t. In each 128-K step the thread owns the
+// physical K chunk [k0 + 32 t, k0 + 32 t + 32) of weight rows g and g + 8 of each m16 tile: one
+// 16-byte load per row (32 nibbles) and exactly one ue8m0 scale byte per row (the chunk is one
+// 32-block). In mma k16-step j (0..7) the fragment's logical k {2t, 2t+1} is physical
+// k0 + 32 t + 4 j + {0, 1} and logical k {2t+8, 2t+9} is physical k0 + 32 t + 4 j + {2, 3}; over
+// j = 0..7 and t = 0..3 this is a bijection onto the 128 physical k of the step. With the PTX
+// m16n8k16 layouts (A: a0 = row g k 2t.., a1 = row g+8, a2 = row g k 2t+8.., a3 = row g+8 k
+// 2t+8..; B: b0 = k 2t.. of column g, b1 = k 2t+8..; C: c0,c1 = row g columns 2t, 2t+1, c2,c3 =
+// row g+8), step j takes nibbles 4j..4j+3 of the thread's chunk: a0/a1 = nibbles (4j, 4j+1) of
+// rows g/g+8, a2/a3 = nibbles (4j+2, 4j+3); b0/b1 = bf16 elements (4j, 4j+1)/(4j+2, 4j+3) of the
+// same physical chunk of token g. One 32-bit word of the weight chunk (8 nibbles) feeds two
+// steps; one 16-byte unit of the token's chunk (8 bf16) feeds the same two steps.
+//
+// NOTE: the activation rows are staged in shared memory once per CTA (<= 32 tokens x the CTA's K
+// range, bf16): every warp of the CTA reads the same B fragments, and read from global each lane
+// would fetch 16 bytes 64 bytes apart from its neighbours (half-used sectors, 16 L1 wavefronts per
+// warp load). Staged in fragment order ([step][n8 tile][16-byte unit q][lane]) every B load is one
+// conflict-free 512-byte LDS.128 across the warp. Tokens past the expert's count are zero-filled.
+//
+// The e2m1 -> bf16 dequantisation stays in registers: prmt byte tables indexed by the 3 magnitude
+// bits give the low and high bytes of the bf16 values, prmt in sign-replicate mode builds the sign
+// bytes, a final prmt interleaves low and high bytes into bf16x2 words, then one bf16x2 multiply by
+// the power-of-two scale (the same multiply as the table kernel above, so bit-identical to it).
+//
+// Memory-level parallelism: each thread keeps kSkinnyDepth steps of weights in a register ring, so
+// a warp has the next two steps (2 x 2 KB) in flight while it multiplies the current one; at 4
+// CTAs (16 warps) per SM that is ~64 KB in flight per SM.
+
+constexpr int kSkinnyWarps = 4;
+constexpr int kSkinnyThreads = 32 * kSkinnyWarps;
+constexpr int kSkinnyRows = 32 * kSkinnyWarps;  // weight rows (output columns) per CTA
+constexpr int kSkinnyStepK = 128;
+constexpr int kSkinnyDepth = 3;                    // register ring: current step + 2 in flight
+constexpr int kSkinnyPartPitch = kSkinnyRows + 4;  // fp32 partial tile pitch (conflict-free stores)
+constexpr int kSkinnyMaxSplit = 8;                 // portable cluster size
+constexpr size_t kSkinnySmemBudget = 48 * 1024;    // no opt-in attribute needed; 4 CTAs per SM
+// NOTE: split K until each rank has at most kSkinnyStepsPerCta steps and the grid has at least
+// kSkinnyMinCtas CTAs (two per SM of a 132-SM H200; an SM holds 4). Untuned guesses: the decode
+// shapes get 864 CTAs of 10 steps (w1, w3) and 960 of 9 (w2), ~1.7 waves of 4 CTAs per SM.
+constexpr int64_t kSkinnyStepsPerCta = 10;
+constexpr int64_t kSkinnyMinCtas = 264;
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+// Streamed once: no L1 allocation (L1 keeps the scale sectors, reused over 8 steps).
+__device__ __forceinline__ uint4 ldg_stream16(const void* ptr) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
+  return v;
+}
+
+// 16 bytes global -> shared; src_bytes 0 writes zeros (gmem must still be a valid address).
+__device__ __forceinline__ void cp_async16_zfill(void* smem_dst, const void* gmem_src, bool valid) {
+  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(gmem_src),
+               "r"(src_bytes));
+}
+
+// Eight e2m1 nibbles (x, lowest nibble = lowest k) -> four bf16x2 words (n0,n1), (n2,n3), (n4,n5),
+// (n6,n7), each times scale2. e2m1 -> bf16 bits as the table kernel: magnitudes 0 .5 1 1.5 2 3 4 6
+// = 0x0000 0x3F00 0x3F80 0x3FC0 0x4000 0x4040 0x4080 0x40C0, bit 3 the sign (0x8000).
+__device__ __forceinline__ void e2m1x8_to_bf16(uint32_t x, __nv_bfloat162 scale2,
+                                               uint32_t (&out)[4]) {
+  // prmt byte tables (selector 0-3: first operand, 4-7: second) of the low and high bytes.
+  constexpr uint32_t kLo03 = 0xC0800000u, kLo47 = 0xC0804000u;
+  constexpr uint32_t kHi03 = 0x3F3F3F00u, kHi47 = 0x40404040u;
+  // Magnitude selectors with bit 3 clear (prmt's copy mode); prmt reads the low 4 nibbles.
+  const uint32_t m = x & 0x77777777u;
+  const uint32_t mh = m >> 16;
+  const uint32_t lo0 = prmt(kLo03, kLo47, m), hi0 = prmt(kHi03, kHi47, m);    // n0..n3
+  const uint32_t lo1 = prmt(kLo03, kLo47, mh), hi1 = prmt(kHi03, kHi47, mh);  // n4..n7
+  // Signs: a selector nibble with bit 3 set replicates the msb of the chosen byte. The msb of
+  // byte b of x is the sign of nibble 2b + 1, that of byte b of x << 4 the sign of nibble 2b
+  // (bytes 0-3: x << 4, 4-7: x), so 0xD9C8 gives the sign bytes of n0..n3, 0xFBEA of n4..n7.
+  const uint32_t x4 = x << 4;
+  const uint32_t h0 = hi0 | (prmt(x4, x, 0xD9C8u) & 0x80808080u);
+  const uint32_t h1 = hi1 | (prmt(x4, x, 0xFBEAu) & 0x80808080u);
+  // Interleave (low, high) bytes into bf16 pairs.
+  const uint32_t w[4] = {prmt(lo0, h0, 0x5140u), prmt(lo0, h0, 0x7362u), prmt(lo1, h1, 0x5140u),
+                         prmt(lo1, h1, 0x7362u)};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]), scale2);
+    out[i] = *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+// One 128-K step of a thread's weights: [m16 tile i][row g / g + 8] 32 nibbles.
+struct SkinnyStage {
+  uint4 w[2][2];
+};
+
+// 4 bytes global -> shared (through L1: the neighbouring scale bytes are other threads').
+__device__ __forceinline__ void cp_async4(void* smem_dst, const void* gmem_src) {
+  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(gmem_src));
+}
+
+// Dynamic shared memory of the skinny kernel: the staged activations (reused for the fp32
+// partial tile once the K loop is done), then the CTA's scale codes [row][4 per step].
+__host__ __device__ constexpr size_t skinny_act_bytes(int64_t steps_per_rank, int tokens) {
+  const int64_t act = steps_per_rank * tokens * (kSkinnyStepK * 2);
+  const int64_t part = static_cast<int64_t>(tokens) * kSkinnyPartPitch * 4;
+  return static_cast<size_t>(act > part ? act : part);
+}
+__host__ __device__ constexpr size_t skinny_smem_bytes(int64_t steps_per_rank, int tokens) {
+  return skinny_act_bytes(steps_per_rank, tokens) +
+         static_cast<size_t>(kSkinnyRows * steps_per_rank * (kSkinnyStepK / 32));
+}
+
+// grid (128-row tiles x split, token-chunk CTAs, experts), cluster (split, 1, 1) when split > 1.
+// kNT n8 tiles = 8 kNT tokens per chunk; further tokens loop over chunks (re-reading the weights,
+// rare at decode). n8 tiles past the chunk's count are skipped (warp-uniform), so kNT = 4 costs
+// little when an expert has few rows.
+template <int kNT>
+__global__ void __launch_bounds__(kSkinnyThreads, kNT <= 2 ? 4 : 3)
+    grouped_mxfp4_gemm_skinny_kernel(GroupedMxfp4GemmParams p) {
+  namespace cg = cooperative_groups;
+  constexpr int kT = 8 * kNT;
+  extern __shared__ uint4 skinny_smem[];
+  uint4* act = skinny_smem;                            // [step][kNT][4][32] 16-byte units
+  auto* part = reinterpret_cast<float*>(skinny_smem);  // [kT][kSkinnyPartPitch] (after the K loop)
+
+  const int e = blockIdx.z;
+  const int64_t beg = p.offsets[e];
+  const int64_t cnt = p.offsets[e + 1] - beg;
+  // Nothing for this CTA: every rank of the cluster has the same expert and chunk, so the whole
+  // cluster leaves together.
+  if (static_cast<int64_t>(blockIdx.y) * kT >= cnt) return;
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const int split = static_cast<int>(cluster.num_blocks());
+  const int rank = static_cast<int>(cluster.block_rank());
+  const auto sync_ranks = [&] {
+    if (split > 1) {
+      cluster.sync();
+    } else {
+      __syncthreads();
+    }
+  };
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x / split) * kSkinnyRows;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+
+  const int64_t k_steps = p.k / kSkinnyStepK;
+  const int64_t per = (k_steps + split - 1) / split;
+  const int64_t ks0 = min(k_steps, rank * per);
+  const int nsteps = static_cast<int>(min(k_steps, ks0 + per) - ks0);
+
+  // Weight rows row0 + 32 warp + 16 i + 8 h + g (local row 32 warp + 8 j + g, j = 2 i + h); rows
+  // past n read row n - 1 (only their own output columns see them, and those are not stored).
+  // 32-bit row offsets (the launcher checks n * k / 2 < 2^31) keep the register count down.
+  const uint8_t* wbase = p.w[e] + ks0 * (kSkinnyStepK / 2) + 16 * t;
+  int32_t woff[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    woff[j] = static_cast<int32_t>(min(row0 + 32 * warp + 8 * j + g, p.n - 1) * (p.k / 2));
+  const auto load = [&](SkinnyStage& st, int s) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      st.w[j >> 1][j & 1] = ldg_stream16(wbase + woff[j] + s * (kSkinnyStepK / 2));
+  };
+
+  // The scale codes of the CTA's rows and K range, [local row][4 s + t'], staged once (they are
+  // 1/16 of the weight bytes; in registers they would cost 4 per step of the ring).
+  const int scale_pitch = static_cast<int>(per) * (kSkinnyStepK / 32);
+  auto* scales = reinterpret_cast<uint8_t*>(skinny_smem) + skinny_act_bytes(per, kT);
+  for (int u = tid; u < kSkinnyRows * nsteps; u += kSkinnyThreads) {
+    const int rl = u / nsteps, s = u % nsteps;
+    const int64_t r = min(row0 + rl, p.n - 1);
+    cp_async4(scales + rl * scale_pitch + 4 * s,
+              p.w_scale[e] + r * (p.k / 32) + (ks0 + s) * (kSkinnyStepK / 32));
+  }
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+  const uint8_t* my_scales = scales + (32 * warp + g) * scale_pitch + t;
+
+  const auto* a = static_cast<const __nv_bfloat16*>(p.a);
+  for (int64_t c0 = static_cast<int64_t>(blockIdx.y) * kT; c0 < cnt;
+       c0 += static_cast<int64_t>(gridDim.y) * kT) {
+    const int live =
+        static_cast<int>(min(static_cast<int64_t>(kNT), (cnt - c0 + 7) / 8));  // n8 tiles
+
+    // The first steps' weights go out before the activation staging so that their latency
+    // overlaps it.
+    SkinnyStage st[kSkinnyDepth];
+#pragma unroll
+    for (int d = 0; d < kSkinnyDepth - 1; ++d)
+      if (d < nsteps) load(st[d], d);
+
+    // Stage tokens [c0, c0 + 8 live) x this rank's K range: unit u = (token, 8-element chunk c),
+    // c fastest so that neighbouring threads read neighbouring global bytes; c = 16 s + 4 t' + q
+    // (step s, thread chunk t', unit q) lands at act[s][tile][q][4 g' + t'].
+    const int units_per_token = 16 * nsteps;
+    for (int u = tid; u < 8 * live * units_per_token; u += kSkinnyThreads) {
+      const int tok = u / units_per_token, c = u % units_per_token;
+      const int s = c >> 4, tq = (c >> 2) & 3, q = c & 3;
+      const bool valid = c0 + tok < cnt;
+      const __nv_bfloat16* src =
+          valid ? a + (beg + c0 + tok) * p.lda + ks0 * kSkinnyStepK + 8 * c : a;
+      cp_async16_zfill(&act[((s * kNT + (tok >> 3)) * 4 + q) * 32 + 4 * (tok & 7) + tq], src,
+                       valid);
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    __syncthreads();
+
+    float acc[2][kNT][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+        acc[i][nt][0] = acc[i][nt][1] = acc[i][nt][2] = acc[i][nt][3] = 0.0f;
+
+    const auto compute = [&](const SkinnyStage& cur, int s) {
+      __nv_bfloat162 scale2[2][2];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float sf = v41::ue8m0_decode(my_scales[8 * j * scale_pitch + 4 * s]);
+        scale2[j >> 1][j & 1] = __floats2bfloat162_rn(sf, sf);
+      }
+      const uint4* b_step = act + s * (kNT * 4 * 32) + lane;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // weight word q = k16-steps 2q, 2q + 1
+        uint32_t wf[2][2][4];        // [tile][row g / g + 8][(n0,n1) (n2,n3) (n4,n5) (n6,n7)]
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint4 v = cur.w[i][h];
+            const uint32_t word = q == 0 ? v.x : q == 1 ? v.y : q == 2 ? v.z : v.w;
+            e2m1x8_to_bf16(word, scale2[i][h], wf[i][h]);
+          }
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          if (nt >= live) break;
+          const uint4 b = b_step[(nt * 4 + q) * 32];
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const uint32_t f0[4] = {wf[i][0][0], wf[i][1][0], wf[i][0][1], wf[i][1][1]};
+            const uint32_t f1[4] = {wf[i][0][2], wf[i][1][2], wf[i][0][3], wf[i][1][3]};
+            mma::bf16_16816(acc[i][nt], f0, b.x, b.y);
+            mma::bf16_16816(acc[i][nt], f1, b.z, b.w);
+          }
+        }
+      }
+    };
+
+    for (int s0 = 0; s0 < nsteps; s0 += kSkinnyDepth) {
+#pragma unroll
+      for (int d = 0; d < kSkinnyDepth; ++d) {
+        const int s = s0 + d;
+        if (s < nsteps) {
+          if (s + kSkinnyDepth - 1 < nsteps)
+            load(st[(d + kSkinnyDepth - 1) % kSkinnyDepth], s + kSkinnyDepth - 1);
+          compute(st[d], s);
+        }
+      }
+    }
+
+    // Partial tile [token][column] in shared memory (over the staged activations), then each
+    // rank sums its share of the elements over the ranks in rank order and stores it.
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        if (nt >= live) break;
+        const int col = 32 * warp + 16 * i + g, tok = 8 * nt + 2 * t;
+        part[tok * kSkinnyPartPitch + col] = acc[i][nt][0];
+        part[(tok + 1) * kSkinnyPartPitch + col] = acc[i][nt][1];
+        part[tok * kSkinnyPartPitch + col + 8] = acc[i][nt][2];
+        part[(tok + 1) * kSkinnyPartPitch + col + 8] = acc[i][nt][3];
+      }
+    sync_ranks();  // every rank's partial tile is in its shared memory
+    const int elems = 8 * live * kSkinnyRows;
+    const int share = (elems + split - 1) / split;
+    const int end = min(elems, (rank + 1) * share);
+    for (int i = rank * share + tid; i < end; i += kSkinnyThreads) {
+      const int tok = i / kSkinnyRows, col = i % kSkinnyRows;
+      float* src = part + tok * kSkinnyPartPitch + col;
+      float v = 0.0f;
+      for (int r = 0; r < split; ++r) v += split > 1 ? *cluster.map_shared_rank(src, r) : *src;
+      if (c0 + tok < cnt && row0 + col < p.n) p.y[(beg + c0 + tok) * p.ldy + row0 + col] = v;
+    }
+    sync_ranks();  // this rank's tile stays alive until every rank has read it
+  }
+}
+
+// The skinny kernel when it applies (decode hints, K % 128 == 0, the staging fits the budget);
+// false: use the table kernels.
+bool launch_grouped_mxfp4_skinny(const GroupedMxfp4GemmParams& p, cudaStream_t stream) {
+  if (p.rows_hint > 24 || p.k % kSkinnyStepK != 0 || p.n * (p.k / 2) >= (int64_t{1} << 31))
+    return false;
+  const int nt = p.rows_hint <= 8 ? 2 : 4;
+  const int64_t tokens = 8 * nt;
+  const int64_t steps = p.k / kSkinnyStepK;
+  const int64_t tiles = ceil_div(p.n, kSkinnyRows);
+  const auto smem_for = [&](int64_t split) {
+    return skinny_smem_bytes(ceil_div(steps, split), static_cast<int>(tokens));
+  };
+  int64_t split = 1;
+  while (split < kSkinnyMaxSplit && split < steps &&
+         (smem_for(split) > kSkinnySmemBudget || ceil_div(steps, split) > kSkinnyStepsPerCta ||
+          tiles * p.num_experts * split < kSkinnyMinCtas))
+    split *= 2;
+  if (smem_for(split) > kSkinnySmemBudget) return false;
+  // Token-chunk CTAs per expert: twice the expected rows, at least 1 (as the table kernels).
+  const int64_t chunks =
+      std::min(ceil_div(p.max_rows, tokens),
+               std::max<int64_t>(1, ceil_div(2 * std::max<int64_t>(p.rows_hint, 1), tokens)));
+  if (tiles * split > 0x7FFFFFFF || chunks > 65535) return false;
+
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(tiles * split), static_cast<unsigned>(chunks),
+                     static_cast<unsigned>(p.num_experts));
+  cfg.blockDim = dim3(kSkinnyThreads);
+  cfg.dynamicSmemBytes = smem_for(split);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(split);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = split > 1 ? 1 : 0;
+  if (nt == 2) {
+    MS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, grouped_mxfp4_gemm_skinny_kernel<2>, p));
+  } else {
+    MS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, grouped_mxfp4_gemm_skinny_kernel<4>, p));
+  }
+  return true;
+}
+
 __global__ void dequant_fp8_kernel(const uint8_t* w, const uint8_t* s, int64_t n, int64_t k,
                                    __nv_bfloat16* out) {
   const int64_t total = n * k;
@@ -502,6 +856,7 @@ void launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream) {
                   static_cast<unsigned>(m_tiles), static_cast<unsigned>(p.num_experts));
   if (grid.y > 65535) bad_args("launch_grouped_mxfp4_gemm", "max_rows / tile <= 65535");
   const cudaStream_t s = as_cuda_stream(stream);
+  if (launch_grouped_mxfp4_skinny(p, s)) return;
   if (split) {
     grouped_mxfp4_gemm_split_kernel<16, 128><<<grid, kGemmThreads, 0, s>>>(p);
   } else if (small && p.k % 128 == 0) {
