@@ -463,8 +463,15 @@ constexpr size_t kSkinnySmemBudget = 48 * 1024;    // no opt-in attribute needed
 // NOTE: split K until each rank has at most kSkinnyStepsPerCta steps and the grid has at least
 // kSkinnyMinCtas CTAs (two per SM of a 132-SM H200; an SM holds 4). Untuned guesses: the decode
 // shapes get 864 CTAs of 10 steps (w1, w3) and 960 of 9 (w2), ~1.7 waves of 4 CTAs per SM.
-constexpr int64_t kSkinnyStepsPerCta = 10;
-constexpr int64_t kSkinnyMinCtas = 264;
+// (tools/device/gemm_probe.cu compiles variants with MOESERVE_SKINNY_STEPS / _MIN_CTAS.)
+#ifndef MOESERVE_SKINNY_STEPS
+#define MOESERVE_SKINNY_STEPS 10
+#endif
+#ifndef MOESERVE_SKINNY_MIN_CTAS
+#define MOESERVE_SKINNY_MIN_CTAS 264
+#endif
+constexpr int64_t kSkinnyStepsPerCta = MOESERVE_SKINNY_STEPS;
+constexpr int64_t kSkinnyMinCtas = MOESERVE_SKINNY_MIN_CTAS;
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;

@@ -154,8 +154,8 @@ constexpr int idx_min_ctas(bool cand, int split) { return cand && split == 1 ? 3
 // kSplit 2: q = hi + lo in bf16, both MMAs into the same accumulator. Columns past the rows'
 // visible count are written -inf without MMA work (the causal upper triangle in prefill).
 // Issue budget per key of a decode tile (6 rows x 32 heads, warp-instructions): 12 HMMA.16816, 2
-// LDSM, ~12 for the key conversion (was ~20 with the per-dim fp32 assembly), ~23 for the epilogue
-// (relu, weights, quad shuffles; ~30 before the unused slots were skipped) and ~3 for the
+// LDSM, ~12 for the key conversion (was ~20 with the per-dim fp32 assembly), ~30 for the epilogue
+// (relu, weights, quad shuffles) and ~3 for the
 // cross-warp pass. NOTE: FP8 mma.sync (m16n8k32 e4m3) is no faster here: on sm_90 ptxas lowers it
 // to 12 F2FP conversions and two f16 HMMA.16816 (Hopper runs FP8 at full rate only through
 // wgmma). IMMA.16832 (s8) is native, but with per-32-dim block scales on both sides every block's
@@ -270,13 +270,9 @@ __global__ void __launch_bounds__(kIdxThreads, idx_min_ctas(kCand, kSplit))
         float acc[kNT][4];
         idx_subtile_mma<kNT, kSplit>(acc, kt + sub * 16 * kIdxPitch, bq, act, lane);
         // v[2j + kh]: this thread's two heads of row slot j, key g + 8 kh.
-        // NOTE: slots past nrows (decode: 6 rows of 8 slots) skip the epilogue: their accumulators
-        // and weights are zero, and the final pass reads no partials past nrows.
         float v[2 * kNT];
 #pragma unroll
         for (int j = 0; j < kNT; ++j) {
-          v[2 * j] = v[2 * j + 1] = 0.0f;
-          if (j >= nrows) continue;
           const float2 wv =
               *reinterpret_cast<const float2*>(ws + j * kIdxHeadsPerLaunch + warp * 8 + 2 * t);
           v[2 * j] = wv.x * fmaxf(acc[j][0], 0.0f) + wv.y * fmaxf(acc[j][1], 0.0f);
@@ -288,14 +284,11 @@ __global__ void __launch_bounds__(kIdxThreads, idx_min_ctas(kCand, kSplit))
         const bool b0 = (t & 1) != 0, b1 = (t & 2) != 0;
 #pragma unroll
         for (int i = 0; i < kNT; ++i) {
-          u[i] = 0.0f;
-          if (i >= nrows) continue;
           const float send = b0 ? v[2 * i] : v[2 * i + 1];
           u[i] = (b0 ? v[2 * i + 1] : v[2 * i]) + __shfl_xor_sync(0xFFFFFFFFu, send, 1);
         }
 #pragma unroll
         for (int i = 0; i < kNT / 2; ++i) {
-          if (2 * i >= nrows) continue;
           const float send = b1 ? u[2 * i] : u[2 * i + 1];
           const float x = (b1 ? u[2 * i + 1] : u[2 * i]) + __shfl_xor_sync(0xFFFFFFFFu, send, 2);
           const int slot = 2 * i + (t >> 1);
