@@ -57,6 +57,7 @@ struct BenchForwardOptions {
   bool tf32 = true;
   bool fast_attention = false;
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
+  bool host_logits = false;  // copy the logits rows to the host (a server samples on the device)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -201,6 +202,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.tf32_dense = opt.tf32;
   go.fast_attention = opt.fast_attention;
   go.cuda_graphs = decode && opt.cuda_graphs;
+  go.host_logits = opt.host_logits;
   go.local_experts = opt.local_experts;
   if (opt.layers > 0) go.layers = arch::subsample_layers(config, opt.layers);
   const auto t_load = Clock::now();
@@ -302,6 +304,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"tf32_fp32_linears", opt.tf32},
               {"fast_attention", opt.fast_attention},
               {"cuda_graphs", decode && opt.cuda_graphs},
+              {"host_logits", opt.host_logits},
               {"seed", opt.seed},
               {"device_name", dev.name}};
   nlohmann::json comps = nlohmann::json::object();
@@ -335,7 +338,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
       "BF16-checkpoint tensors) touched by the step + cache bytes read by attention and the "
       "indexers; FLOPs = linears + attention + indexer scores. step_ms is host wall time of "
       "forward(): host plan, one metadata upload, the launches (or the graph replay), the "
-      "logits copy to the host.";
+      "greedy token ids (and with host_logits the logits rows) copied to the host.";
   std::printf("%-28s %14s\n", "metric", "value");
   std::printf("%-28s %14s\n", "kind", decode ? "decode" : "prefill");
   std::printf("%-28s %14zu\n", "layers", model->layers().size());
@@ -392,6 +395,10 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--cuda-graphs", opt->cuda_graphs,
                   "cuda decode: run the timed steps as captured CUDA graphs (the per-component "
                   "breakdown always comes from eager profiled steps)")
+      ->capture_default_str();
+  cmd->add_option("--host-logits", opt->host_logits,
+                  "cuda: copy every logits row to the host after the step (the greedy token ids "
+                  "always come back)")
       ->capture_default_str();
   cmd->add_option("--prompt-len", opt->prompt_len, "prompt tokens")->capture_default_str();
   cmd->add_option("--decode-steps", opt->decode_steps, "decode steps")->capture_default_str();

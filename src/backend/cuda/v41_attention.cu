@@ -69,8 +69,7 @@ constexpr size_t kOffPLo = kOffPHi + align128(sizeof(__half) * 32 * kPPitch);
 constexpr size_t kOffAlpha = kOffPLo + align128(sizeof(__half) * 32 * kPPitch);
 constexpr size_t kOffSum = kOffAlpha + align128(sizeof(float) * 32);
 constexpr size_t kOffList = kOffSum + align128(sizeof(float) * 32);
-constexpr size_t kOffLut = kOffList + align128(sizeof(int32_t) * kMaxKeys);
-constexpr size_t kOffStage = kOffLut + align128(sizeof(__half2) * 256);
+constexpr size_t kOffStage = kOffList + align128(sizeof(int32_t) * kMaxKeys);
 constexpr size_t kStageBytes = align128(static_cast<size_t>(kTile) * kSwaRec);
 constexpr size_t kSmemBytes = kOffStage + 2 * kStageBytes;
 
@@ -100,21 +99,43 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src)
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 __device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_group 1;\n"); }
 
-// Issues the copies of keys [t0, t0 + kTile) of the list into stage (always commits a group).
+// Issues the copies of keys [t0, t0 + kTile) of the list into stage (always commits a group):
+// warp w copies keys w, w + 8, ..., its lanes the record's 16-byte chunks (18 for an FP4
+// record, 33 for an SWA one), so no thread divides by the chunk count.
 __device__ __forceinline__ void stage_tile(const SparseAttentionParams& p, const int32_t* list,
                                            int nk, int t0, uint8_t* stage) {
-  constexpr int kChunks = kSlot / 16;
-  for (int c = static_cast<int>(threadIdx.x); c < kTile * kChunks; c += kThreads) {
-    const int key = c / kChunks, part = c % kChunks;
-    if (t0 + key >= nk) continue;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  for (int key = static_cast<int>(threadIdx.x) >> 5; key < kTile && t0 + key < nk; key += kWarps) {
     const int id = list[t0 + key];
     const bool glob = (id & kGlobFlag) != 0;
-    if (glob && part >= kGlobRec / 16) continue;
     const uint8_t* rec = glob ? p.glob + static_cast<int64_t>(id & ~kGlobFlag) * kGlobRec
                               : p.swa + static_cast<int64_t>(id) * kSwaRec;
-    cp_async16(stage + key * kSlot + 16 * part, rec + 16 * part);
+    const int chunks = glob ? kGlobRec / 16 : kSwaRec / 16;
+    for (int part = lane; part < chunks; part += 32)
+      cp_async16(stage + key * kSlot + 16 * part, rec + 16 * part);
   }
   cp_async_commit();
+}
+
+// e2m1 -> fp16 (exact) without a table in memory: every e2m1 magnitude (0, .5, 1, 1.5, 2, 3, 4, 6)
+// is an fp16 whose low byte is 0, so one PRMT over the 8 high bytes converts 4 nibbles' magnitude
+// bits, a second PRMT places those bytes as the high bytes of two fp16 pairs, and the sign bits
+// come from x and x << 4 by a third PRMT (nibble i's sign, bit 4i + 3, lands on bit 15 or 31).
+constexpr uint32_t kE2m1F16Hi0 = 0x3E3C3800u, kE2m1F16Hi1 = 0x46444240u;
+// The fp16 pairs of the 8 channels of one FP4 word x (low nibble first), times s2.
+__device__ __forceinline__ void e2m1x8_to_f16(uint32_t x, __half2 s2, uint32_t (&w)[4]) {
+  const uint32_t m = x & 0x77777777u;
+  const uint32_t x4 = x << 4;
+  const uint32_t hi[2] = {__byte_perm(kE2m1F16Hi0, kE2m1F16Hi1, m),
+                          __byte_perm(kE2m1F16Hi0, kE2m1F16Hi1, m >> 16)};
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    // Channels 2b (low half) and 2b + 1 (high half).
+    const uint32_t mag = __byte_perm(hi[b >> 1], 0u, (b & 1) != 0 ? 0x3424u : 0x1404u);
+    const uint32_t sgn = __byte_perm(x, x4, 0x0040u + 0x1010u * static_cast<uint32_t>(b));
+    const uint32_t v = mag | (sgn & 0x80008000u);
+    w[b] = h2_bits(__hmul2(*reinterpret_cast<const __half2*>(&v), s2));
+  }
 }
 
 // Decodes a staged tile into kt (fp16, zeros for missing keys). Item it of this thread is key
@@ -122,8 +143,7 @@ __device__ __forceinline__ void stage_tile(const SparseAttentionParams& p, const
 // whenever the float path of the CPU decoder is (e4m3 or e2m1 times a power-of-two or e4m3
 // scale); scales outside fp16's normal range take the float path, rounded like the CPU's.
 __device__ __forceinline__ void decode_tile(const int32_t* list, int nk, int t0,
-                                            const uint8_t* stage, __half (*kt)[kKPitch],
-                                            const __half2* lut) {
+                                            const uint8_t* stage, __half (*kt)[kKPitch]) {
 #pragma unroll 4
   for (int it = 0; it < kItems; ++it) {
     const int i = static_cast<int>(threadIdx.x) + it * kThreads;
@@ -135,9 +155,7 @@ __device__ __forceinline__ void decode_tile(const int32_t* list, int nk, int t0,
         const uint32_t x = *reinterpret_cast<const uint32_t*>(rec + 4 * oct);
         const __half_raw sr = __nv_cvt_fp8_to_halfraw(
             static_cast<__nv_fp8_storage_t>(rec[kHd / 2 + oct / 2]), __NV_E4M3);
-        const __half2 s2 = __half2half2(__half(sr));
-#pragma unroll
-        for (int b = 0; b < 4; ++b) w[b] = h2_bits(__hmul2(lut[(x >> (8 * b)) & 0xFFu], s2));
+        e2m1x8_to_f16(x, __half2half2(__half(sr)), w);
       } else {
         const uint2 xy = *reinterpret_cast<const uint2*>(rec + 8 * oct);
         const float sc = v41::ue8m0_decode(rec[kHd + oct / 4]);
@@ -182,7 +200,6 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(SparseAtt
   float* alpha_s = reinterpret_cast<float*>(smem + kOffAlpha);
   float* sum_s = reinterpret_cast<float*>(smem + kOffSum);
   int32_t* list = reinterpret_cast<int32_t*>(smem + kOffList);
-  __half2* lut = reinterpret_cast<__half2*>(smem + kOffLut);
   uint8_t* const stage0 = smem + kOffStage;  // tile ti's slots: stage0 + (ti & 1) kStageBytes
   __shared__ int32_t warp_count[kWarps];
   const int64_t t = blockIdx.x;
@@ -194,9 +211,6 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(SparseAtt
 #ifdef MOESERVE_ATTN_CLOCKS
   long long clk_ = clock64();
 #endif
-
-  if (tid < 256)
-    lut[tid] = __floats2half2_rn(v41::e2m1_decode(tid & 0xFu), v41::e2m1_decode(tid >> 4));
 
   // Ordered compaction of the valid key ids.
   const int nlist = p.swa_k + p.glob_k;
@@ -270,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(SparseAtt
     cp_async_wait_1();  // this thread's copies of tile ti have landed
     __syncthreads();    // everyone's have; the previous tile's P . V is done with kt and p
     ATTN_MARK(2);
-    decode_tile(list, nk, t0, stage0 + (ti & 1) * kStageBytes, kt, lut);
+    decode_tile(list, nk, t0, stage0 + (ti & 1) * kStageBytes, kt);
     ATTN_MARK(3);
     __syncthreads();
     ATTN_MARK(4);

@@ -1667,10 +1667,12 @@ struct DeepseekV41Gpu::Impl {
     GpuForwardOutput out;
     out.logit_inputs = b.logit_inputs;
     if (b.m > 0) {
-      out.logits.resize(static_cast<size_t>(b.m * c.vocab_size));
+      if (opt.host_logits) {
+        out.logits.resize(static_cast<size_t>(b.m * c.vocab_size));
+        cu::copy_d2h(out.logits.data(), buf<float>("logits", b.m * c.vocab_size),
+                     out.logits.size() * 4, stream);
+      }
       out.greedy.resize(static_cast<size_t>(b.m));
-      cu::copy_d2h(out.logits.data(), buf<float>("logits", b.m * c.vocab_size),
-                   out.logits.size() * 4, stream);
       cu::copy_d2h(out.greedy.data(), buf<int32_t>("greedy", b.m), out.greedy.size() * 4, stream);
     }
     mark(GpuComponent::kOther);

@@ -53,6 +53,9 @@ struct GpuModelOptions {
   // rows per input, logits rows, indexer width rounded up to 512 entries): the first forward of a
   // shape runs eagerly, the second captures it, later ones replay it.
   bool cuda_graphs = false;
+  // true: forward() copies the logits rows to the host (GpuForwardOutput::logits); false: only
+  // the device argmax (greedy) comes back, as a server that samples on the device would copy.
+  bool host_logits = true;
   // true: FP8/MXFP4 linears dequantised to fp32 at load and run as exact fp32 GEMMs (cuBLASLt,
   // no TF32) on the same MXFP8 inputs: the test's second GEMM path next to the production one.
   bool exact_linears = false;
@@ -109,7 +112,7 @@ struct GpuSequenceInput {
 
 struct GpuForwardOutput {
   std::vector<int32_t> logit_inputs;  // input index of each logits row
-  std::vector<float> logits;          // [logit_inputs.size(), V]
+  std::vector<float> logits;          // [logit_inputs.size(), V] (empty without host_logits)
   std::vector<int32_t> greedy;        // argmax per logits row (on the device)
 };
 

@@ -403,16 +403,20 @@ TEST(GpuForward, CudaGraphDecodeIsBitIdenticalToEager) {
   opt.cuda_graphs = true;
   auto graph = DeepseekV41Gpu::load(dir, opt);
   ASSERT_TRUE(graph) << graph.error().to_string();
+  // A third copy without host logits (a server's step): the same greedy tokens, no logits.
+  opt.host_logits = false;
+  auto ids_only = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(ids_only) << ids_only.error().to_string();
   const int64_t v = (*eager)->config().vocab_size;
   struct Seq {
-    int32_t e = -1, g = -1;
+    int32_t e = -1, g = -1, i = -1;
     std::vector<int32_t> next;
   };
   std::vector<Seq> live;
   int compared = 0;
   // One forward on both models; every logits row must match bit for bit.
   const auto step = [&](const std::vector<std::vector<int32_t>>& toks) {
-    std::vector<GpuSequenceInput> ein, gin;
+    std::vector<GpuSequenceInput> ein, gin, iin;
     for (size_t i = 0; i < live.size(); ++i) {
       GpuSequenceInput a;
       a.seq = live[i].e;
@@ -420,10 +424,16 @@ TEST(GpuForward, CudaGraphDecodeIsBitIdenticalToEager) {
       ein.push_back(a);
       a.seq = live[i].g;
       gin.push_back(a);
+      a.seq = live[i].i;
+      iin.push_back(a);
     }
     auto eo = (*eager)->forward(ein, ForwardMode::kProduction);
     auto go = (*graph)->forward(gin, ForwardMode::kProduction);
-    ASSERT_TRUE(eo && go);
+    auto io = (*ids_only)->forward(iin, ForwardMode::kProduction);
+    ASSERT_TRUE(eo && go && io);
+    EXPECT_TRUE(io->logits.empty());
+    EXPECT_EQ(io->greedy, eo->greedy);
+    EXPECT_EQ(io->logit_inputs, eo->logit_inputs);
     ASSERT_EQ(eo->logit_inputs, go->logit_inputs);
     ASSERT_EQ(eo->logits.size(), go->logits.size());
     EXPECT_EQ(0, std::memcmp(eo->logits.data(), go->logits.data(), eo->logits.size() * 4))
@@ -437,6 +447,7 @@ TEST(GpuForward, CudaGraphDecodeIsBitIdenticalToEager) {
     Seq q;
     q.e = *(*eager)->new_sequence();
     q.g = *(*graph)->new_sequence();
+    q.i = *(*ids_only)->new_sequence();
     live.push_back(q);
     std::vector<std::vector<int32_t>> toks(live.size());
     for (size_t i = 0; i + 1 < live.size(); ++i) toks[i] = live[i].next;
@@ -463,6 +474,7 @@ TEST(GpuForward, CudaGraphDecodeIsBitIdenticalToEager) {
   // A sequence leaves; a longer prompt joins (grows the scratch buffers: graphs recaptured).
   (*eager)->release_sequence(live.front().e);
   (*graph)->release_sequence(live.front().g);
+  (*ids_only)->release_sequence(live.front().i);
   live.erase(live.begin());
   add(40, 150);
   decode(5, 1);
