@@ -46,6 +46,20 @@ __device__ unsigned long long g_attn_clocks[16];
   } while (0)
 #endif
 
+// Tuning knobs the probe (tools/device/attn_probe.cu) compiles variants of: the decode loop's
+// unroll and the blocks per SM the register budget is sized for.
+#ifndef MOESERVE_ATTN_DECODE_UNROLL
+#define MOESERVE_ATTN_DECODE_UNROLL 4
+#endif
+#ifndef MOESERVE_ATTN_MIN_BLOCKS
+#define MOESERVE_ATTN_MIN_BLOCKS 1
+#endif
+#ifndef MOESERVE_ATTN_MT  // m-tiles (16 heads each) per block when heads % 32 == 0: 2 or 1
+#define MOESERVE_ATTN_MT 2
+#endif
+#define MOESERVE_PRAGMA_(x) _Pragma(#x)
+#define MOESERVE_PRAGMA(x) MOESERVE_PRAGMA_(x)
+
 constexpr int kHd = 512;
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kWarps = kThreads / 32;
@@ -144,7 +158,7 @@ __device__ __forceinline__ void e2m1x8_to_f16(uint32_t x, __half2 s2, uint32_t (
 // scale); scales outside fp16's normal range take the float path, rounded like the CPU's.
 __device__ __forceinline__ void decode_tile(const int32_t* list, int nk, int t0,
                                             const uint8_t* stage, __half (*kt)[kKPitch]) {
-#pragma unroll 4
+  MOESERVE_PRAGMA(unroll MOESERVE_ATTN_DECODE_UNROLL)
   for (int it = 0; it < kItems; ++it) {
     const int i = static_cast<int>(threadIdx.x) + it * kThreads;
     const int key = i / (kHd / 8), oct = i % (kHd / 8);
@@ -184,7 +198,8 @@ __device__ __forceinline__ void decode_tile(const int32_t* list, int nk, int t0,
 }
 
 template <int kMt, bool kSplit>
-__global__ void __launch_bounds__(kThreads, 1) sparse_attention_kernel(SparseAttentionParams p) {
+__global__ void __launch_bounds__(kThreads, MOESERVE_ATTN_MIN_BLOCKS)
+    sparse_attention_kernel(SparseAttentionParams p) {
   constexpr int kWpm = kWarps / kMt;       // warps per m-tile
   constexpr int kSlice = kHd / kWpm;       // channels per warp (logits and output)
   constexpr int kQSteps = kSlice / 16;     // k-steps of the logits per warp
@@ -548,9 +563,9 @@ void launch_sparse_attention(const SparseAttentionParams& p, Stream stream) {
     detail::cuda_call_failed(__FILE__, __LINE__, "sparse attention shape",
                              "head_dim 512, heads % 16 == 0, swa_k + glob_k <= 1024", "");
   const cudaStream_t st = as_cuda_stream(stream);
-  if (p.heads % 32 == 0) {
-    if (p.split_precision) launch_flash<2, true>(p, st);
-    else launch_flash<2, false>(p, st);
+  if (p.heads % 32 == 0 && MOESERVE_ATTN_MT == 2) {
+    if (p.split_precision) launch_flash<MOESERVE_ATTN_MT, true>(p, st);
+    else launch_flash<MOESERVE_ATTN_MT, false>(p, st);
   } else {
     if (p.split_precision) launch_flash<1, true>(p, st);
     else launch_flash<1, false>(p, st);
