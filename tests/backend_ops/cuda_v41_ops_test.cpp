@@ -387,6 +387,60 @@ TEST_F(CudaV41, HcMixesOddShapes) {
         }
 }
 
+// The SWA source lists against the rule of kernels.h, stated here per key: chunks of 1..300 rows
+// at random positions (some starting at 0, some past a window), replay floors below, inside and
+// above the window, several sequence slots.
+TEST_F(CudaV41, SwaIndexFollowsTheWindowRule) {
+  std::mt19937 rng(29);
+  const int window = 128;
+  const int64_t chunk_base = 7 * window;
+  std::vector<int32_t> pos, first, floor;
+  std::vector<int64_t> slot;
+  for (int seq = 0; seq < 7; ++seq) {
+    const int rows = seq == 0 ? 1 : static_cast<int>(1 + rng() % 300);
+    const int start = seq % 3 == 0 ? 0 : static_cast<int>(rng() % 5000);
+    const int fl = seq % 2 == 0 ? 0 : start + static_cast<int>(rng() % (rows + window)) - window / 2;
+    for (int r = 0; r < rows; ++r) {
+      pos.push_back(start + r);
+      first.push_back(start);
+      floor.push_back(std::max(fl, 0) == 0 && seq % 4 == 1 ? -3 : std::max(fl, 0));
+      slot.push_back(seq);
+    }
+  }
+  const int64_t n = static_cast<int64_t>(pos.size());
+  cuda::SwaIndexParams p;
+  p.pos = up(pos);
+  p.slot = up(slot);
+  p.first_pos = up(first);
+  p.floor = up(floor);
+  p.rows = n;
+  p.window = window;
+  p.chunk_base = chunk_base;
+  p.out = up(std::vector<int32_t>(static_cast<size_t>(n * window), 12345));
+  cuda::launch_swa_index(p, stream_);
+  const auto got = down(p.out, static_cast<size_t>(n * window));
+  int64_t ring = 0, chunk = 0, none = 0;
+  for (int64_t r = 0; r < n; ++r)
+    for (int k = 0; k < window; ++k) {
+      const int64_t kp = int64_t{pos[r]} - k;
+      int64_t want;
+      if (kp < 0 || kp < floor[r]) {
+        want = -1;
+        ++none;
+      } else if (kp >= first[r]) {
+        want = chunk_base + r - k;  // this chunk's row kp - first[r], staged at its row index
+        ++chunk;
+      } else {
+        want = slot[r] * window + kp % window;
+        ++ring;
+      }
+      ASSERT_EQ(got[static_cast<size_t>(r * window + k)], want) << "row " << r << " k " << k;
+    }
+  EXPECT_GT(ring, 0);
+  EXPECT_GT(chunk, 0);
+  EXPECT_GT(none, 0);
+}
+
 // Records byte-exact, including the skipped (overwritten-later) rows of a long chunk.
 TEST_F(CudaV41, SwaRingWriteFp8IsByteExact) {
   std::mt19937 rng(13);

@@ -321,6 +321,25 @@ struct SwaWriteParams {
 };
 void launch_swa_write_fp8(const SwaWriteParams& p, Stream stream);
 
+// The sparse attention's SWA source list of every row (model.md §2.2; the forward's SWA slots):
+// out[r, k] for k < window is the record index of position kp = pos[r] - k:
+//   -1                                      if kp < max(0, floor[r]),
+//   chunk_base + r - k                      if kp >= first_pos[r] (a row of this chunk, staged at
+//                                           chunk_base + its row index),
+//   slot[r] * window + kp % window          else (the sequence's ring).
+// first_pos[r] / floor[r]: the first position of the row's chunk and the row's replay floor.
+struct SwaIndexParams {
+  const int32_t* pos = nullptr;
+  const int64_t* slot = nullptr;
+  const int32_t* first_pos = nullptr;
+  const int32_t* floor = nullptr;
+  int64_t rows = 0;
+  int window = 128;
+  int64_t chunk_base = 0;
+  int32_t* out = nullptr;  // [rows, window]
+};
+void launch_swa_index(const SwaIndexParams& p, Stream stream);
+
 enum class Fp4Record : uint8_t { kMainBlock16E4m3, kIndexBlock32Ue8m0 };
 // cache[first_entry + r] = FP4 record of x[r, :dim] (main: block 16 e4m3 scales, 288 B at 512;
 // index key: block 32 ue8m0, 68 B at 128).

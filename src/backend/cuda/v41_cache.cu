@@ -32,6 +32,23 @@ __global__ void swa_write_kernel(SwaWriteParams p) {
   if (lane == 0) rec[p.dim + blk] = static_cast<uint8_t>(scale);
 }
 
+__global__ void swa_index_kernel(SwaIndexParams p) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= p.rows * p.window) return;
+  const int64_t r = i / p.window;
+  const int k = static_cast<int>(i % p.window);
+  const int64_t kp = static_cast<int64_t>(p.pos[r]) - k;
+  int64_t v;
+  if (kp < max(0, p.floor[r])) {
+    v = -1;
+  } else if (kp >= p.first_pos[r]) {
+    v = p.chunk_base + r - k;
+  } else {
+    v = p.slot[r] * p.window + kp % p.window;
+  }
+  p.out[i] = static_cast<int32_t>(v);
+}
+
 // FP4 record of x[0, dim) at rec; one warp per 32 channels (two blocks of 16 for the main format).
 __device__ __forceinline__ void fp4_write_chunk(const float* x, int dim, Fp4Record format,
                                                 int chunk, int lane, uint8_t* rec) {
@@ -205,6 +222,14 @@ void launch_swa_write_fp8(const SwaWriteParams& p, Stream stream) {
   if (p.rows == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(p.dim / 32, 8)), static_cast<unsigned>(p.rows));
   swa_write_kernel<<<grid, 256, 0, as_cuda_stream(stream)>>>(p);
+  MS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_swa_index(const SwaIndexParams& p, Stream stream) {
+  const int64_t total = p.rows * p.window;
+  if (total == 0) return;
+  swa_index_kernel<<<static_cast<unsigned>(ceil_div(total, 256)), 256, 0,
+                     as_cuda_stream(stream)>>>(p);
   MS_CUDA_CHECK_LAUNCH();
 }
 

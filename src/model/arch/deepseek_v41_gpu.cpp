@@ -96,7 +96,9 @@ struct RowSet {
   std::vector<int32_t> begin, rows, first_pos;  // per input
   std::vector<int32_t> src_row;                 // per row: row in the full chunk list
   int64_t n = 0;
-  MetaPtr pos, swa_idx, ring_dst, row_slot, image;
+  MetaPtr pos, ring_dst, row_slot, image;
+  MetaPtr row_first, row_floor;  // per row: its chunk's first position, its SWA replay floor
+  int32_t* swa_idx = nullptr;    // [n, window] SWA sources (launch_swa_index, at launch time)
   bool any_image = false;
 };
 
@@ -871,19 +873,18 @@ struct DeepseekV41Gpu::Impl {
     std::vector<int64_t> key;   // the launch shape (graph key)
   };
 
-  // Builds a row set: rows [row0_s, T_s) of each input; SWA reads floored at floor_s.
+  // Builds a row set: rows [row0_s, T_s) of each input; SWA reads floored at floor_s. The SWA
+  // source lists themselves are built on the device from the per-row values (launch()).
   void build_set(Batch& b, RowSet& s, const std::vector<int32_t>& row0,
                  const std::vector<int32_t>& floor, const std::string& tag) {
     const int64_t window = c.sliding_window;
-    const int64_t chunk_base = static_cast<int64_t>(opt.max_seqs) * window;
     const size_t ni = b.in.size();
     s.begin.assign(ni, 0);
     s.rows.assign(ni, 0);
     s.first_pos.assign(ni, 0);
     s.src_row.clear();
-    std::vector<int32_t> pos;
+    std::vector<int32_t> pos, row_first, row_floor;
     std::vector<int64_t> slot, ring_dst;
-    std::vector<int32_t> idx;
     std::vector<uint8_t> img;
     s.any_image = false;
     for (size_t i = 0; i < ni; ++i) {
@@ -894,7 +895,6 @@ struct DeepseekV41Gpu::Impl {
       const int32_t last = b.start[i] + t - 1;
       for (int32_t r = row0[i]; r < t; ++r) {
         const int32_t p = b.start[i] + r;
-        const int64_t cur = static_cast<int64_t>(s.src_row.size());
         s.src_row.push_back(b.chunk_begin[i] + r);
         pos.push_back(p);
         slot.push_back(b.in[i].seq);
@@ -903,21 +903,14 @@ struct DeepseekV41Gpu::Impl {
         const uint8_t im = b.image[static_cast<size_t>(b.chunk_begin[i] + r)];
         img.push_back(im);
         s.any_image = s.any_image || im != 0;
-        for (int64_t k = 0; k < window; ++k) {
-          const int64_t kp = p - k;
-          if (kp < std::max<int64_t>(0, floor[i])) {
-            idx.push_back(-1);
-          } else if (kp >= s.first_pos[i]) {
-            idx.push_back(static_cast<int32_t>(chunk_base + cur - (p - kp)));
-          } else {
-            idx.push_back(static_cast<int32_t>(b.in[i].seq * window + kp % window));
-          }
-        }
+        row_first.push_back(s.first_pos[i]);
+        row_floor.push_back(floor[i]);
       }
     }
     s.n = static_cast<int64_t>(s.src_row.size());
     s.pos = meta_put(pos);
-    s.swa_idx = meta_put(idx);
+    s.row_first = meta_put(row_first);
+    s.row_floor = meta_put(row_floor);
     s.ring_dst = meta_put(ring_dst);
     s.row_slot = meta_put(slot);
     s.image = meta_put(img);
@@ -1320,7 +1313,7 @@ struct DeepseekV41Gpu::Impl {
     p.heads = h;
     p.head_dim = static_cast<int>(hd);
     p.swa = L.swa_pool.as<uint8_t>();
-    p.swa_idx = s.swa_idx.as<int32_t>();
+    p.swa_idx = s.swa_idx;
     p.swa_k = static_cast<int>(window);
     p.ring_size = static_cast<int>(window);
     if (info.ratio > 0) {
@@ -1800,6 +1793,21 @@ struct DeepseekV41Gpu::Impl {
                  stream);
     float* x = buf<float>("x", n * hc * d);
     float* pre = buf<float>("pre", n * hc);
+    // The SWA source lists of both row sets (launch_swa_index: the rows' window of positions
+    // resolved to ring slots, this chunk's staged rows or -1).
+    for (RowSet* set : {&b.enc, &b.dec}) {
+      cu::SwaIndexParams sp;
+      sp.pos = set->pos.as<int32_t>();
+      sp.slot = set->row_slot.as<int64_t>();
+      sp.first_pos = set->row_first.as<int32_t>();
+      sp.floor = set->row_floor.as<int32_t>();
+      sp.rows = set->n;
+      sp.window = c.sliding_window;
+      sp.chunk_base = static_cast<int64_t>(opt.max_seqs) * c.sliding_window;
+      sp.out = set->swa_idx =
+          buf<int32_t>(set == &b.enc ? "swa_idx_enc" : "swa_idx_dec", set->n * c.sliding_window);
+      cu::launch_swa_index(sp, stream);
+    }
     const RowSet* s = &b.enc;
     const int32_t boundary = c.decoder_start_layer();
     // true: the previous layer's last expand already wrote collapse(x, pre) into "a".
