@@ -8,24 +8,9 @@
 #include <vector>
 
 #include "backend/cuda/v41_attention.cu"
-
-namespace moeserve::cuda::detail {
-void cuda_call_failed(const char* file, int line, const char* expr, const char* name,
-                      const char* msg) {
-  std::fprintf(stderr, "%s:%d %s: %s %s\n", file, line, expr, name, msg);
-  std::abort();
-}
-}  // namespace moeserve::cuda::detail
+#include "probe_util.h"
 
 using namespace moeserve::cuda;
-
-template <typename T>
-T* up(const std::vector<T>& v) {
-  T* d = nullptr;
-  MS_CUDA_CHECK(cudaMalloc(&d, v.size() * sizeof(T)));
-  MS_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
 
 int main() {
   std::mt19937 rng(7);
