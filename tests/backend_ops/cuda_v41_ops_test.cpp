@@ -441,6 +441,35 @@ TEST_F(CudaV41, SwaIndexFollowsTheWindowRule) {
   EXPECT_GT(none, 0);
 }
 
+// The MoE combine y[t] += sum of the token's grouped rows in j order (misses -1), bit for bit
+// against the same float sums on the host: the 4-column kernel (cols % 4 == 0) and the scalar
+// one (odd cols).
+TEST_F(CudaV41, MoeCombineIsOrderedAndExact) {
+  std::mt19937 rng(41);
+  for (const int64_t cols : {int64_t{5120}, int64_t{37}}) {
+    const int64_t tokens = 19, k = 6, grouped = 40;
+    const auto src = rnd(grouped * cols, rng, -3, 3);
+    auto y = rnd(tokens * cols, rng, -3, 3);
+    std::vector<int32_t> inv(static_cast<size_t>(tokens * k));
+    for (auto& r : inv) r = rng() % 3 == 0 ? static_cast<int32_t>(rng() % grouped) : -1;
+    inv[0] = -1;  // a token with no hit at all
+    for (int64_t j = 1; j < k; ++j) inv[static_cast<size_t>(j)] = -1;
+    float* dy = up(y);
+    cuda::launch_moe_combine(up(src), up(inv), tokens, static_cast<int>(k), cols, dy, stream_);
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t c = 0; c < cols; ++c) {
+        float acc = y[static_cast<size_t>(t * cols + c)];
+        for (int64_t j = 0; j < k; ++j) {
+          const int32_t r = inv[static_cast<size_t>(t * k + j)];
+          if (r >= 0) acc += src[static_cast<size_t>(r * cols + c)];
+        }
+        y[static_cast<size_t>(t * cols + c)] = acc;
+      }
+    const auto got = down(dy, y.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), y.data(), y.size() * sizeof(float))) << "cols " << cols;
+  }
+}
+
 // Records byte-exact, including the skipped (overwritten-later) rows of a long chunk.
 TEST_F(CudaV41, SwaRingWriteFp8IsByteExact) {
   std::mt19937 rng(13);

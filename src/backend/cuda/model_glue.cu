@@ -32,6 +32,30 @@ __global__ void moe_combine_kernel(const float* src, const int32_t* inv, int k, 
   }
 }
 
+// The same sums, 4 columns per thread (cols % 4 == 0, 16-byte aligned rows): the hits of a token
+// are added in the same order, so the result is bit-identical to moe_combine_kernel.
+__global__ void moe_combine_vec_kernel(const float* src, const int32_t* inv, int k, int64_t cols,
+                                       float* y) {
+  const int64_t t = blockIdx.x;
+  __shared__ int32_t hit[16];
+  if (threadIdx.x < k) hit[threadIdx.x] = inv[t * k + threadIdx.x];
+  __syncthreads();
+  auto* yt = reinterpret_cast<float4*>(y + t * cols);
+  for (int64_t c = threadIdx.x; c < cols / 4; c += blockDim.x) {
+    float4 acc = yt[c];
+    for (int j = 0; j < k; ++j) {
+      const int32_t r = hit[j];
+      if (r < 0) continue;
+      const float4 v = reinterpret_cast<const float4*>(src + static_cast<int64_t>(r) * cols)[c];
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+    }
+    yt[c] = acc;
+  }
+}
+
 __global__ void resolve_kernel(const int32_t* idx_in, const int32_t* cand, int64_t n_cand,
                                const int64_t* row_slot, int64_t slot_stride, int64_t rows, int k,
                                int32_t* out) {
@@ -138,8 +162,15 @@ void launch_gather_rows(const float* src, int64_t ld_src, const int32_t* idx, in
 void launch_moe_combine(const float* src, const int32_t* inv, int64_t rows, int k, int64_t cols,
                         float* y, Stream stream) {
   if (rows == 0) return;
-  moe_combine_kernel<<<static_cast<unsigned>(rows), kThreads, 0, as_cuda_stream(stream)>>>(
-      src, inv, k, cols, y);
+  const bool vec = k <= 16 && cols % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(y) % 16 == 0;
+  if (vec) {
+    moe_combine_vec_kernel<<<static_cast<unsigned>(rows), kThreads, 0, as_cuda_stream(stream)>>>(
+        src, inv, k, cols, y);
+  } else {
+    moe_combine_kernel<<<static_cast<unsigned>(rows), kThreads, 0, as_cuda_stream(stream)>>>(
+        src, inv, k, cols, y);
+  }
   MS_CUDA_CHECK_LAUNCH();
 }
 

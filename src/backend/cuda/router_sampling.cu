@@ -32,21 +32,24 @@ __global__ void __launch_bounds__(kRouterThreads) moe_router_kernel(MoeRouterPar
   }
   __syncthreads();
 
-  for (int64_t e = warp; e < p.num_experts; e += warps) {
-    float dot = 0.0f;
-    if (p.logits != nullptr) {
-      dot = p.logits[static_cast<int64_t>(blockIdx.x) * p.num_experts + e];
-    } else {
+  const auto put_score = [&](int64_t e, float dot) {
+    const float z = dot / p.temperature;
+    const float softplus = z > 20.0f ? z : log1pf(expf(z));
+    const float s = sqrtf(softplus);
+    score[e] = s;
+    select[e] = s + (p.bias ? p.bias[e] : 0.0f);
+  };
+  if (p.logits != nullptr) {
+    // Logits given (the forward's batched GEMM): one expert per thread, every lane busy.
+    const float* z = p.logits + static_cast<int64_t>(blockIdx.x) * p.num_experts;
+    for (int64_t e = tid; e < p.num_experts; e += blockDim.x) put_score(e, z[e]);
+  } else {
+    for (int64_t e = warp; e < p.num_experts; e += warps) {
       const float* w = p.gate_weight + e * p.hidden;
+      float dot = 0.0f;
       for (int64_t i = lane; i < p.hidden; i += 32) dot = fmaf(xs[i], w[i], dot);
       dot = warp_sum(dot);
-    }
-    if (lane == 0) {
-      const float z = dot / p.temperature;
-      const float softplus = z > 20.0f ? z : log1pf(expf(z));
-      const float s = sqrtf(softplus);
-      score[e] = s;
-      select[e] = s + (p.bias ? p.bias[e] : 0.0f);
+      if (lane == 0) put_score(e, dot);
     }
   }
   __syncthreads();
