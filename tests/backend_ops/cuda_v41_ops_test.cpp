@@ -189,6 +189,17 @@ TEST(V41OpsCpu, GreedySamplingIsArgmax) {
 
 #ifdef MOESERVE_HAVE_CUDA
 
+// max |got - want| over the mHC mixes' three outputs.
+double mixes_worst(const std::vector<float>& gpre, const std::vector<float>& pre,
+                   const std::vector<float>& gpost, const std::vector<float>& post,
+                   const std::vector<float>& gcomb, const std::vector<float>& comb) {
+  double worst = 0.0;
+  for (const auto& [g, r] : {std::pair{&gpre, &pre}, {&gpost, &post}, {&gcomb, &comb}})
+    for (size_t i = 0; i < r->size(); ++i)
+      worst = std::max(worst, std::abs(double{(*g)[i]} - (*r)[i]));
+  return worst;
+}
+
 class CudaV41 : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -317,13 +328,7 @@ TEST_F(CudaV41, HcMixesAtDecodeAndPrefillRows) {
         stream_);
     const auto gpre = down(dpre, pre.size()), gpost = down(dpost, post.size()),
                gcomb = down(dcomb, comb.size());
-    double worst = 0.0;
-    for (size_t i = 0; i < pre.size(); ++i)
-      worst = std::max(worst, std::abs(double{gpre[i]} - pre[i]));
-    for (size_t i = 0; i < post.size(); ++i)
-      worst = std::max(worst, std::abs(double{gpost[i]} - post[i]));
-    for (size_t i = 0; i < comb.size(); ++i)
-      worst = std::max(worst, std::abs(double{gcomb[i]} - comb[i]));
+    const double worst = mixes_worst(gpre, pre, gpost, post, gcomb, comb);
     EXPECT_LE(worst, 1e-4) << t << " rows";  // NaN fails too
     // Collapse, expand, then expand + fused collapse (with a second set of coefficients).
     std::vector<float> col(static_cast<size_t>(t * dim));
@@ -375,13 +380,7 @@ TEST_F(CudaV41, HcMixesOddShapes) {
                                 stream_);
           const auto gpre = down(dpre, pre.size()), gpost = down(dpost, post.size()),
                      gcomb = down(dcomb, comb.size());
-          double worst = 0.0;
-          for (size_t i = 0; i < pre.size(); ++i)
-            worst = std::max(worst, std::abs(double{gpre[i]} - pre[i]));
-          for (size_t i = 0; i < post.size(); ++i)
-            worst = std::max(worst, std::abs(double{gpost[i]} - post[i]));
-          for (size_t i = 0; i < comb.size(); ++i)
-            worst = std::max(worst, std::abs(double{gcomb[i]} - comb[i]));
+          const double worst = mixes_worst(gpre, pre, gpost, post, gcomb, comb);
           EXPECT_LE(worst, 1e-4) << "hc " << hc << " dim " << dim << " pad " << pad << " rows "
                                  << t;
         }

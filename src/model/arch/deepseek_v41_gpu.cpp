@@ -120,6 +120,8 @@ struct SelectPlan {
   MetaPtr seqs;  // [n_seqs, 4]: first row, rows, first pool record, keys
 };
 constexpr int64_t kWidthBucket = 512;
+// int64 words of one CompressorSeq in a compressor plan's blob.
+constexpr size_t kSeqWords = sizeof(cu::CompressorSeq) / sizeof(int64_t);
 // Decode-shaped forwards (every input at most this many rows) run as CUDA graphs.
 constexpr int64_t kGraphMaxRowsPerInput = 16;
 
@@ -1011,7 +1013,6 @@ struct DeepseekV41Gpu::Impl {
       groups += gslots;
       items += islots;
     }
-    constexpr size_t kSeqWords = sizeof(cu::CompressorSeq) / sizeof(int64_t);
     std::vector<int64_t> blob(nin * kSeqWords + entry.size() + (gpos.size() + 1) / 2, 0);
     std::memcpy(blob.data(), cs.data(), nin * sizeof(cu::CompressorSeq));
     std::copy(entry.begin(), entry.end(), blob.begin() + static_cast<ptrdiff_t>(nin * kSeqWords));
@@ -1041,7 +1042,6 @@ struct DeepseekV41Gpu::Impl {
     const size_t nin = b.in.size();
     const int64_t items = cp.items, groups_total = cp.groups;
     if (items == 0) return;
-    constexpr size_t kSeqWords = sizeof(cu::CompressorSeq) / sizeof(int64_t);
     const int64_t* dblob = cp.blob.as<int64_t>();
     const int64_t* dentry = dblob + nin * kSeqWords;
     const int32_t* dpos = reinterpret_cast<const int32_t*>(dentry + groups_total);
@@ -1100,13 +1100,18 @@ struct DeepseekV41Gpu::Impl {
     cu::launch_topk(p, stream);
   }
 
+  // Candidate entries per row of a Reindex layer (the candidate source's top blocks, expanded).
+  [[nodiscard]] int64_t candidate_count() const {
+    return static_cast<int64_t>(c.candidate_topk_blocks) * c.candidate_block_size;
+  }
+
   // The selection's share of the plan for index-source layer l (SelectPlan) and its cost (the
   // keys each sequence scores).
   void plan_select(Batch& b, const RowSet& s, int32_t l) {
     const LayerInfo& info = c.layer(l);
     const Layer& owner = *layers[static_cast<size_t>(info.kv_owner)];
     const bool reindex = info.mode == LayerMode::kReindex;
-    const int64_t ncand = static_cast<int64_t>(c.candidate_topk_blocks) * c.candidate_block_size;
+    const int64_t ncand = candidate_count();
     SelectPlan& sp = b.selp[l];
     int64_t width = 0;
     for (size_t i = 0; i < b.in.size(); ++i)
@@ -1176,7 +1181,7 @@ struct DeepseekV41Gpu::Impl {
     b.sel[l] = sel;
     int32_t* idx = buf<int32_t>("idx_topk", n * k);
     const bool reindex = info.mode == LayerMode::kReindex;
-    const int64_t ncand = static_cast<int64_t>(c.candidate_topk_blocks) * c.candidate_block_size;
+    const int64_t ncand = candidate_count();
     const SelectPlan& sp = b.selp.at(l);
     const int64_t width = sp.width;
     if (width == 0) {
