@@ -189,14 +189,18 @@ TEST(V41OpsCpu, GreedySamplingIsArgmax) {
 
 #ifdef MOESERVE_HAVE_CUDA
 
-// max |got - want| over the mHC mixes' three outputs.
+// max |got - want| over the mHC mixes' three outputs; a NaN (e.g. an output the kernel never
+// wrote: the tests fill them with NaN first) counts as infinity. NOTE: std::max(worst, NaN) keeps
+// worst, so the plain max would let unwritten outputs pass.
 double mixes_worst(const std::vector<float>& gpre, const std::vector<float>& pre,
                    const std::vector<float>& gpost, const std::vector<float>& post,
                    const std::vector<float>& gcomb, const std::vector<float>& comb) {
   double worst = 0.0;
   for (const auto& [g, r] : {std::pair{&gpre, &pre}, {&gpost, &post}, {&gcomb, &comb}})
-    for (size_t i = 0; i < r->size(); ++i)
-      worst = std::max(worst, std::abs(double{(*g)[i]} - (*r)[i]));
+    for (size_t i = 0; i < r->size(); ++i) {
+      const double d = std::abs(double{(*g)[i]} - (*r)[i]);
+      worst = std::isnan(d) ? std::numeric_limits<double>::infinity() : std::max(worst, d);
+    }
   return worst;
 }
 
@@ -329,7 +333,7 @@ TEST_F(CudaV41, HcMixesAtDecodeAndPrefillRows) {
     const auto gpre = down(dpre, pre.size()), gpost = down(dpost, post.size()),
                gcomb = down(dcomb, comb.size());
     const double worst = mixes_worst(gpre, pre, gpost, post, gcomb, comb);
-    EXPECT_LE(worst, 1e-4) << t << " rows";  // NaN fails too
+    EXPECT_LE(worst, 1e-4) << t << " rows";  // NaN fails too (mixes_worst)
     // Collapse, expand, then expand + fused collapse (with a second set of coefficients).
     std::vector<float> col(static_cast<size_t>(t * dim));
     cpu::hc_collapse(x.data(), t, hc, dim, pre.data(), col.data());
