@@ -483,6 +483,80 @@ TEST(GpuForward, CudaGraphDecodeIsBitIdenticalToEager) {
   std::filesystem::remove_all(dir);
 }
 
+// Bad inputs: each forward is refused with a clear error before anything runs or any state
+// moves (forward() validates every input before its host plan advances the entry counts), so a
+// valid forward afterwards gives the same logits, bit for bit, as on an untouched copy.
+TEST(GpuForward, BadInputIsRefusedWithoutChangingState) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_bad_input");
+  ASSERT_TRUE(write_generated_model(dir, gpu_tiny_config(), 0));
+  arch::GpuModelOptions opt;
+  opt.max_seqs = 3;
+  opt.max_context = 48;
+  opt.max_rows = 40;
+  opt.cuda_graphs = true;
+  auto gpu = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(gpu) << gpu.error().to_string();
+  auto fresh = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(fresh) << fresh.error().to_string();
+  const int32_t v = static_cast<int32_t>((*gpu)->config().vocab_size);
+  const int32_t a = *(*gpu)->new_sequence(), b = *(*gpu)->new_sequence();
+  const int32_t gone = *(*gpu)->new_sequence();
+  (*gpu)->release_sequence(gone);
+  const std::vector<int32_t> ok = test_prompt(9, 3, v), long_prompt = test_prompt(30, 4, v);
+  const std::vector<int32_t> too_long = test_prompt(49, 5, v), empty;
+  std::vector<int32_t> bad_tok = ok, neg_tok = ok;
+  bad_tok[4] = v;
+  neg_tok[2] = -1;
+  const std::vector<uint8_t> short_mask(3, 0);
+  const auto in = [](int32_t seq, const std::vector<int32_t>& t) {
+    GpuSequenceInput g;
+    g.seq = seq;
+    g.tokens = t;
+    return g;
+  };
+  struct Case {
+    const char* what;
+    std::vector<GpuSequenceInput> inputs;
+    ErrorCode code;
+  };
+  GpuSequenceInput masked = in(a, ok);
+  masked.is_image = short_mask;
+  const std::vector<Case> cases = {
+      {"negative sequence", {in(-1, ok)}, ErrorCode::kInvalidArgument},
+      {"sequence past max_seqs", {in(7, ok)}, ErrorCode::kInvalidArgument},
+      {"released sequence", {in(gone, ok)}, ErrorCode::kInvalidArgument},
+      {"sequence twice", {in(a, ok), in(a, ok)}, ErrorCode::kInvalidArgument},
+      {"no tokens", {in(a, empty)}, ErrorCode::kInvalidArgument},
+      {"image mask size", {masked}, ErrorCode::kInvalidArgument},
+      {"token id = vocab", {in(a, ok), in(b, bad_tok)}, ErrorCode::kOutOfRange},
+      {"negative token id", {in(a, neg_tok)}, ErrorCode::kOutOfRange},
+      {"beyond max_context", {in(a, too_long)}, ErrorCode::kOutOfRange},
+      {"rows > max_rows", {in(a, long_prompt), in(b, long_prompt)}, ErrorCode::kOutOfRange},
+  };
+  for (const Case& c : cases) {
+    auto out = (*gpu)->forward(c.inputs, ForwardMode::kProduction);
+    ASSERT_FALSE(out) << c.what;
+    EXPECT_EQ(out.error().code, c.code) << c.what << ": " << out.error().to_string();
+    EXPECT_EQ((*gpu)->num_tokens(a), 0) << c.what;
+    EXPECT_EQ((*gpu)->num_tokens(b), 0) << c.what;
+  }
+  // The same valid prefill and two decode steps on the refused model and on a fresh copy.
+  const int32_t fa = *(*fresh)->new_sequence();
+  std::vector<int32_t> step = ok;
+  for (int i = 0; i < 3; ++i) {
+    auto g = (*gpu)->forward(std::vector<GpuSequenceInput>{in(a, step)}, ForwardMode::kProduction);
+    auto f = (*fresh)->forward(std::vector<GpuSequenceInput>{in(fa, step)},
+                               ForwardMode::kProduction);
+    ASSERT_TRUE(g && f);
+    ASSERT_EQ(g->logits.size(), f->logits.size());
+    EXPECT_EQ(0, std::memcmp(g->logits.data(), f->logits.data(), g->logits.size() * 4))
+        << "step " << i;
+    step = {f->greedy.at(0)};
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(GpuForward, ExactLinearsLayerTrace) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   layer_trace_case(true);
