@@ -516,6 +516,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   for (int it = 0; it < ntiles; ++it) {
     const int buf = it & 1;
     const int64_t k0 = c_begin + static_cast<int64_t>(it) * kWgTile;
+    wgmma::fence_operands(acc);  // the previous epilogue's reads stay above the MMAs
     wgmma::fence();
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
