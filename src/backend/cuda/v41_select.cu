@@ -380,6 +380,13 @@ __global__ void __launch_bounds__(kIdxThreads, idx_min_ctas(kCand, kSplit))
 // other buffer and start the loads of tile t + 2; fence.proxy.async (the tile is read by the async
 // proxy); wait; epilogue (relu, weights, head sums, scores); one CTA barrier. The second CTA of the
 // SM keeps the tensor cores busy during this CTA's epilogue.
+// NOTE: budget per 64-key tile at 6 rows (estimates, to be measured): the MMAs are 3.1 MFLOP,
+// ~770 SM cycles at the dense bf16 rate; the conversion (~210 instructions per thread) and the
+// epilogue (~260: 96 max, 96 FMA, 24 LDS.64, 9 shuffles, stores) issue in ~470 cycles on the 4
+// schedulers, so with two CTAs alternating the tensor pipe is the limit. Shared-memory reads of
+// the MMAs: (64 + 192) x 32 B per k-step, ~85 B/cycle of the 128. Not yet tried: A (keys) from
+// registers (wgmma RS), converting straight into fragments, which drops the tile stores, the
+// proxy fence and A's shared reads but double-buffers 2 x 32 fragment registers.
 constexpr int kWgThreads = 128;
 constexpr int kWgTile = 64;       // keys per tile (wgmma M)
 constexpr int kWgChunk = 4096;    // score columns per CTA (amortises the q tile fill)
