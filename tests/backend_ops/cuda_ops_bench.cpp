@@ -329,27 +329,35 @@ void run_v41_ops(Bench& b, std::vector<Result>& results) {
     }
     auto s = b.buffer(DType::kF32, {t, c.keys});
     const double key_bytes = 68.0 * (c.cand ? t : c.seqs) * c.keys;
-    results.push_back(b.run(c.cand ? "indexer batched, candidates" : "indexer batched (fp4 q)",
-                            dims({c.seqs, c.rows, c.keys, 32, 128}), key_bytes + 4.0 * t * c.keys,
-                            2.0 * t * c.keys * 32 * 128, Rate::kBf16, [&](int) {
-                              cuda::IndexerScoreParams p;
-                              p.q = q.data_as<float>();
-                              p.w = w.data_as<float>();
-                              p.rows = t;
-                              p.keys = keys.data_as<uint8_t>();
-                              p.pos = pos.data_as<int32_t>();
-                              p.ratio = 1;
-                              p.candidates = c.cand ? cand.data_as<int32_t>() : nullptr;
-                              p.n_cand = c.cand ? c.keys : 0;
-                              p.scores = s.data_as<float>();
-                              p.ld = c.keys;
-                              p.n_seqs = static_cast<int>(c.seqs);
-                              p.seqs = dseq.data_as<int64_t>();
-                              p.max_seq_rows = c.rows;
-                              p.max_seq_keys = pool;
-                              p.q_exact_bf16 = true;
-                              cuda::launch_indexer_scores(p, stream);
-                            }));
+    // Without candidates also the sm_90a warpgroup-MMA kernel (use_wgmma) on the same buffers.
+    for (const bool wg : {false, true}) {
+      if (wg && c.cand) continue;
+      const char* name = c.cand ? "indexer batched, candidates"
+                         : wg   ? "indexer batched (fp4 q, wgmma)"
+                                : "indexer batched (fp4 q)";
+      results.push_back(b.run(name, dims({c.seqs, c.rows, c.keys, 32, 128}),
+                              key_bytes + 4.0 * t * c.keys, 2.0 * t * c.keys * 32 * 128,
+                              Rate::kBf16, [&](int) {
+                                cuda::IndexerScoreParams p;
+                                p.q = q.data_as<float>();
+                                p.w = w.data_as<float>();
+                                p.rows = t;
+                                p.keys = keys.data_as<uint8_t>();
+                                p.pos = pos.data_as<int32_t>();
+                                p.ratio = 1;
+                                p.candidates = c.cand ? cand.data_as<int32_t>() : nullptr;
+                                p.n_cand = c.cand ? c.keys : 0;
+                                p.scores = s.data_as<float>();
+                                p.ld = c.keys;
+                                p.n_seqs = static_cast<int>(c.seqs);
+                                p.seqs = dseq.data_as<int64_t>();
+                                p.max_seq_rows = c.rows;
+                                p.max_seq_keys = pool;
+                                p.q_exact_bf16 = true;
+                                p.use_wgmma = wg;
+                                cuda::launch_indexer_scores(p, stream);
+                              }));
+    }
     b.release();
   }
   // Top-k (same shapes as tools/device/topk_torch.py).

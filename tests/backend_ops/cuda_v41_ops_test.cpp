@@ -761,7 +761,6 @@ TEST_F(CudaV41, IndexerScoresBatched) {
                                   ref.data() + row * width, width);
             row += s.rows;
           }
-          float* o = nans(ref.size());
           cuda::IndexerScoreParams p;
           p.q = up(q);
           p.w = up(w);
@@ -772,25 +771,115 @@ TEST_F(CudaV41, IndexerScoresBatched) {
           p.ratio = ratio;
           p.candidates = cand ? up(cids) : nullptr;
           p.n_cand = cand ? nc : 0;
-          p.scores = o;
           p.ld = width;
           p.n_seqs = static_cast<int>(seqs.size());
           p.seqs = up(desc);
           p.max_seq_rows = max_rows;
           p.max_seq_keys = max_keys;
           p.q_exact_bf16 = exact;
-          cuda::launch_indexer_scores(p, stream_);
-          const auto got = down(o, ref.size());
-          EXPECT_LE(rel_err(got, ref), 1e-5);
-          size_t inf_mismatch = 0;
-          for (size_t i = 0; i < ref.size(); ++i)
-            inf_mismatch += std::isinf(ref[i]) != std::isinf(got[i]) ? 1 : 0;
-          EXPECT_EQ(inf_mismatch, 0u);
+          // use_wgmma: the warpgroup-MMA kernel where it applies (exact, no candidates, 32 heads;
+          // 8 row slots here), the mma.sync kernels for the other cases.
+          for (const bool wg : {false, true}) {
+            SCOPED_TRACE(wg ? "wgmma" : "mma.sync");
+            float* o = nans(ref.size());
+            p.scores = o;
+            p.use_wgmma = wg;
+            cuda::launch_indexer_scores(p, stream_);
+            const auto got = down(o, ref.size());
+            EXPECT_LE(rel_err(got, ref), 1e-5);
+            size_t inf_mismatch = 0;
+            for (size_t i = 0; i < ref.size(); ++i)
+              inf_mismatch += std::isinf(ref[i]) != std::isinf(got[i]) ? 1 : 0;
+            EXPECT_EQ(inf_mismatch, 0u);
+          }
         }
 }
 
+// The wgmma path at each of its row-slot widths (N = 32 x 2, 4, 6, 8 query columns): decode-like
+// batches whose longest sequence has 1-2, 3-4, 5-6 and 7-8 rows (partial slot blocks of 1, 3 and
+// 5 rows), sequences with no keys, a few visible keys (rows at position 0..5), key counts that end
+// inside a 64-key tile and inside the second 4096-column chunk, causal ratio 1 and 2. Against
+// cpu::indexer_scores, 1e-5 of max|ref|, and the -inf pattern exactly.
+TEST_F(CudaV41, IndexerScoresWgmmaRowSlots) {
+  std::mt19937 rng(23);
+  const int id = 128, heads = 32;
+  struct Seq {
+    int64_t rows, keys, first_pos;
+  };
+  const std::vector<std::vector<Seq>> batches = {
+      {{1, 300, 299}, {2, 4500, 4498}, {1, 0, 0}, {2, 70, 3}},
+      {{4, 1000, 996}, {3, 65, 1}, {1, 4097, 4096}, {0, 10, 10}},
+      {{6, 8300, 8294}, {3, 77, 0}, {5, 130, 125}, {6, 1000, 2000}, {6, 0, 0}},
+      {{8, 2000, 1992}, {7, 640, 639}, {1, 64, 63}}};
+  for (const auto& seqs : batches)
+    for (const int ratio : {1, 2}) {
+      int64_t rows = 0, max_rows = 0, max_keys = 0, cap = 0;
+      for (const Seq& s : seqs) {
+        rows += s.rows;
+        max_rows = std::max(max_rows, s.rows);
+        max_keys = std::max(max_keys, s.keys);
+        cap = std::max(cap, s.keys);
+      }
+      SCOPED_TRACE("max rows " + std::to_string(max_rows) + " ratio " + std::to_string(ratio));
+      auto pool = fp4_records(static_cast<int64_t>(seqs.size()) * cap, id,
+                              cpu::Fp4Record::kIndexBlock32Ue8m0, rng, 3);
+      auto q = rnd(rows * heads * id, rng, -1, 1);
+      scale_blocks32(q, rng, 3);
+      fq_fp4_block32_ue8m0(q, q);
+      auto w = rnd(rows * heads, rng, -0.3f, 0.3f);
+      std::vector<int32_t> pos;
+      std::vector<int64_t> desc;
+      int64_t row = 0;
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        const Seq& s = seqs[i];
+        for (int64_t r = 0; r < s.rows; ++r) pos.push_back(static_cast<int32_t>(s.first_pos + r));
+        desc.insert(desc.end(), {row, s.rows, static_cast<int64_t>(i) * cap, s.keys});
+        row += s.rows;
+      }
+      std::vector<float> ref(static_cast<size_t>(rows * max_keys), -kInf);
+      row = 0;
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        const Seq& s = seqs[i];
+        if (s.rows > 0)
+          cpu::indexer_scores(q.data() + row * heads * id, w.data() + row * heads, s.rows, heads,
+                              id, pool.data() + static_cast<int64_t>(i) * cap * 68, s.keys,
+                              pos.data() + row, ratio, nullptr, 0, 0.08838834764831845f,
+                              ref.data() + row * max_keys, max_keys);
+        row += s.rows;
+      }
+      float* o = nans(ref.size());
+      cuda::IndexerScoreParams p;
+      p.q = up(q);
+      p.w = up(w);
+      p.rows = rows;
+      p.heads = heads;
+      p.keys = up(pool);
+      p.pos = up(pos);
+      p.ratio = ratio;
+      p.scores = o;
+      p.ld = max_keys;
+      p.n_seqs = static_cast<int>(seqs.size());
+      p.seqs = up(desc);
+      p.max_seq_rows = max_rows;
+      p.max_seq_keys = max_keys;
+      p.q_exact_bf16 = true;
+      p.use_wgmma = true;
+      cuda::launch_indexer_scores(p, stream_);
+      const auto got = down(o, ref.size());
+      EXPECT_LE(rel_err(got, ref), 1e-5);
+      size_t inf_mismatch = 0, nan_count = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        inf_mismatch += std::isinf(ref[i]) != std::isinf(got[i]) ? 1 : 0;
+        nan_count += std::isnan(got[i]) ? 1 : 0;
+      }
+      EXPECT_EQ(inf_mismatch, 0u);
+      EXPECT_EQ(nan_count, 0u);
+    }
+}
+
 // The single-sequence form with q_exact_bf16 (FP4 queries, one MMA per tile) equals the hi/lo
-// path to fp32 rounding and the CPU to 1e-5; prefill-like causal rows spanning several row blocks.
+// path to fp32 rounding and the CPU to 1e-5; prefill-like causal rows spanning several row blocks;
+// with and without use_wgmma.
 TEST_F(CudaV41, IndexerScoresExactBf16Queries) {
   std::mt19937 rng(22);
   const int id = 128, heads = 32;
@@ -806,15 +895,17 @@ TEST_F(CudaV41, IndexerScoresExactBf16Queries) {
     std::vector<float> ref(static_cast<size_t>(t * n));
     cpu::indexer_scores(q.data(), w.data(), t, heads, id, keys.data(), n, pos.data(), ratio,
                         nullptr, 0, 0.08838834764831845f, ref.data(), n);
-    for (const bool exact : {true, false}) {
-      float* o = nans(ref.size());
-      cuda::IndexerScoreParams p{up(q), up(w),   t,     heads,   id, up(keys),
-                                 n,     up(pos), ratio, nullptr, 0,  0.08838834764831845f,
-                                 o,     n};
-      p.q_exact_bf16 = exact;
-      cuda::launch_indexer_scores(p, stream_);
-      EXPECT_LE(rel_err(down(o, ref.size()), ref), 1e-5) << ratio << exact;
-    }
+    for (const bool exact : {true, false})
+      for (const bool wg : {false, true}) {
+        float* o = nans(ref.size());
+        cuda::IndexerScoreParams p{up(q), up(w),   t,     heads,   id, up(keys),
+                                   n,     up(pos), ratio, nullptr, 0,  0.08838834764831845f,
+                                   o,     n};
+        p.q_exact_bf16 = exact;
+        p.use_wgmma = wg;  // taken with exact only: 5 blocks of 8 row slots
+        cuda::launch_indexer_scores(p, stream_);
+        EXPECT_LE(rel_err(down(o, ref.size()), ref), 1e-5) << ratio << exact << wg;
+      }
   }
 }
 

@@ -448,6 +448,11 @@ struct IndexerScoreParams {
   int64_t max_seq_rows = 0;
   int64_t max_seq_keys = 0;
   bool q_exact_bf16 = false;
+  // Hopper (sm_90a) only, off by default: warpgroup MMA (wgmma, m64nNk16, N = 32 x rows of a
+  // sequence per CTA) instead of mma.sync. Taken only with q_exact_bf16, no candidates and
+  // heads == 32; every other shape runs the mma.sync kernels whatever this says. Same numbers:
+  // bf16 products, fp32 accumulation (summation order differs, so not bit-identical).
+  bool use_wgmma = false;
 };
 void launch_indexer_scores(const IndexerScoreParams& p, Stream stream);
 

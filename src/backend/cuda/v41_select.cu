@@ -1,8 +1,8 @@
 // V4.1 selection ops: indexer scores over FP4 index keys (bf16 mma.sync on key tiles dequantised
 // once per CTA by byte-table PRMTs, q fragments resident in registers, one launch for a whole
-// batch of sequences),
-// exact row top-k (per-row radix select + bitonic sort of the survivors), candidate blocks, and
-// top-k/top-p sampling.
+// batch of sequences; opt-in on sm_90a: warpgroup MMA with both operands in swizzled shared
+// memory), exact row top-k (per-row radix select + bitonic sort of the survivors), candidate
+// blocks, and top-k/top-p sampling.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/v41_device.cuh"
+#include "backend/cuda/wgmma.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -355,6 +356,241 @@ __global__ void __launch_bounds__(kIdxThreads, idx_min_ctas(kCand, kSplit))
   }
 }
 
+// ---- indexer scores, Hopper warpgroup MMA ------------------------------------------------------
+//
+// Same scores as indexer_mma_kernel<1, false> (q_exact_bf16, no candidates, 32 heads), on sm_90a
+// wgmma.mma_async: per 64-key tile one warpgroup computes D[key, n] = key . q_n with M = 64 keys
+// (A: the dequantised tile), N = 32 * kRows query columns (B: heads of kRows rows of one
+// sequence, n = 32 * row slot + head) and K = 128 dims (8 k16 steps), fp32 accumulators. Keys on
+// M and heads on N keep the head reduction of a row inside each thread (8 heads) and a quad (two
+// shuffles), as in the mma.sync kernel, and let one instruction per k-step cover all rows: the
+// decode shape (6 rows) is m64n192k16, with no padding.
+//
+// Shared memory (1024-aligned base; every operand K-major with the 128-byte swizzle of
+// wgmma::desc_k_sw128: rows of 64 bf16 = 128 B, 16-byte chunk c of row r stored at c ^ (r & 7)):
+//   kt   bf16 [2 buffers][2 panels][64 keys][64 dims]  panel p holds dims [64p, 64p + 64)
+//   q    bf16 [2 panels][kN columns][64 dims]
+//   w    f32  [8][32]
+//   vis  i64  [8]
+// Within each group of 8 dims the elements are in e2m1x8_to_bf16's order (0,4,1,5,2,6,3,7), keys
+// and queries alike, so the dot products are those of the natural order.
+//
+// Pipeline per tile t (one warpgroup per CTA, two CTAs per SM): issue the 8 wgmma on buffer t & 1
+// and commit; while they run, convert tile t + 1 (raw words loaded during tile t - 1) into the
+// other buffer and start the loads of tile t + 2; fence.proxy.async (the tile is read by the async
+// proxy); wait; epilogue (relu, weights, head sums, scores); one CTA barrier. The second CTA of the
+// SM keeps the tensor cores busy during this CTA's epilogue.
+// NOTE: budget per 64-key tile at 6 rows (estimates, to be measured): the MMAs are 3.1 MFLOP,
+// ~770 SM cycles at the dense bf16 rate; the conversion (~210 instructions per thread) and the
+// epilogue (~260: 96 max, 96 FMA, 24 LDS.64, 9 shuffles, stores) issue in ~470 cycles on the 4
+// schedulers, so with two CTAs alternating the tensor pipe is the limit. Shared-memory reads of
+// the MMAs: (64 + 192) x 32 B per k-step, ~85 B/cycle of the 128. Not yet tried: A (keys) from
+// registers (wgmma RS), converting straight into fragments, which drops the tile stores, the
+// proxy fence and A's shared reads but double-buffers 2 x 32 fragment registers.
+constexpr int kWgThreads = 128;
+constexpr int kWgTile = 64;       // keys per tile (wgmma M)
+constexpr int kWgChunk = 4096;    // score columns per CTA (amortises the q tile fill)
+constexpr int kWgRowBytes = 128;  // one 64-dim panel row of bf16
+constexpr int kWgPanel = kWgTile * kWgRowBytes;  // 8 KB: one panel of a key tile
+constexpr int kWgKtBuf = 2 * kWgPanel;           // 16 KB: one key tile (128 dims)
+constexpr int kWgSmemKt = 0;
+constexpr int kWgSmemQ = kWgSmemKt + 2 * kWgKtBuf;
+__host__ __device__ constexpr int wg_smem_w(int rows) {
+  return kWgSmemQ + 2 * 32 * rows * kWgRowBytes;
+}
+__host__ __device__ constexpr int wg_smem_vis(int rows) {
+  return wg_smem_w(rows) + kIdxMaxSlots * 32 * 4;
+}
+// + 1024 for aligning the dynamic shared memory base to a swizzle atom.
+__host__ __device__ constexpr int wg_smem_bytes(int rows) {
+  return wg_smem_vis(rows) + kIdxMaxSlots * 8 + 1024;
+}
+
+// Dims [64 * half, 64 * half + 64) of one key (exact bf16) into panel `half` of a key tile, row
+// `key`, 128-byte swizzled.
+__device__ __forceinline__ void wg_store_key(const IdxRaw& r, uint8_t* tile, int key, int half) {
+  const __nv_bfloat162 s0 = __float2bfloat162_rn(v41::ue8m0_decode((r.sc >> (16 * half)) & 0xFFu));
+  const __nv_bfloat162 s1 =
+      __float2bfloat162_rn(v41::ue8m0_decode((r.sc >> (16 * half + 8)) & 0xFFu));
+  uint8_t* row = tile + half * kWgPanel + key * kWgRowBytes;
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+    *reinterpret_cast<uint4*>(row + ((c ^ (key & 7)) << 4)) =
+        e2m1x8_to_bf16(r.w[c], c < 4 ? s0 : s1);
+}
+
+template <int kRows>
+__global__ void __launch_bounds__(kWgThreads, 2)
+    indexer_wgmma_kernel(IndexerScoreParams p, IdxLaunch L) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(kRows % 2 == 0 && kRows <= kIdxMaxSlots, "row slots pair up in the quad reduction");
+  constexpr int kN = 32 * kRows;  // wgmma N: query columns
+  constexpr int kAcc = kN / 2;    // fp32 accumulators per thread
+  extern __shared__ __align__(1024) uint8_t wg_smem_raw[];
+  const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(wg_smem_raw));
+  uint8_t* smem = wg_smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
+  uint8_t* kt = smem + kWgSmemKt;
+  uint8_t* qs = smem + kWgSmemQ;
+  auto* ws = reinterpret_cast<float*>(smem + wg_smem_w(kRows));
+  auto* vis = reinterpret_cast<int64_t*>(smem + wg_smem_vis(kRows));
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t seq = blockIdx.x / L.blocks_per_seq;
+  const int64_t blk = blockIdx.x % L.blocks_per_seq;
+  int64_t row_begin = 0, seq_rows = p.rows, key_base = 0, n_keys = p.n_keys;
+  if (p.n_seqs > 0) {
+    const int64_t* e = p.seqs + seq * 4;
+    row_begin = e[0];
+    seq_rows = e[1];
+    key_base = e[2];
+    n_keys = e[3];
+  }
+  const int64_t r_first = blk * kRows;
+  if (r_first >= seq_rows) return;
+  const int nrows = static_cast<int>(min(static_cast<int64_t>(kRows), seq_rows - r_first));
+  const int64_t row0 = row_begin + r_first;
+  const int64_t c_begin = static_cast<int64_t>(blockIdx.y) * kWgChunk;
+  const int64_t c_end = min(L.width, c_begin + kWgChunk);
+
+  if (tid < kRows) {
+    const int64_t v =
+        tid < nrows ? min(n_keys, (static_cast<int64_t>(p.pos[row0 + tid]) + 1) / p.ratio) : 0;
+    vis[tid] = max(v, int64_t{0});
+  }
+  for (int i = tid; i < kRows * 32; i += kWgThreads)
+    ws[i] = i / 32 < nrows ? p.w[(row0 + i / 32) * p.heads + i % 32] : 0.0f;
+  // q -> bf16 (exact: q_exact_bf16) in the B layout. Item i = (column n, panel, chunk c): 8
+  // consecutive dims, 16 items per column, so consecutive threads read consecutive 32 B.
+  const bool q_vec = (reinterpret_cast<uintptr_t>(p.q) & 15u) == 0;
+  for (int i = tid; i < kN * 16; i += kWgThreads) {
+    const int n = i >> 4, panel = (i >> 3) & 1, c = i & 7;
+    const int slot = n >> 5;
+    float a[8] = {};
+    if (slot < nrows) {
+      const float* src = p.q + ((row0 + slot) * p.heads + (n & 31)) * kIdxDim + 64 * panel + 8 * c;
+      if (q_vec) {
+        const float4 lo = __ldg(reinterpret_cast<const float4*>(src));
+        const float4 hi = __ldg(reinterpret_cast<const float4*>(src) + 1);
+        a[0] = lo.x, a[1] = lo.y, a[2] = lo.z, a[3] = lo.w;
+        a[4] = hi.x, a[5] = hi.y, a[6] = hi.z, a[7] = hi.w;
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) a[j] = __ldg(src + j);
+      }
+    }
+    // Word j holds dims (j, j + 4) of the group: the key tile's order.
+    const uint4 v = make_uint4(bf162_bits(__floats2bfloat162_rn(a[0], a[4])),
+                               bf162_bits(__floats2bfloat162_rn(a[1], a[5])),
+                               bf162_bits(__floats2bfloat162_rn(a[2], a[6])),
+                               bf162_bits(__floats2bfloat162_rn(a[3], a[7])));
+    *reinterpret_cast<uint4*>(qs + panel * (kN * kWgRowBytes) + n * kWgRowBytes +
+                              ((c ^ (n & 7)) << 4)) = v;
+  }
+  __syncthreads();
+  int64_t max_vis = 0;
+  for (int r = 0; r < kRows; ++r) max_vis = max(max_vis, vis[r]);
+  // Tiles with MMA work; the columns after them are -inf for every row of the CTA.
+  const int64_t c_work = min(c_end, max_vis);
+  const int ntiles =
+      c_work > c_begin ? static_cast<int>((c_work - c_begin + kWgTile - 1) / kWgTile) : 0;
+
+  // Key loading: thread -> key tid % 64, dims [64 * half, +64) (panel `half`).
+  const int my_key = tid & (kWgTile - 1), my_half = tid >> 6;
+  const auto key_of = [&](int it) -> int64_t {
+    const int64_t c = c_begin + static_cast<int64_t>(it) * kWgTile + my_key;
+    return c < c_end ? c : -1;
+  };
+  IdxRaw raw;
+  if (ntiles > 0) {
+    idx_load_raw(p.keys, key_base, key_of(0), n_keys, my_half, raw);
+    wg_store_key(raw, kt, my_key, my_half);
+  }
+  if (ntiles > 1) idx_load_raw(p.keys, key_base, key_of(1), n_keys, my_half, raw);
+  wgmma::fence_proxy_async_smem();
+  __syncthreads();
+
+  // Descriptors of buffer 0 / the q panel 0; the k-step offsets are added to the address field
+  // (bits 0-13, in 16-byte units; shared addresses stay below 2^18, so no carry leaves it).
+  const uint64_t desc_kt = wgmma::desc_k_sw128(kt);
+  const uint64_t desc_q = wgmma::desc_k_sw128(qs);
+  // This thread's output: keys 16 warp + g + 8 (t & 1) of the tile, row slots 2i + (t >> 1).
+  const int key_out = 16 * warp + g + 8 * (t & 1);
+  float acc[kAcc];
+#pragma unroll
+  for (int i = 0; i < kAcc; ++i) acc[i] = 0.0f;
+
+  for (int it = 0; it < ntiles; ++it) {
+    const int buf = it & 1;
+    const int64_t k0 = c_begin + static_cast<int64_t>(it) * kWgTile;
+    wgmma::fence_operands(acc);  // the previous epilogue's reads stay above the MMAs
+    wgmma::fence();
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      // k-step s: dims [16s, 16s + 16) = panel s / 4, bytes [32 (s % 4), +32) of each row.
+      const uint32_t off_a = buf * kWgKtBuf + (s >> 2) * kWgPanel + (s & 3) * 32;
+      const uint32_t off_b = (s >> 2) * (kN * kWgRowBytes) + (s & 3) * 32;
+      wgmma::bf16_ss<kN>(acc, desc_kt + (off_a >> 4), desc_q + (off_b >> 4), s > 0 ? 1 : 0);
+    }
+    wgmma::commit_group();
+    // Overlapped with the MMAs: buffer buf ^ 1 was last read by tile it - 1, waited for below.
+    if (it + 1 < ntiles) wg_store_key(raw, kt + (buf ^ 1) * kWgKtBuf, my_key, my_half);
+    if (it + 2 < ntiles) idx_load_raw(p.keys, key_base, key_of(it + 2), n_keys, my_half, raw);
+    wgmma::fence_proxy_async_smem();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(acc);
+
+    // v[2r + h]: row slot r, key g + 8h, this thread's 8 heads (column blocks 4r..4r+3, columns
+    // 2t and 2t + 1 of each: heads 8j + 2t, + 1).
+    float v[2 * kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float* a4 = acc + 4 * (4 * r + j);
+        const float2 wv = *reinterpret_cast<const float2*>(ws + r * 32 + 8 * j + 2 * t);
+        s0 += wv.x * fmaxf(a4[0], 0.0f) + wv.y * fmaxf(a4[1], 0.0f);
+        s1 += wv.x * fmaxf(a4[2], 0.0f) + wv.y * fmaxf(a4[3], 0.0f);
+      }
+      v[2 * r] = s0;
+      v[2 * r + 1] = s1;
+    }
+    // Transposing quad reduction (as in indexer_mma_kernel): u[i] = row slot i, key g + 8 (t & 1);
+    // then x = row slot 2i + (t >> 1), the same key.
+    float u[kRows];
+    const bool b0 = (t & 1) != 0, b1 = (t & 2) != 0;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const float send = b0 ? v[2 * i] : v[2 * i + 1];
+      u[i] = (b0 ? v[2 * i + 1] : v[2 * i]) + __shfl_xor_sync(0xFFFFFFFFu, send, 1);
+    }
+    const int64_t c = k0 + key_out;
+#pragma unroll
+    for (int i = 0; i < kRows / 2; ++i) {
+      const float send = b1 ? u[2 * i] : u[2 * i + 1];
+      const float x = (b1 ? u[2 * i + 1] : u[2 * i]) + __shfl_xor_sync(0xFFFFFFFFu, send, 2);
+      const int slot = 2 * i + (t >> 1);
+      if (slot < nrows && c < c_end)
+        p.scores[(row0 + slot) * p.ld + c] = c >= vis[slot] ? -INFINITY : x * p.scale;
+    }
+    // Every thread's stores into buffer buf ^ 1 (and its proxy fence) before the next tile's
+    // MMAs read it; every warp past its wait before tile it + 1 overwrites buffer buf.
+    __syncthreads();
+  }
+
+  // Columns past every row's visible keys.
+  const int64_t c_tail = c_begin + static_cast<int64_t>(ntiles) * kWgTile;
+  const int64_t n_tail = max(int64_t{0}, c_end - c_tail);
+  for (int64_t i = tid; i < nrows * n_tail; i += kWgThreads) {
+    const int64_t r = i / n_tail, cc = c_tail + i % n_tail;
+    p.scores[(row0 + r) * p.ld + cc] = -INFINITY;
+  }
+#else
+  __trap();  // sm_90a only (wgmma); the launcher is only reached with use_wgmma.
+#endif
+}
+
 __global__ void block_max_kernel(BlockMaxParams p, int64_t nb) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= p.rows * nb) return;
@@ -663,6 +899,18 @@ void launch_indexer_mma(const IndexerScoreParams& p, const IdxLaunch& L, int64_t
   MS_CUDA_CHECK_LAUNCH();
 }
 
+template <int kRows>
+void launch_indexer_wgmma(const IndexerScoreParams& p, const IdxLaunch& L, int64_t n_seqs,
+                          cudaStream_t s) {
+  const auto fn = indexer_wgmma_kernel<kRows>;
+  constexpr int kSmem = wg_smem_bytes(kRows);
+  MS_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  const dim3 grid(static_cast<unsigned>(n_seqs * L.blocks_per_seq),
+                  static_cast<unsigned>(ceil_div(L.width, kWgChunk)));
+  fn<<<grid, kWgThreads, kSmem, s>>>(p, L);
+  MS_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void launch_indexer_scores(const IndexerScoreParams& p, Stream stream) {
@@ -674,11 +922,34 @@ void launch_indexer_scores(const IndexerScoreParams& p, Stream stream) {
   if (p.head_dim != kIdxDim || p.heads < 1 || p.heads > 2 * kIdxHeadsPerLaunch)
     detail::cuda_call_failed(__FILE__, __LINE__, "indexer shape", "head_dim 128, heads <= 64", "");
   const cudaStream_t s = as_cuda_stream(stream);
-  const int slots = cand ? 1 : (p.q_exact_bf16 ? 8 : 4);
+  const int64_t n_seqs = batched ? p.n_seqs : 1;
   IdxLaunch L;
   L.width = width;
+  if (p.use_wgmma && p.q_exact_bf16 && !cand && p.heads == kIdxHeadsPerLaunch) {
+    // Row slots per CTA: the sequences' rows rounded up to even (the quad reduction pairs slots),
+    // at most 8 (N = 256). Decode at 6 rows per sequence runs m64n192k16 with no padding.
+    const int rows_cta = static_cast<int>(std::min<int64_t>(8, (seq_rows + 1) / 2 * 2));
+    L.blocks_per_seq = ceil_div(seq_rows, rows_cta);
+    L.head0 = 0;
+    L.heads_here = kIdxHeadsPerLaunch;
+    switch (rows_cta) {
+      case 2:
+        launch_indexer_wgmma<2>(p, L, n_seqs, s);
+        break;
+      case 4:
+        launch_indexer_wgmma<4>(p, L, n_seqs, s);
+        break;
+      case 6:
+        launch_indexer_wgmma<6>(p, L, n_seqs, s);
+        break;
+      default:
+        launch_indexer_wgmma<8>(p, L, n_seqs, s);
+        break;
+    }
+    return;
+  }
+  const int slots = cand ? 1 : (p.q_exact_bf16 ? 8 : 4);
   L.blocks_per_seq = ceil_div(seq_rows, slots);
-  const int64_t n_seqs = batched ? p.n_seqs : 1;
   // NOTE: more than 32 heads run as two launches of 32 (the second adds its partial sums) so that
   // the q fragments of a CTA always fit in registers.
   for (int h0 = 0; h0 < p.heads; h0 += kIdxHeadsPerLaunch) {
