@@ -65,7 +65,9 @@ void launch_binary(const BinaryParams& p, Stream stream);
 
 // ---- V4.1 ops ---------------------------------------------------------------------------------
 
-enum class ActivationType : uint8_t { kF32, kBF16 };
+// kMxfp8: e4m3 codes with one ue8m0 scale byte per 32 along the row in a separate array (only as
+// the output of the MXFP8 quantisers below; the GEMMs taking `x_type` accept kF32 and kBF16).
+enum class ActivationType : uint8_t { kF32, kBF16, kMxfp8 };
 
 // y[M,N] (fp32, ldy) = x[M,K] (fp32 or bf16 bits, ldx) · dequant(W)^T with W e4m3 [N,K] (row
 // pitch K bytes) and ue8m0 scales [ceil(N/32), K/32] (one per 32x32 block; w = e4m3 * 2^(s-127)).
@@ -106,7 +108,10 @@ void launch_mxfp4_gemm(const Mxfp4GemmParams& p, Stream stream);
 // MXFP8 activation fake-quant before an FP8/MXFP4-weight GEMM (model.md §5 [UNCERTAIN] choice:
 // block 32 along K, common/fake_quant.h fq_fp8_block32_pow2: s = 2^ceil(log2(max(amax,1e-4)/448)),
 // q = e4m3(x / s) * s). out[r, :cols] = fq(x[row(r), :cols]) with row(r) = row_index ? row_index[r]
-// : r, for r < (device_rows ? *device_rows : rows); out is bf16 bits (exact: e4m3 * 2^k) or fp32.
+// : r, for r < (device_rows ? *device_rows : rows); out is bf16 bits (exact: e4m3 * 2^k) or fp32,
+// or (kMxfp8) the e4m3 codes themselves (out, pitch ldo bytes) with the block's ue8m0 scale code
+// in out_scale[r * ldo_scale + c / 32] (the same rule: code = e4m3(x / s), s = 2^(scale - 127), so
+// e4m3 * s is the bf16/fp32 output bit for bit; launch_fp8_wgmma_gemm's A operand).
 // cols % 32 == 0.
 struct ActQuantParams {
   const float* x = nullptr;
@@ -118,12 +123,14 @@ struct ActQuantParams {
   void* out = nullptr;
   ActivationType out_type = ActivationType::kBF16;
   int64_t ldo = 0;
+  uint8_t* out_scale = nullptr;  // kMxfp8 only: [rows, cols / 32] ue8m0 codes
+  int64_t ldo_scale = 0;         // kMxfp8 only: >= cols / 32
 };
 void launch_act_quant_mxfp8(const ActQuantParams& p, Stream stream);
 
 // out[r, c] = fq(silu(min(g, limit)) * clamp(u, ±limit) * row_weight[r]) (the routed expert's
 // clamped SwiGLU times its routing weight, then the MXFP8 fake-quant of w2's input) for r <
-// *device_rows (or rows); bf16 bits or fp32 as above. cols % 32 == 0.
+// *device_rows (or rows); bf16 bits, fp32 or e4m3 codes + ue8m0 scales as above. cols % 32 == 0.
 struct SwigluQuantParams {
   const float* gate = nullptr;
   const float* up = nullptr;
@@ -136,6 +143,8 @@ struct SwigluQuantParams {
   void* out = nullptr;
   ActivationType out_type = ActivationType::kBF16;
   int64_t ldo = 0;
+  uint8_t* out_scale = nullptr;  // kMxfp8 only
+  int64_t ldo_scale = 0;
 };
 void launch_swiglu_quant_mxfp8(const SwigluQuantParams& p, Stream stream);
 
