@@ -103,6 +103,36 @@ struct Mxfp4GemmParams {
 };
 void launch_mxfp4_gemm(const Mxfp4GemmParams& p, Stream stream);
 
+// FP8 x FP8 block-scaled GEMM on Hopper wgmma (fp8_wgmma_gemm.cu; sm_90a):
+//   y[m, n] = sum over K blocks kb of 32: 2^(a_scale[m, kb] - 127) * 2^(w_scale[n/32, kb] - 127)
+//             * sum_{k in kb} e4m3(a[m, k]) * e4m3(w[n, k])
+// A: e4m3 codes [M, K] (pitch lda bytes) with ue8m0 scales [M, K/32] (pitch lda_scale bytes), the
+// output of launch_act_quant_mxfp8 with ActivationType::kMxfp8 (the same values as its bf16
+// fake-quant output). W: e4m3 [N, K] (pitch K) with ue8m0 scales [N/32, K/32] (as
+// Fp8BlockGemmParams). y fp32 [M, N] (pitch ldy), overwritten.
+// Limits: N % 128 == 0, K % 128 == 0, lda % 16 == 0, lda_scale % 4 == 0, ldy even; a and w
+// 16-byte, scales 4-byte, y 8-byte aligned; anything else aborts as bad arguments.
+// Precision: each 32-term partial comes from the tensor core's FP8 accumulation (products exact,
+// summed with ~14 significant bits), promoted to fp32 with its scale product; see the .cu.
+// split_k: 0 picks a K split (over a thread-block cluster, reduced in rank order: deterministic)
+// when the output tiles do not cover the SMs; 1..8 forces one (tests). Results depend on the
+// split (fp32 summation order), never on the run.
+struct Fp8WgmmaGemmParams {
+  const uint8_t* a = nullptr;
+  int64_t lda = 0;
+  const uint8_t* a_scale = nullptr;
+  int64_t lda_scale = 0;
+  const uint8_t* w = nullptr;
+  const uint8_t* w_scale = nullptr;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  int split_k = 0;
+};
+void launch_fp8_wgmma_gemm(const Fp8WgmmaGemmParams& p, Stream stream);
+
 // ---- quantised-activation GEMM path (model.md §5) and the device-side MoE -----------------
 
 // MXFP8 activation fake-quant before an FP8/MXFP4-weight GEMM (model.md §5 [UNCERTAIN] choice:
