@@ -11,17 +11,19 @@
 // accumulator (scale-d = 0) and the thread adds tmp * (sa * sw) into its fp32 accumulator. Two
 // temporaries ping-pong: the wgmma of step j runs while step j-1's temporary is promoted, so 3 of
 // the 4 promotions of a K tile (64 FFMAs per thread each) overlap the tensor cores; the last one
-// overlaps the other warpgroup's wgmmas (BM = 128).
+// follows the tile's drain (wait_group 0), exposed.
 // NOTE: one FFMA per accumulator per k32 costs as many FP32-pipe cycles as the k32 wgmma costs
-// tensor cycles (64x128x32 MACs at 4096/clk/SM vs 64x128 FFMAs at 128/clk/SM per warpgroup
-// pair: both 128 cycles), so this kernel cannot reach the FP8 peak; it targets the bf16 rate or
-// above with half the operand bytes (DeepGEMM's per-128 scales promote 4x less often).
+// tensor cycles (per warpgroup pair and k32: 2x64x128x32 MACs at ~4096/clk/SM and 2x64x128
+// FFMAs at 128/clk/SM, both 128 cycles), so this kernel cannot reach the FP8 peak; it targets
+// well above the bf16 rate with half the operand bytes (DeepGEMM's per-128 scales promote 4x
+// less often).
 //
 // Precision: e4m3 x e4m3 products are exact; inside one k32 wgmma Hopper aligns the 32 products
-// to the largest exponent with ~14 significant bits (truncating), so each 32-term partial carries
-// a relative error of about 2^-13 of its largest term; the promotion and the sum over K blocks are
-// fp32. Against a double reference expect max|err| / max|ref| around 1e-4 to 1e-3 (the tests
-// allow 2e-3), and exact results when every k32 partial fits 14 bits.
+// to the largest exponent with ~14 significant bits (DeepSeek-V3 report; truncating, by published
+// bit-level reproductions), so each 32-term partial carries a relative error of about 2^-13 of its
+// largest term; the promotion and the sum over K blocks are fp32. Against a double reference
+// expect max|err| / max|ref| around 1e-4 to 1e-3 (the tests allow 2e-3), and exact results when
+// every k32 partial fits 14 bits.
 //
 // Shared-memory layout per stage (1024-byte aligned): A [BM rows][128 B] then W [128 rows][128 B],
 // each row one 128-byte swizzle row: the 16-byte chunk c of row r is stored at chunk c ^ (r % 8)
