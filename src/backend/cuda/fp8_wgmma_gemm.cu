@@ -256,16 +256,11 @@ __global__ void __launch_bounds__(TileConfig<kWarpGroups>::kThreads, 1)
   float scale0[8], scale1[8];
 
   for (int kt = 0; kt < num_k_tiles; ++kt) {
-    // Committed groups: kStages - 1 + kt (group g holds tile g); tile kt's is done when at most
-    // kStages - 2 are pending.
+    // Committed groups: kStages - 1 + kt (group g holds tile g; one commit per iteration, at
+    // step 0); tile kt's is done when at most kStages - 2 are pending.
     cp_async_wait<kStages - 2>();
     fence_proxy_async_shared();
     __syncthreads();  // everyone's copies of tile kt; every warpgroup done with tile kt - 1
-    {
-      const int next = kt + kStages - 1;
-      if (next < num_k_tiles) load_tile(next, next % kStages);
-      cp_async_commit();
-    }
     const int stage = kt % kStages;
     const uint32_t a_tile = base + stage * Cfg::kStageBytes + wg * 64 * kBlockK;
     const uint32_t w_tile = base + stage * Cfg::kStageBytes + Cfg::kABytes;
@@ -283,16 +278,6 @@ __global__ void __launch_bounds__(TileConfig<kWarpGroups>::kThreads, 1)
       // after wait_group 0 at the end of the tile.
       // NOTE: carrying the last step's wgmma across the loop's back edge (promoting it under the
       // next tile's first wgmma) makes ptxas serialise every wgmma (C7514), so each tile drains.
-      float(&scale)[8] = s % 2 == 0 ? scale0 : scale1;
-      // Scale products of this step: exact (powers of two well inside the fp32 range).
-      const float a0 = ue8m0_value((sa0 >> (8 * s)) & 0xFFu);
-      const float a1 = ue8m0_value((sa1 >> (8 * s)) & 0xFFu);
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const float wsc = ue8m0_value((sw[b] >> (8 * s)) & 0xFFu);
-        scale[b] = a0 * wsc;
-        scale[4 + b] = a1 * wsc;
-      }
       const uint64_t desc_a = smem_desc_sw128(a_tile + s * 32);
       const uint64_t desc_b = smem_desc_sw128(w_tile + s * 32);
       wgmma_fence();
@@ -302,6 +287,24 @@ __global__ void __launch_bounds__(TileConfig<kWarpGroups>::kThreads, 1)
         wgmma_m64n128k32_e4m3(tmp1, desc_a, desc_b);
       }
       wgmma_commit();
+      if (s == 0) {
+        // Refill the slot of tile kt - 1 (drained by every warpgroup before the barrier) while
+        // the tensor cores run.
+        const int next = kt + kStages - 1;
+        if (next < num_k_tiles) load_tile(next, next % kStages);
+        cp_async_commit();
+      }
+      // Scale products of this step (exact: powers of two well inside the fp32 range), used
+      // when it is promoted.
+      float(&scale)[8] = s % 2 == 0 ? scale0 : scale1;
+      const float a0 = ue8m0_value((sa0 >> (8 * s)) & 0xFFu);
+      const float a1 = ue8m0_value((sa1 >> (8 * s)) & 0xFFu);
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const float wsc = ue8m0_value((sw[b] >> (8 * s)) & 0xFFu);
+        scale[b] = a0 * wsc;
+        scale[4 + b] = a1 * wsc;
+      }
       if (s > 0) {
         wgmma_wait<1>();  // step s - 1 is done; step s keeps running
         if (s % 2 == 0) {
