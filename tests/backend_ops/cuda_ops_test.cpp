@@ -392,6 +392,65 @@ TEST_P(CudaFp8Wgmma, ExactOnSmallValues) {
   }
 }
 
+// Pitched operands (lda > K, lda_scale > K/32, ldy > N) with the exact small values: the padding
+// is never read (filled with NaN codes / scale 255) and never written (NaN poison stays).
+TEST_F(CudaOps, Fp8WgmmaGemmPitchedOperands) {
+  const int64_t m = 70, n = 256, k = 384, lda = k + 16, lds = k / 32 + 4, ldy = n + 2;
+  std::mt19937 rng(77);
+  const auto codes = [&](int64_t count) {
+    std::uniform_int_distribution<int> pick(-4, 4);
+    std::vector<uint8_t> c(static_cast<size_t>(count));
+    for (auto& v : c) {
+      int q = 0;
+      while (q == 0) q = pick(rng);
+      v = float_to_e4m3(static_cast<float>(q));
+    }
+    return c;
+  };
+  std::vector<uint8_t> a = codes(m * k), as = random_bytes(m * k / 32, rng, 126, 128);
+  std::vector<uint8_t> w = codes(n * k), ws = random_bytes(n / 32 * (k / 32), rng, 126, 128);
+  std::vector<float> av(a.size());
+  dequantize_fp8_block32_pow2(a, as, av);
+  std::vector<float> ref(static_cast<size_t>(m * n));
+  cpu::fp8_block_gemm(host_view(av, DType::kF32, {m, k}), host_view(w, DType::kF8E4M3, {n, k}),
+                      host_view(ws, DType::kF8E8M0, {n / 32, k / 32}),
+                      host_view(ref, DType::kF32, {m, n}));
+  std::vector<uint8_t> a_pitched(static_cast<size_t>(m * lda), 0x7F);   // NaN codes
+  std::vector<uint8_t> as_pitched(static_cast<size_t>(m * lds), 0xFF);  // NaN scales
+  for (int64_t r = 0; r < m; ++r) {
+    std::copy_n(a.begin() + r * k, k, a_pitched.begin() + r * lda);
+    std::copy_n(as.begin() + r * (k / 32), k / 32, as_pitched.begin() + r * lds);
+  }
+  auto da = upload(a_pitched);
+  auto das = upload(as_pitched);
+  auto dw = upload(w);
+  auto dws = upload(ws);
+  auto dy = poisoned_floats(m * ldy);
+  cuda::Fp8WgmmaGemmParams g;
+  g.a = da->view().data_as<uint8_t>();
+  g.lda = lda;
+  g.a_scale = das->view().data_as<uint8_t>();
+  g.lda_scale = lds;
+  g.w = dw->view().data_as<uint8_t>();
+  g.w_scale = dws->view().data_as<uint8_t>();
+  g.y = dy->view().data_as<float>();
+  g.ldy = ldy;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  cuda::launch_fp8_wgmma_gemm(g, stream_);
+  const auto got = download<float>(*dy);
+  size_t diff = 0, pad_written = 0;
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t c = 0; c < n; ++c)
+      diff += got[static_cast<size_t>(r * ldy + c)] != ref[static_cast<size_t>(r * n + c)];
+    for (int64_t c = n; c < ldy; ++c)
+      pad_written += !std::isnan(got[static_cast<size_t>(r * ldy + c)]);
+  }
+  EXPECT_EQ(diff, 0u);
+  EXPECT_EQ(pad_written, 0u);
+}
+
 // Rows 1, 7, 64 (one warpgroup, BM = 64), 384 and 1000 (two, BM = 128; 1000 leaves a partial
 // tile) on the model's dense projections: wq_a-like 1280x5120 and 512x5120, wq_b 32768x1280,
 // wo_b 5120x8192, shared expert 2304x5120. 1000 rows only on the smaller weights (the CPU
