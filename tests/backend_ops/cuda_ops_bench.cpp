@@ -654,9 +654,12 @@ int run_bench(const std::string& out_dir) {
     b.release();
   }
   // The dense FP8 linears as the forward runs them: the weight dequantised to bf16 at load,
-  // cuBLASLt bf16 x bf16 -> fp32 (wq_b and wo_b at a 64 x 6 decode step).
-  for (const auto [m, n, k] : {std::tuple{int64_t{384}, int64_t{32768}, int64_t{1280}},
-                               std::tuple{int64_t{384}, int64_t{5120}, int64_t{8192}}}) {
+  // cuBLASLt bf16 x bf16 -> fp32 (wq_b and wo_b at a 64 x 6 decode step; 1280x5120, 512x5120 and
+  // the shared expert's 2304x5120 alongside, the fp8 wgmma GEMM's comparison points).
+  const std::tuple<int64_t, int64_t> dense_shapes[] = {
+      {32768, 1280}, {5120, 8192}, {1280, 5120}, {512, 5120}, {2304, 5120}};
+  for (const auto& [n, k] : dense_shapes) {
+    const int64_t m = 384;
     auto x = b.buffer(DType::kBF16, {m, k});
     auto ws = b.weights(DType::kBF16, {n, k});
     auto y = b.buffer(DType::kF32, {m, n});
@@ -676,6 +679,60 @@ int run_bench(const std::string& out_dir) {
                               g.n = n;
                               g.k = k;
                               lt.run(g);
+                            }));
+    b.release();
+  }
+  // The same linears as an FP8 x FP8 wgmma GEMM on MXFP8 activation codes (launch_fp8_wgmma_gemm):
+  // half the operand bytes of bf16 and FP8 tensor cores; the TFLOP/s and floor columns are
+  // against the measured bf16 ceiling (above 100% = faster than bf16 can be). Rows 64 (one
+  // warpgroup per CTA), 384 and 1000.
+  for (const int64_t m : {64, 384, 1000}) {
+    for (const auto& [n, k] : dense_shapes) {
+      auto a = b.buffer(DType::kF8E4M3, {m, k});
+      auto as = b.buffer(DType::kF8E8M0, {m, k / 32}, 120, 130);
+      auto ws = b.weights(DType::kF8E4M3, {n, k});
+      auto ss = b.weights(DType::kF8E8M0, {n / 32, k / 32}, 120, 130);
+      auto y = b.buffer(DType::kF32, {m, n});
+      const double bytes = 1.0 * m * k + m * k / 32.0 + 1.0 * n * k + n * k / 1024.0 + 4.0 * m * n;
+      results.push_back(b.run("dense linear fp8 wgmma", dims({m, n, k}), bytes, 2.0 * m * n * k,
+                              Rate::kBf16, [&](int i) {
+                                const size_t r = static_cast<size_t>(i) % ws.size();
+                                cuda::Fp8WgmmaGemmParams g;
+                                g.a = a.data_as<uint8_t>();
+                                g.lda = k;
+                                g.a_scale = as.data_as<uint8_t>();
+                                g.lda_scale = k / 32;
+                                g.w = ws[r].data_as<uint8_t>();
+                                g.w_scale = ss[r % ss.size()].data_as<uint8_t>();
+                                g.y = y.data_as<float>();
+                                g.ldy = n;
+                                g.m = m;
+                                g.n = n;
+                                g.k = k;
+                                cuda::launch_fp8_wgmma_gemm(g, stream);
+                              }));
+      b.release();
+    }
+  }
+  // Its A operand: fp32 activations -> e4m3 codes + ue8m0 scales.
+  {
+    const int64_t m = 384, k = 5120;
+    auto xf = b.buffer(DType::kF32, {m, k});
+    auto codes = b.buffer(DType::kF8E4M3, {m, k});
+    auto scales = b.buffer(DType::kF8E8M0, {m, k / 32});
+    results.push_back(b.run("act quant mxfp8 -> e4m3", dims({m, k}), 5.0 * m * k + m * k / 32.0, 0,
+                            Rate::kNone, [&](int) {
+                              cuda::ActQuantParams q;
+                              q.x = xf.data_as<float>();
+                              q.ldx = k;
+                              q.rows = m;
+                              q.cols = k;
+                              q.out = codes.data();
+                              q.out_type = cuda::ActivationType::kMxfp8;
+                              q.ldo = k;
+                              q.out_scale = scales.data_as<uint8_t>();
+                              q.ldo_scale = k / 32;
+                              cuda::launch_act_quant_mxfp8(q, stream);
                             }));
     b.release();
   }

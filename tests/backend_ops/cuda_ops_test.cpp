@@ -4,6 +4,7 @@
 // Every case skips (not fails) without a CUDA device; the CPU-only cases check the references.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -264,6 +265,229 @@ TEST_P(CudaGemm, Mxfp4MatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaGemm, ::testing::ValuesIn(kGemmCases), gemm_name);
+
+// ---- FP8 x FP8 wgmma GEMM (launch_fp8_wgmma_gemm) ------------------------------------------
+
+// MXFP8 activations by the host rule (quantize_fp8_block32_pow2): every 32-block of a row gets its
+// own magnitude (u * 2^e, e in [-4, 4]) so the per-block scales differ; `values` are the
+// fake-quant values (e4m3 * 2^(scale - 127)), the CPU reference's fp32 input.
+struct Mxfp8Rows {
+  std::vector<uint8_t> codes, scales;
+  std::vector<float> values;
+};
+
+Mxfp8Rows make_mxfp8_rows(int64_t m, int64_t k, std::mt19937& rng) {
+  auto x = random_floats(m * k, rng, -1.0f, 1.0f);
+  std::uniform_int_distribution<int> e(-4, 4);
+  for (int64_t b = 0; b < m * k / 32; ++b) {
+    const float f = std::ldexp(1.0f, e(rng));
+    for (int64_t i = 0; i < 32; ++i) x[static_cast<size_t>(b * 32 + i)] *= f;
+  }
+  Mxfp8Rows a;
+  a.codes.resize(x.size());
+  a.scales.resize(x.size() / 32);
+  a.values.resize(x.size());
+  quantize_fp8_block32_pow2(x, a.codes, a.scales);
+  dequantize_fp8_block32_pow2(a.codes, a.scales, a.values);
+  return a;
+}
+
+struct WgmmaCase {
+  int64_t m, n, k;
+};
+
+class CudaFp8Wgmma : public CudaOps, public ::testing::WithParamInterface<WgmmaCase> {
+ protected:
+  // y = A · W^T on the GPU (A codes [m, k] + scales [m, k/32], W [n, k] + scales [n/32, k/32]);
+  // split_k 0 = the launcher's choice.
+  std::vector<float> run_gemm(const WgmmaCase& c, const Mxfp8Rows& a, const std::vector<uint8_t>& w,
+                              const std::vector<uint8_t>& ws, int split_k) {
+    auto da = upload(a.codes);
+    auto das = upload(a.scales);
+    auto dw = upload(w);
+    auto dws = upload(ws);
+    auto dy = poisoned_floats(c.m * c.n);
+    cuda::Fp8WgmmaGemmParams g;
+    g.a = da->view().data_as<uint8_t>();
+    g.lda = c.k;
+    g.a_scale = das->view().data_as<uint8_t>();
+    g.lda_scale = c.k / 32;
+    g.w = dw->view().data_as<uint8_t>();
+    g.w_scale = dws->view().data_as<uint8_t>();
+    g.y = dy->view().data_as<float>();
+    g.ldy = c.n;
+    g.m = c.m;
+    g.n = c.n;
+    g.k = c.k;
+    g.split_k = split_k;
+    cuda::launch_fp8_wgmma_gemm(g, stream_);
+    return download<float>(*dy);
+  }
+  std::vector<float> cpu_gemm(const WgmmaCase& c, Mxfp8Rows& a, std::vector<uint8_t>& w,
+                              std::vector<uint8_t>& ws) {
+    std::vector<float> ref(static_cast<size_t>(c.m * c.n));
+    cpu::fp8_block_gemm(host_view(a.values, DType::kF32, {c.m, c.k}),
+                        host_view(w, DType::kF8E4M3, {c.n, c.k}),
+                        host_view(ws, DType::kF8E8M0, {c.n / 32, c.k / 32}),
+                        host_view(ref, DType::kF32, {c.m, c.n}));
+    return ref;
+  }
+};
+
+// Random operands (weights over 16 binades with subnormals, activation blocks over 9) against the
+// CPU's double reference. The products are exact; each k32 partial is summed in the tensor core
+// with ~14 significant bits (truncated), a relative error of ~2^-13 of the block's largest
+// product, and promoted / summed over K in fp32. Estimated max|err| / max|ref| ~ 3e-4 at these
+// distributions (K = 5120); tolerance 2e-3. The measured value is printed for calibration. Both
+// the launcher's K split and none (split_k 1).
+TEST_P(CudaFp8Wgmma, MatchesCpu) {
+  const WgmmaCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.m * 7 + c.n + c.k));
+  Mxfp8Rows a = make_mxfp8_rows(c.m, c.k, rng);
+  auto w = random_e4m3(c.n * c.k, rng);
+  auto ws = random_bytes(c.n / 32 * (c.k / 32), rng, 118, 134);
+  const std::vector<float> ref = cpu_gemm(c, a, w, ws);
+  for (int split_k : {0, 1}) {
+    const double err = rel_err(run_gemm(c, a, w, ws, split_k), ref);
+    std::printf("  fp8 wgmma %ldx%ldx%ld split_k %d: max|err| / max|ref| = %.3g\n",
+                static_cast<long>(c.m), static_cast<long>(c.n), static_cast<long>(c.k), split_k,
+                err);
+    EXPECT_LE(err, 2e-3) << "split_k " << split_k;
+  }
+}
+
+// Operands whose k32 partials are exact in the tensor core (values in {1, 1.5, 2, 3, 4} with
+// random signs: products on a 1/4 grid up to 16, partials up to 528, 12 significant bits) and whose
+// scale products (2^-2 .. 2^2) keep the fp32 sum over K exact (a 2^-4 grid below 2^20): the
+// result equals the reference bit for bit, so any layout, swizzle or scale-indexing slip shows,
+// whatever the K split (the sum is exact in any order): automatic, none, 3 and 8 ranks.
+TEST_P(CudaFp8Wgmma, ExactOnSmallValues) {
+  const WgmmaCase c = GetParam();
+  if (c.m * c.n * c.k > (int64_t{1} << 33)) GTEST_SKIP() << "the random case covers this shape";
+  std::mt19937 rng(static_cast<uint32_t>(c.m + c.n * 3 + c.k));
+  const float vals[] = {1.0f, 1.5f, 2.0f, 3.0f, 4.0f};
+  std::uniform_int_distribution<int> pick(0, 9);
+  const auto small_codes = [&](int64_t n) {
+    std::vector<uint8_t> codes(static_cast<size_t>(n));
+    for (auto& code : codes) {
+      const int v = pick(rng);
+      code = float_to_e4m3(v >= 5 ? -vals[v - 5] : vals[v]);
+    }
+    return codes;
+  };
+  Mxfp8Rows a;
+  a.codes = small_codes(c.m * c.k);
+  a.scales = random_bytes(c.m * c.k / 32, rng, 126, 128);
+  a.values.resize(a.codes.size());
+  dequantize_fp8_block32_pow2(a.codes, a.scales, a.values);
+  auto w = small_codes(c.n * c.k);
+  auto ws = random_bytes(c.n / 32 * (c.k / 32), rng, 126, 128);
+  const std::vector<float> ref = cpu_gemm(c, a, w, ws);
+  for (int split_k : {0, 1, 3, 8}) {
+    const std::vector<float> got = run_gemm(c, a, w, ws, split_k);
+    size_t diff = 0;
+    for (size_t i = 0; i < ref.size(); ++i) diff += got[i] != ref[i];
+    EXPECT_EQ(diff, 0u) << "split_k " << split_k << "; element 0: got " << got[0] << " ref "
+                        << ref[0];
+  }
+}
+
+// Pitched operands (lda > K, lda_scale > K/32, ldy > N) with the exact small values: the padding
+// is never read (filled with NaN codes / scale 255) and never written (NaN poison stays).
+TEST_F(CudaOps, Fp8WgmmaGemmPitchedOperands) {
+  const int64_t m = 70, n = 256, k = 384, lda = k + 16, lds = k / 32 + 4, ldy = n + 2;
+  std::mt19937 rng(77);
+  const auto codes = [&](int64_t count) {
+    std::uniform_int_distribution<int> pick(-4, 4);
+    std::vector<uint8_t> c(static_cast<size_t>(count));
+    for (auto& v : c) {
+      int q = 0;
+      while (q == 0) q = pick(rng);
+      v = float_to_e4m3(static_cast<float>(q));
+    }
+    return c;
+  };
+  std::vector<uint8_t> a = codes(m * k), as = random_bytes(m * k / 32, rng, 126, 128);
+  std::vector<uint8_t> w = codes(n * k), ws = random_bytes(n / 32 * (k / 32), rng, 126, 128);
+  std::vector<float> av(a.size());
+  dequantize_fp8_block32_pow2(a, as, av);
+  std::vector<float> ref(static_cast<size_t>(m * n));
+  cpu::fp8_block_gemm(host_view(av, DType::kF32, {m, k}), host_view(w, DType::kF8E4M3, {n, k}),
+                      host_view(ws, DType::kF8E8M0, {n / 32, k / 32}),
+                      host_view(ref, DType::kF32, {m, n}));
+  std::vector<uint8_t> a_pitched(static_cast<size_t>(m * lda), 0x7F);   // NaN codes
+  std::vector<uint8_t> as_pitched(static_cast<size_t>(m * lds), 0xFF);  // NaN scales
+  for (int64_t r = 0; r < m; ++r) {
+    std::copy_n(a.begin() + r * k, k, a_pitched.begin() + r * lda);
+    std::copy_n(as.begin() + r * (k / 32), k / 32, as_pitched.begin() + r * lds);
+  }
+  auto da = upload(a_pitched);
+  auto das = upload(as_pitched);
+  auto dw = upload(w);
+  auto dws = upload(ws);
+  auto dy = poisoned_floats(m * ldy);
+  cuda::Fp8WgmmaGemmParams g;
+  g.a = da->view().data_as<uint8_t>();
+  g.lda = lda;
+  g.a_scale = das->view().data_as<uint8_t>();
+  g.lda_scale = lds;
+  g.w = dw->view().data_as<uint8_t>();
+  g.w_scale = dws->view().data_as<uint8_t>();
+  g.y = dy->view().data_as<float>();
+  g.ldy = ldy;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  cuda::launch_fp8_wgmma_gemm(g, stream_);
+  const auto got = download<float>(*dy);
+  size_t diff = 0, pad_written = 0;
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t c = 0; c < n; ++c)
+      diff += got[static_cast<size_t>(r * ldy + c)] != ref[static_cast<size_t>(r * n + c)];
+    for (int64_t c = n; c < ldy; ++c)
+      pad_written += !std::isnan(got[static_cast<size_t>(r * ldy + c)]);
+  }
+  EXPECT_EQ(diff, 0u);
+  EXPECT_EQ(pad_written, 0u);
+}
+
+// Rows 1, 7, 64 (one warpgroup, BM = 64), 384 and 1000 (two, BM = 128; 1000 leaves a partial
+// tile) on the model's dense projections: wq_a-like 1280x5120 and 512x5120, wq_b 32768x1280,
+// wo_b 5120x8192, shared expert 2304x5120. 1000 rows only on the smaller weights (the CPU
+// reference is a double loop).
+std::vector<WgmmaCase> wgmma_cases() {
+  std::vector<WgmmaCase> cases;
+  const WgmmaCase shapes[] = {
+      {0, 1280, 5120}, {0, 512, 5120}, {0, 32768, 1280}, {0, 5120, 8192}, {0, 2304, 5120}};
+  for (int64_t m : {1, 7, 64, 384, 1000}) {
+    for (WgmmaCase s : shapes) {
+      if (m == 1000 && s.n * s.k > 20'000'000) continue;
+      s.m = m;
+      cases.push_back(s);
+    }
+  }
+  cases.push_back({130, 256, 128});  // one K tile (no split possible), a partial second M tile
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaFp8Wgmma, ::testing::ValuesIn(wgmma_cases()),
+                         [](const auto& info) {
+                           return std::to_string(info.param.m) + "x" +
+                                  std::to_string(info.param.n) + "x" + std::to_string(info.param.k);
+                         });
+
+// Shapes outside the kernel's limits abort as bad arguments (N % 128, K % 128).
+TEST_F(CudaOps, Fp8WgmmaGemmRejectsBadShapes) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  cuda::Fp8WgmmaGemmParams g;
+  g.m = 4;
+  g.n = 96;
+  g.k = 128;
+  g.lda = 128;
+  g.lda_scale = 4;
+  g.ldy = 96;
+  EXPECT_DEATH(cuda::launch_fp8_wgmma_gemm(g, stream_), "bad arguments");
+}
 
 struct RouterCase {
   int64_t tokens, hidden, experts;

@@ -1318,6 +1318,106 @@ TEST_F(CudaV41, ActQuantMxfp8IsBitExact) {
   }
 }
 
+// The kMxfp8 output (launch_fp8_wgmma_gemm's A operand): e4m3 codes and ue8m0 scale codes equal
+// the host's quantize_fp8_block32_pow2 byte for byte, on the vector kernel (5120 and 96 columns)
+// and the scalar fallback (pitch 98), with the row gather and device row count; bytes past the
+// count and the pitches stay untouched (0xAA).
+TEST_F(CudaV41, ActQuantMxfp8CodesAreBitExact) {
+  struct Shape {
+    int64_t cols, ldx, ldo, lds;
+  };
+  for (const Shape sh :
+       {Shape{5120, 5120, 5120, 160}, Shape{96, 100, 96, 3}, Shape{96, 98, 104, 5}}) {
+    SCOPED_TRACE("cols " + std::to_string(sh.cols) + " ldx " + std::to_string(sh.ldx));
+    std::mt19937 rng(23);
+    const int64_t rows = 9, cols = sh.cols, ldx = sh.ldx, ldo = sh.ldo, lds = sh.lds;
+    auto x = rnd(rows * ldx, rng, -3, 3);
+    for (int64_t c = 0; c < cols; ++c) {
+      x[static_cast<size_t>(2 * ldx + c)] *= 1e-6f;  // amax clamp (1e-4)
+      x[static_cast<size_t>(5 * ldx + c)] *= 300.0f;
+    }
+    const std::vector<int32_t> index = {8, 2, 5, 0, 2, 7, 1};
+    const std::vector<int32_t> count = {6};
+    std::vector<uint8_t> ref_codes(static_cast<size_t>(6 * cols));
+    std::vector<uint8_t> ref_scales(static_cast<size_t>(6 * cols / 32));
+    for (int64_t r = 0; r < 6; ++r)
+      quantize_fp8_block32_pow2(
+          std::span<const float>(x).subspan(static_cast<size_t>(index[r] * ldx), cols),
+          std::span<uint8_t>(ref_codes).subspan(static_cast<size_t>(r * cols), cols),
+          std::span<uint8_t>(ref_scales).subspan(static_cast<size_t>(r * cols / 32), cols / 32));
+    auto* codes = up(std::vector<uint8_t>(static_cast<size_t>(7 * ldo), 0xAA));
+    auto* scales = up(std::vector<uint8_t>(static_cast<size_t>(7 * lds), 0xAA));
+    cuda::ActQuantParams p;
+    p.x = up(x);
+    p.ldx = ldx;
+    p.row_index = up(index);
+    p.rows = 7;
+    p.device_rows = up(count);
+    p.cols = cols;
+    p.out = codes;
+    p.out_type = cuda::ActivationType::kMxfp8;
+    p.ldo = ldo;
+    p.out_scale = scales;
+    p.ldo_scale = lds;
+    cuda::launch_act_quant_mxfp8(p, stream_);
+    const auto got = down(codes, static_cast<size_t>(7 * ldo));
+    const auto got_s = down(scales, static_cast<size_t>(7 * lds));
+    size_t diff = 0, diff_s = 0;
+    for (int64_t r = 0; r < 7; ++r) {
+      for (int64_t c = 0; c < ldo; ++c) {
+        const uint8_t want =
+            r < 6 && c < cols ? ref_codes[static_cast<size_t>(r * cols + c)] : uint8_t{0xAA};
+        diff += got[static_cast<size_t>(r * ldo + c)] != want;
+      }
+      for (int64_t c = 0; c < lds; ++c) {
+        const uint8_t want = r < 6 && c < cols / 32
+                                 ? ref_scales[static_cast<size_t>(r * cols / 32 + c)]
+                                 : uint8_t{0xAA};
+        diff_s += got_s[static_cast<size_t>(r * lds + c)] != want;
+      }
+    }
+    EXPECT_EQ(diff, 0u) << "codes";
+    EXPECT_EQ(diff_s, 0u) << "scales";
+  }
+}
+
+// The fused SwiGLU quantiser's kMxfp8 output decodes to its fp32 output bit for bit (the same
+// kernel and inputs; the host comparison of that output is SwigluQuantMatchesCpu below).
+TEST_F(CudaV41, SwigluQuantMxfp8CodesMatchFp32Output) {
+  std::mt19937 rng(24);
+  const int64_t t = 11, c = 2304;
+  auto g = rnd(t * c, rng, -15, 15), u = rnd(t * c, rng, -15, 15), w = rnd(t, rng, 0.1f, 2);
+  float* o = nans(static_cast<size_t>(t * c));
+  auto* codes = up(std::vector<uint8_t>(static_cast<size_t>(t * c), 0xAA));
+  auto* scales = up(std::vector<uint8_t>(static_cast<size_t>(t * c / 32), 0xAA));
+  cuda::SwigluQuantParams p;
+  p.gate = up(g);
+  p.up = up(u);
+  p.ld = c;
+  p.row_weight = up(w);
+  p.rows = t;
+  p.cols = c;
+  p.limit = 10.0f;
+  p.out = o;
+  p.out_type = cuda::ActivationType::kF32;
+  p.ldo = c;
+  cuda::launch_swiglu_quant_mxfp8(p, stream_);
+  p.out = codes;
+  p.out_type = cuda::ActivationType::kMxfp8;
+  p.out_scale = scales;
+  p.ldo_scale = c / 32;
+  cuda::launch_swiglu_quant_mxfp8(p, stream_);
+  const auto f = down(o, static_cast<size_t>(t * c));
+  const auto got = down(codes, static_cast<size_t>(t * c));
+  const auto got_s = down(scales, static_cast<size_t>(t * c / 32));
+  size_t diff = 0;
+  for (size_t i = 0; i < f.size(); ++i) {
+    const float v = e4m3_to_float(got[i]) * ue8m0_to_float(got_s[i / 32]);
+    diff += std::memcmp(&v, &f[i], sizeof(float)) != 0;
+  }
+  EXPECT_EQ(diff, 0u);
+}
+
 // SwiGLU * routing weight, then the fake-quant: expf may differ from the host's by an ulp, so a
 // value next to an e4m3 rounding point can land one step away; all others are exact.
 TEST_F(CudaV41, SwigluQuantMatchesCpu) {

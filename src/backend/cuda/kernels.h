@@ -65,7 +65,9 @@ void launch_binary(const BinaryParams& p, Stream stream);
 
 // ---- V4.1 ops ---------------------------------------------------------------------------------
 
-enum class ActivationType : uint8_t { kF32, kBF16 };
+// kMxfp8: e4m3 codes with one ue8m0 scale byte per 32 along the row in a separate array (only as
+// the output of the MXFP8 quantisers below; the GEMMs taking `x_type` accept kF32 and kBF16).
+enum class ActivationType : uint8_t { kF32, kBF16, kMxfp8 };
 
 // y[M,N] (fp32, ldy) = x[M,K] (fp32 or bf16 bits, ldx) · dequant(W)^T with W e4m3 [N,K] (row
 // pitch K bytes) and ue8m0 scales [ceil(N/32), K/32] (one per 32x32 block; w = e4m3 * 2^(s-127)).
@@ -101,12 +103,45 @@ struct Mxfp4GemmParams {
 };
 void launch_mxfp4_gemm(const Mxfp4GemmParams& p, Stream stream);
 
+// FP8 x FP8 block-scaled GEMM on Hopper wgmma (fp8_wgmma_gemm.cu; sm_90a):
+//   y[m, n] = sum over K blocks kb of 32: 2^(a_scale[m, kb] - 127) * 2^(w_scale[n/32, kb] - 127)
+//             * sum_{k in kb} e4m3(a[m, k]) * e4m3(w[n, k])
+// A: e4m3 codes [M, K] (pitch lda bytes) with ue8m0 scales [M, K/32] (pitch lda_scale bytes), the
+// output of launch_act_quant_mxfp8 with ActivationType::kMxfp8 (the same values as its bf16
+// fake-quant output). W: e4m3 [N, K] (pitch K) with ue8m0 scales [N/32, K/32] (as
+// Fp8BlockGemmParams). y fp32 [M, N] (pitch ldy), overwritten.
+// Limits: N % 128 == 0, K % 128 == 0, lda % 16 == 0, lda_scale % 4 == 0, ldy even; a and w
+// 16-byte, scales 4-byte, y 8-byte aligned; anything else aborts as bad arguments.
+// Precision: each 32-term partial comes from the tensor core's FP8 accumulation (products exact,
+// summed with ~14 significant bits), promoted to fp32 with its scale product; see the .cu.
+// split_k: 0 picks a K split (over a thread-block cluster, reduced in rank order: deterministic)
+// when the output tiles do not cover the SMs; 1..8 forces one (tests). Results depend on the
+// split (fp32 summation order), never on the run.
+struct Fp8WgmmaGemmParams {
+  const uint8_t* a = nullptr;
+  int64_t lda = 0;
+  const uint8_t* a_scale = nullptr;
+  int64_t lda_scale = 0;
+  const uint8_t* w = nullptr;
+  const uint8_t* w_scale = nullptr;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  int split_k = 0;
+};
+void launch_fp8_wgmma_gemm(const Fp8WgmmaGemmParams& p, Stream stream);
+
 // ---- quantised-activation GEMM path (model.md §5) and the device-side MoE -----------------
 
 // MXFP8 activation fake-quant before an FP8/MXFP4-weight GEMM (model.md §5 [UNCERTAIN] choice:
 // block 32 along K, common/fake_quant.h fq_fp8_block32_pow2: s = 2^ceil(log2(max(amax,1e-4)/448)),
 // q = e4m3(x / s) * s). out[r, :cols] = fq(x[row(r), :cols]) with row(r) = row_index ? row_index[r]
-// : r, for r < (device_rows ? *device_rows : rows); out is bf16 bits (exact: e4m3 * 2^k) or fp32.
+// : r, for r < (device_rows ? *device_rows : rows); out is bf16 bits (exact: e4m3 * 2^k) or fp32,
+// or (kMxfp8) the e4m3 codes themselves (out, pitch ldo bytes) with the block's ue8m0 scale code
+// in out_scale[r * ldo_scale + c / 32] (the same rule: code = e4m3(x / s), s = 2^(scale - 127), so
+// e4m3 * s is the bf16/fp32 output bit for bit; launch_fp8_wgmma_gemm's A operand).
 // cols % 32 == 0.
 struct ActQuantParams {
   const float* x = nullptr;
@@ -118,12 +153,14 @@ struct ActQuantParams {
   void* out = nullptr;
   ActivationType out_type = ActivationType::kBF16;
   int64_t ldo = 0;
+  uint8_t* out_scale = nullptr;  // kMxfp8 only: [rows, cols / 32] ue8m0 codes
+  int64_t ldo_scale = 0;         // kMxfp8 only: >= cols / 32
 };
 void launch_act_quant_mxfp8(const ActQuantParams& p, Stream stream);
 
 // out[r, c] = fq(silu(min(g, limit)) * clamp(u, ±limit) * row_weight[r]) (the routed expert's
 // clamped SwiGLU times its routing weight, then the MXFP8 fake-quant of w2's input) for r <
-// *device_rows (or rows); bf16 bits or fp32 as above. cols % 32 == 0.
+// *device_rows (or rows); bf16 bits, fp32 or e4m3 codes + ue8m0 scales as above. cols % 32 == 0.
 struct SwigluQuantParams {
   const float* gate = nullptr;
   const float* up = nullptr;
@@ -136,6 +173,8 @@ struct SwigluQuantParams {
   void* out = nullptr;
   ActivationType out_type = ActivationType::kBF16;
   int64_t ldo = 0;
+  uint8_t* out_scale = nullptr;  // kMxfp8 only
+  int64_t ldo_scale = 0;
 };
 void launch_swiglu_quant_mxfp8(const SwigluQuantParams& p, Stream stream);
 

@@ -30,24 +30,22 @@ constexpr int kQuantThreads = 256;  // 8 warps, one 32-element block per warp at
 
 // The MXFP8 rule of fq_fp8_block32_pow2: a block's power-of-two scale from its amax, then each
 // value rounded to e4m3 at that scale (e4m3_encode saturates to ±448, the clamp of
-// fake_quant.h, and keeps NaN).
+// fake_quant.h, and keeps NaN). The kMxfp8 output stores the two halves of that rule: the e4m3
+// code of v / s and the ue8m0 code of s, so e4m3 * s is the fake-quant value bit for bit.
 struct Mxfp8Scale {
   float s, inv;
+  uint32_t code;  // ue8m0 code of s
 };
 __device__ __forceinline__ Mxfp8Scale mxfp8_scale(float amax) {
-  const float s = v41::ue8m0_decode(v41::fp8_block_scale_code(amax));
-  return {s, 1.0f / s};
+  const uint32_t code = v41::fp8_block_scale_code(amax);
+  const float s = v41::ue8m0_decode(code);
+  return {s, 1.0f / s, code};
+}
+__device__ __forceinline__ uint32_t mxfp8_code(float v, Mxfp8Scale sc) {
+  return v41::e4m3_encode(v * sc.inv);
 }
 __device__ __forceinline__ float mxfp8_round(float v, Mxfp8Scale sc) {
-  return v41::e4m3_decode(v41::e4m3_encode(v * sc.inv)) * sc.s;
-}
-
-// The fake-quant value of the lane's element within its warp's 32-element block.
-__device__ __forceinline__ float mxfp8_fake_quant_lane(float v) {
-  float a = fabsf(v);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
-  return mxfp8_round(v, mxfp8_scale(a));
+  return v41::e4m3_decode(mxfp8_code(v, sc)) * sc.s;
 }
 
 __device__ __forceinline__ void store_act(void* out, ActivationType type, int64_t i, float v) {
@@ -55,6 +53,24 @@ __device__ __forceinline__ void store_act(void* out, ActivationType type, int64_
     static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(v);
   } else {
     static_cast<float*>(out)[i] = v;
+  }
+}
+
+// Quantises the lane's element within its warp's 32-element block (c = the block's start + lane;
+// warp-collective) and stores it: the fake-quant value (bf16 / fp32), or its e4m3 code with lane 0
+// writing the block's scale code (kMxfp8).
+template <typename P>
+__device__ __forceinline__ void quant_store_lane(const P& p, int64_t r, int64_t c, float v) {
+  float a = fabsf(v);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+  const Mxfp8Scale sc = mxfp8_scale(a);
+  if (p.out_type == ActivationType::kMxfp8) {
+    static_cast<uint8_t*>(p.out)[r * p.ldo + c] = static_cast<uint8_t>(mxfp8_code(v, sc));
+    if ((threadIdx.x & 31) == 0)
+      p.out_scale[r * p.ldo_scale + c / 32] = static_cast<uint8_t>(sc.code);
+  } else {
+    store_act(p.out, p.out_type, r * p.ldo + c, mxfp8_round(v, sc));
   }
 }
 
@@ -66,24 +82,21 @@ __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(ActQuantParams
     const int64_t src = p.row_index != nullptr ? p.row_index[r] : r;
     const float* x = p.x + src * p.ldx;
     for (int64_t b = warp; b < blocks; b += kQuantThreads / 32) {
-      const float q = mxfp8_fake_quant_lane(x[b * 32 + lane]);
-      store_act(p.out, p.out_type, r * p.ldo + b * 32 + lane, q);
+      quant_store_lane(p, r, b * 32 + lane, x[b * 32 + lane]);
     }
   }
 }
 
 // 8 consecutive elements per thread (two float4 loads, one 16-byte bf16 store): a 32-element
 // block is 4 lanes, its amax two shuffles. The same float operations per element as
-// mxfp8_fake_quant_lane, so bit-identical to it. grid (column chunks of 2048, row stride).
-__device__ __forceinline__ void fake_quant8(float (&v)[8]) {
+// quant_store_lane, so bit-identical to it. grid (column chunks of 2048, row stride).
+__device__ __forceinline__ Mxfp8Scale block_scale8(const float (&v)[8]) {
   float a = 0.0f;
 #pragma unroll
   for (int e = 0; e < 8; ++e) a = fmaxf(a, fabsf(v[e]));
   a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
   a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
-  const Mxfp8Scale sc = mxfp8_scale(a);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) v[e] = mxfp8_round(v[e], sc);
+  return mxfp8_scale(a);
 }
 
 __device__ __forceinline__ void store_act8(void* out, ActivationType type, int64_t i,
@@ -104,6 +117,30 @@ __device__ __forceinline__ void store_act8(void* out, ActivationType type, int64
   }
 }
 
+// Quantises and stores v = row r, columns [c, c + 8) (warp-collective: every lane calls it; live
+// lanes store). kMxfp8: one 8-byte store of the codes; the block's first lane writes its scale.
+template <typename P>
+__device__ __forceinline__ void quant_store8(const P& p, int64_t r, int64_t c, float (&v)[8],
+                                             bool live) {
+  const Mxfp8Scale sc = block_scale8(v);
+  if (!live) return;
+  if (p.out_type == ActivationType::kMxfp8) {
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      lo |= mxfp8_code(v[e], sc) << (8 * e);
+      hi |= mxfp8_code(v[4 + e], sc) << (8 * e);
+    }
+    *reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.out) + r * p.ldo + c) = make_uint2(lo, hi);
+    if ((threadIdx.x & 3) == 0)
+      p.out_scale[r * p.ldo_scale + c / 32] = static_cast<uint8_t>(sc.code);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = mxfp8_round(v[e], sc);
+    store_act8(p.out, p.out_type, r * p.ldo + c, v);
+  }
+}
+
 constexpr int kVecCols = kQuantThreads * 8;  // columns per block of the vector kernels
 
 __global__ void __launch_bounds__(kQuantThreads) act_quant_vec_kernel(ActQuantParams p) {
@@ -121,8 +158,7 @@ __global__ void __launch_bounds__(kQuantThreads) act_quant_vec_kernel(ActQuantPa
       v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
       v[7] = b.w;
     }
-    fake_quant8(v);
-    if (live) store_act8(p.out, p.out_type, r * p.ldo + c, v);
+    quant_store8(p, r, c, v, live);
   }
 }
 
@@ -148,8 +184,7 @@ __global__ void __launch_bounds__(kQuantThreads) swiglu_quant_vec_kernel(SwigluQ
         if (p.row_weight != nullptr) v[e] *= w;
       }
     }
-    fake_quant8(v);
-    if (live) store_act8(p.out, p.out_type, r * p.ldo + c, v);
+    quant_store8(p, r, c, v, live);
   }
 }
 
@@ -165,7 +200,7 @@ __global__ void __launch_bounds__(kQuantThreads) swiglu_quant_kernel(SwigluQuant
       const float u = fminf(fmaxf(p.up[r * p.ld + c], -p.limit), p.limit);
       float v = g / (1.0f + expf(-g)) * u;
       if (p.row_weight != nullptr) v *= p.row_weight[r];
-      store_act(p.out, p.out_type, r * p.ldo + c, mxfp8_fake_quant_lane(v));
+      quant_store_lane(p, r, c, v);
     }
   }
 }
@@ -810,6 +845,13 @@ void launch_quant_rows(void (*vec_kernel)(P), void (*scalar_kernel)(P), bool vec
   MS_CUDA_CHECK_LAUNCH();
 }
 
+// The scale output of kMxfp8 (the other output types ignore it).
+template <typename P>
+bool mxfp8_scales_ok(const P& p) {
+  return p.out_type != ActivationType::kMxfp8 ||
+         (p.out_scale != nullptr && p.ldo_scale >= p.cols / 32);
+}
+
 void bad_args(const char* what, const char* need) {
   detail::cuda_call_failed(__FILE__, __LINE__, what, "bad arguments", need);
 }
@@ -818,8 +860,9 @@ void bad_args(const char* what, const char* need) {
 
 void launch_act_quant_mxfp8(const ActQuantParams& p, Stream stream) {
   if (p.rows == 0 || p.cols == 0) return;
-  if (p.cols % 32 != 0 || p.ldx < p.cols || p.ldo < p.cols)
-    bad_args("launch_act_quant_mxfp8", "cols % 32 == 0, ldx >= cols, ldo >= cols");
+  if (p.cols % 32 != 0 || p.ldx < p.cols || p.ldo < p.cols || !mxfp8_scales_ok(p))
+    bad_args("launch_act_quant_mxfp8",
+             "cols % 32 == 0, ldx >= cols, ldo >= cols; kMxfp8: out_scale, ldo_scale >= cols/32");
   const bool vec = p.ldx % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
                    p.ldo % 8 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
   launch_quant_rows(act_quant_vec_kernel, act_quant_kernel, vec, p, stream);
@@ -827,8 +870,9 @@ void launch_act_quant_mxfp8(const ActQuantParams& p, Stream stream) {
 
 void launch_swiglu_quant_mxfp8(const SwigluQuantParams& p, Stream stream) {
   if (p.rows == 0 || p.cols == 0) return;
-  if (p.cols % 32 != 0 || p.ld < p.cols || p.ldo < p.cols)
-    bad_args("launch_swiglu_quant_mxfp8", "cols % 32 == 0, ld >= cols, ldo >= cols");
+  if (p.cols % 32 != 0 || p.ld < p.cols || p.ldo < p.cols || !mxfp8_scales_ok(p))
+    bad_args("launch_swiglu_quant_mxfp8",
+             "cols % 32 == 0, ld >= cols, ldo >= cols; kMxfp8: out_scale, ldo_scale >= cols/32");
   const bool vec = p.ld % 4 == 0 && reinterpret_cast<uintptr_t>(p.gate) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(p.up) % 16 == 0 && p.ldo % 8 == 0 &&
                    reinterpret_cast<uintptr_t>(p.out) % 16 == 0;

@@ -192,25 +192,26 @@ void launch_block_scaled_gemm(const GemmArgs& args, ActivationType x_type, Strea
   MS_CUDA_CHECK_LAUNCH();
 }
 
-void check_args(const GemmArgs& a, const char* what) {
+void check_args(const GemmArgs& a, ActivationType x_type, const char* what) {
   const bool ok = a.k % kTileK == 0 && a.k > 0 && a.m >= 0 && a.n >= 0 && a.ldx >= a.k &&
-                  a.ldy >= a.n && reinterpret_cast<uintptr_t>(a.w) % 16 == 0;
+                  a.ldy >= a.n && reinterpret_cast<uintptr_t>(a.w) % 16 == 0 &&
+                  (x_type == ActivationType::kF32 || x_type == ActivationType::kBF16);
   if (!ok)
     detail::cuda_call_failed(__FILE__, __LINE__, what, "bad arguments",
-                             "K % 32 == 0, ldx >= K, ldy >= N, W 16-byte aligned");
+                             "K % 32 == 0, ldx >= K, ldy >= N, W 16-byte aligned, x fp32 or bf16");
 }
 
 }  // namespace
 
 void launch_fp8_block_gemm(const Fp8BlockGemmParams& p, Stream stream) {
   const GemmArgs args{p.x, p.ldx, p.w, p.w_scale, p.y, p.ldy, p.m, p.n, p.k};
-  check_args(args, "launch_fp8_block_gemm");
+  check_args(args, p.x_type, "launch_fp8_block_gemm");
   launch_block_scaled_gemm<WeightFormat::kFp8Block32x32>(args, p.x_type, stream);
 }
 
 void launch_mxfp4_gemm(const Mxfp4GemmParams& p, Stream stream) {
   const GemmArgs args{p.x, p.ldx, p.w, p.w_scale, p.y, p.ldy, p.m, p.n, p.k};
-  check_args(args, "launch_mxfp4_gemm");
+  check_args(args, p.x_type, "launch_mxfp4_gemm");
   launch_block_scaled_gemm<WeightFormat::kMxfp4>(args, p.x_type, stream);
 }
 
