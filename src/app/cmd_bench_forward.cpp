@@ -56,6 +56,8 @@ struct BenchForwardOptions {
   int32_t iterations = 5;
   bool tf32 = true;
   bool fast_attention = false;
+  bool indexer_wgmma = true;
+  bool fp8_wgmma = true;
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool host_logits = false;  // copy the logits rows to the host (a server samples on the device)
 };
@@ -129,6 +131,7 @@ Result<bench::BenchResult> run(const BenchForwardOptions& opt) {
 
   bench::BenchResult r;
   r.benchmark = "forward";
+
   r.config = {{"backend", opt.backend},
               {"model", opt.model},
               {"model_type", c.model_type},
@@ -201,6 +204,8 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   }
   go.tf32_dense = opt.tf32;
   go.fast_attention = opt.fast_attention;
+  go.indexer_wgmma = opt.indexer_wgmma;
+  go.fp8_wgmma = opt.fp8_wgmma;
   go.cuda_graphs = decode && opt.cuda_graphs;
   go.host_logits = opt.host_logits;
   go.local_experts = opt.local_experts;
@@ -281,13 +286,23 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
       cuda::measure_gemm_tflops(cuda::GemmPrecision::kBf16, 8192, model->stream());
   const double bytes = cost.weight_bytes + cost.kv_bytes;
   const double t_bytes_ms = bytes / (hbm_gbs * 1e9) * 1e3;
-  const double t_flops_ms = cost.flops / (mma_tflops * 1e12) * 1e3;
+  // FP8 operands run at twice the bf16 rate on Hopper (dense FP8 1979 vs bf16 989 TFLOP/s):
+  // the FP8-representable FLOPs are counted at 2x the measured bf16 rate.
+  const double fp8_tflops = 2.0 * mma_tflops;
+  const double t_flops_ms = ((cost.flops - cost.fp8_flops) / (mma_tflops * 1e12) +
+                             cost.fp8_flops / (fp8_tflops * 1e12)) * 1e3;
   const double roofline_ms = std::max(t_bytes_ms, t_flops_ms);
   const int64_t rows = static_cast<int64_t>(nseq) * rows_per_seq;
   const cuda::DeviceInfo dev = cuda::device_info(0);
+  std::vector<double> step_ms_all;
+  for (const double s : step_s) step_ms_all.push_back(s * 1e3);
 
   bench::BenchResult r;
   r.benchmark = "forward";
+  r.device = fmt::format("cuda: {} (sm_{}{}, {} SMs, {:.0f} GiB; host {})", dev.name,
+                         dev.compute_major, dev.compute_minor, dev.sm_count,
+                         static_cast<double>(dev.memory_bytes) / (1 << 30),
+                         bench::host_device_description());
   r.config = {{"backend", "cuda"},
               {"model", opt.random_weights ? "random:" + opt.config : opt.model},
               {"kind", decode ? "decode" : "prefill"},
@@ -303,6 +318,8 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"iterations", opt.iterations},
               {"tf32_fp32_linears", opt.tf32},
               {"fast_attention", opt.fast_attention},
+              {"indexer_wgmma", opt.indexer_wgmma},
+              {"fp8_wgmma", opt.fp8_wgmma},
               {"cuda_graphs", decode && opt.cuda_graphs},
               {"host_logits", opt.host_logits},
               {"seed", opt.seed},
@@ -315,7 +332,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
                {"cache_bytes_device", model->cache_bytes()},
                {"synthetic_fill_s_median", median(fill_s)},
                {"step_ms_median", step_ms},
-               {"step_ms_all", step_s},
+               {"step_ms_all", step_ms_all},
                {"graph_replays", model->graph_replays()},
                {"graph_captures", model->graph_captures()},
                {"gpu_ms_profiled_sum", gpu_ms},
@@ -325,6 +342,8 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   r.roofline = {{"weight_bytes", cost.weight_bytes},
                 {"kv_bytes", cost.kv_bytes},
                 {"flops", cost.flops},
+                {"fp8_flops", cost.fp8_flops},
+                {"fp8_tflops_assumed", fp8_tflops},
                 {"hbm_gbs_measured", hbm_gbs},
                 {"bf16_tflops_measured", mma_tflops},
                 {"bytes_time_ms", t_bytes_ms},
@@ -333,8 +352,10 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
                 {"achieved_fraction", roofline_ms / step_ms},
                 {"model_flops_utilisation", t_flops_ms / step_ms}};
   r.roofline_note =
-      "roofline_ms = max(bytes / measured D2D-copy HBM bandwidth, matrix FLOPs / measured "
-      "cuBLASLt bf16 rate); bytes = weights as held on the device (FP8/MXFP4, fp32 for the "
+      "roofline_ms = max(bytes / measured D2D-copy HBM bandwidth, matrix FLOPs / rate) with "
+      "the rate the measured cuBLASLt bf16 rate, twice that for fp8_flops (the FLOPs whose "
+      "operands are both FP8-representable: MXFP8 activations times FP8/MXFP4 weights; Hopper's "
+      "FP8 rate is twice its bf16 rate); bytes = weights as held on the device (FP8/MXFP4, fp32 for the "
       "BF16-checkpoint tensors) touched by the step + cache bytes read by attention and the "
       "indexers; FLOPs = linears + attention + indexer scores. step_ms is host wall time of "
       "forward(): host plan, one metadata upload, the launches (or the graph replay), the "
@@ -354,6 +375,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   std::printf("%-28s %14.3f\n", "GPU ms (profiled sum)", gpu_ms);
   std::printf("%-28s %14.3e\n", "bytes (weights + kv)", bytes);
   std::printf("%-28s %14.3e\n", "matrix FLOPs", cost.flops);
+  std::printf("%-28s %14.3e\n", "  of which FP8-able", cost.fp8_flops);
   std::printf("%-28s %14.1f\n", "HBM GB/s (measured)", hbm_gbs);
   std::printf("%-28s %14.1f\n", "bf16 TFLOP/s (measured)", mma_tflops);
   std::printf("%-28s %14.3f\n", "roofline ms", roofline_ms);
@@ -392,6 +414,13 @@ void register_bench_forward(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_flag("--fast-attention", opt->fast_attention,
                  "cuda: sparse attention on single fp16 operands instead of hi + lo pairs");
+  cmd->add_option("--indexer-wgmma", opt->indexer_wgmma,
+                  "cuda: the indexer scores on the sm_90a wgmma kernel (false: mma.sync)")
+      ->capture_default_str();
+  cmd->add_option("--fp8-wgmma", opt->fp8_wgmma,
+                  "cuda: FP8-weight linears as FP8 x FP8 wgmma GEMMs on the MXFP8 codes (false: "
+                  "bf16 cuBLASLt on the same values)")
+      ->capture_default_str();
   cmd->add_option("--cuda-graphs", opt->cuda_graphs,
                   "cuda decode: run the timed steps as captured CUDA graphs (the per-component "
                   "breakdown always comes from eager profiled steps)")

@@ -14,7 +14,7 @@ nlohmann::json BenchResult::to_json() const {
   nlohmann::json j;
   j["benchmark"] = benchmark;
   j["commit"] = std::string(git_commit());
-  j["device"] = host_device_description();
+  j["device"] = device.empty() ? host_device_description() : device;
   j["timestamp"] = utc_timestamp();
   j["config"] = config;
   j["results"] = results;

@@ -20,6 +20,8 @@ struct BenchResult {
   // meaningful for this benchmark (set `roofline_note` to say why).
   nlohmann::json roofline = nlohmann::json::object();
   std::string roofline_note;
+  // What ran the benchmark; empty: host_device_description() (the CPU). GPU benches name the GPU.
+  std::string device;
 
   [[nodiscard]] nlohmann::json to_json() const;
   // Writes pretty JSON; creates parent folders.

@@ -217,6 +217,7 @@ struct DeepseekV41Gpu::Impl {
         const Ffn& w = L.experts[ex];
         cost.weight_bytes += w.w1.bytes() + w.w3.bytes() + w.w2.bytes();
         cost.flops += 2.0 * cnt * 3.0 * d * inter;
+        cost.fp8_flops += 2.0 * cnt * 3.0 * d * inter;
       }
     }
     moe_layers_run.clear();
@@ -680,24 +681,38 @@ struct DeepseekV41Gpu::Impl {
       gemm_raw(x, cu::ActivationType::kF32, ldx, rows, lin, y, ldy, out_row0, out_rows);
       return;
     }
-    const QuantRows q = quant_rows(x, ldx, rows, lin.in, lin.kind, "aq");
-    gemm_raw(q.data, q.type, lin.in, rows, lin, y, ldy, out_row0, out_rows);
+    const int64_t n = out_rows < 0 ? lin.out : out_rows;
+    const bool codes = fp8_wgmma_fits(lin) && n % 128 == 0 && out_row0 % 32 == 0;
+    const QuantRows q = quant_rows(x, ldx, rows, lin.in, lin.kind, "aq", codes);
+    gemm_q(q, lin.in, rows, lin, y, ldy, out_row0, out_rows);
+  }
+
+  // FP8-weight linears that run on launch_fp8_wgmma_gemm (GpuModelOptions::fp8_wgmma) when their
+  // input comes as e4m3 codes: the kernel's limits (out % 128, in % 128).
+  [[nodiscard]] bool fp8_wgmma_fits(const Linear& lin) const {
+    return opt.fp8_wgmma && !opt.exact_linears && lin.kind == Linear::Kind::kFp8 &&
+           lin.act_quant && lin.out % 128 == 0 && lin.in % 128 == 0;
   }
 
   // The MXFP8 fake-quant of x [rows, in] as a GEMM on weights of `kind` takes it: bf16 (exact)
   // for the bf16 kernels, fp32 for the exact fp32 GEMM; in buffer `name` (16/32 appended). One
   // quantisation can feed several linears with the same input and kind (gemm_raw).
+  // codes: the e4m3 codes and ue8m0 scales themselves (kMxfp8, [rows, in] and [rows, in / 32]),
+  // the A operand of launch_fp8_wgmma_gemm; every consumer must be an fp8_wgmma_fits linear.
   struct QuantRows {
     const void* data;
     cu::ActivationType type;
+    const uint8_t* scale = nullptr;  // kMxfp8: [rows, in / 32]
+    int64_t ld_scale = 0;
   };
   QuantRows quant_rows(const float* x, int64_t ldx, int64_t rows, int64_t in, Linear::Kind kind,
-                       const std::string& name) {
-    const cu::ActivationType t =
-        kind == Linear::Kind::kF32 ? cu::ActivationType::kF32 : cu::ActivationType::kBF16;
-    void* q = t == cu::ActivationType::kF32
-                  ? static_cast<void*>(buf<float>(name + "32", rows * in))
-                  : static_cast<void*>(buf<uint16_t>(name + "16", rows * in));
+                       const std::string& name, bool codes = false) {
+    const cu::ActivationType t = kind == Linear::Kind::kF32 ? cu::ActivationType::kF32
+                                 : codes                    ? cu::ActivationType::kMxfp8
+                                                            : cu::ActivationType::kBF16;
+    void* q = t == cu::ActivationType::kF32     ? static_cast<void*>(buf<float>(name + "32", rows * in))
+              : t == cu::ActivationType::kMxfp8 ? static_cast<void*>(buf<uint8_t>(name + "8", rows * in))
+                                                : static_cast<void*>(buf<uint16_t>(name + "16", rows * in));
     cu::ActQuantParams ap;
     ap.x = x;
     ap.ldx = ldx;
@@ -706,8 +721,52 @@ struct DeepseekV41Gpu::Impl {
     ap.out = q;
     ap.out_type = t;
     ap.ldo = in;
+    QuantRows r{q, t};
+    if (t == cu::ActivationType::kMxfp8) {
+      uint8_t* sc = buf<uint8_t>(name + "s", rows * (in / 32));
+      ap.out_scale = sc;
+      ap.ldo_scale = in / 32;
+      r.scale = sc;
+      r.ld_scale = in / 32;
+    }
     cu::launch_act_quant_mxfp8(ap, stream);
-    return {q, t};
+    return r;
+  }
+
+  // y[rows, n] (pitch ldy) = q[rows, K] · W[w_row0 : w_row0 + n, :]^T on the FP8 wgmma GEMM: q the
+  // e4m3 codes (pitch lda bytes, starting at column a_col0) with their ue8m0 scales.
+  void fp8_wgmma(const QuantRows& q, int64_t lda, int64_t a_col0, int64_t rows, const Linear& lin,
+                 int64_t w_row0, int64_t n, int64_t k, int64_t w_ld, float* y, int64_t ldy) {
+    cu::Fp8WgmmaGemmParams p;
+    p.a = static_cast<const uint8_t*>(q.data) + a_col0;
+    p.lda = lda;
+    p.a_scale = q.scale + a_col0 / 32;
+    p.lda_scale = q.ld_scale;
+    p.w = lin.w.as<uint8_t>() + w_row0 * w_ld;
+    p.w_scale = lin.scale.as<uint8_t>() + (w_row0 / 32) * ((w_ld + 31) / 32);
+    p.y = y;
+    p.ldy = ldy;
+    p.m = rows;
+    p.n = n;
+    p.k = k;
+    cu::launch_fp8_wgmma_gemm(p, stream);
+  }
+
+  // gemm_raw on a quant_rows() result (the FP8 wgmma GEMM when it holds codes).
+  void gemm_q(const QuantRows& q, int64_t ldx, int64_t rows, const Linear& lin, float* y,
+              int64_t ldy, int64_t out_row0 = 0, int64_t out_rows = -1) {
+    if (q.type != cu::ActivationType::kMxfp8) {
+      gemm_raw(q.data, q.type, ldx, rows, lin, y, ldy, out_row0, out_rows);
+      return;
+    }
+    if (rows == 0) return;
+    const int64_t n = out_rows < 0 ? lin.out : out_rows;
+    MS_CHECK(lin.kind == Linear::Kind::kFp8 && n % 128 == 0 && out_row0 % 32 == 0);
+    cost.weight_bytes += lin.bytes() * static_cast<double>(n) / static_cast<double>(lin.out);
+    cost.flops += 2.0 * static_cast<double>(rows) * static_cast<double>(n) * lin.in;
+    if (lin.act_quant)
+      cost.fp8_flops += 2.0 * static_cast<double>(rows) * static_cast<double>(n) * lin.in;
+    fp8_wgmma(q, ldx, 0, rows, lin, out_row0, n, lin.in, lin.in, y, ldy);
   }
 
   // c[m, n] (fp32, ldc) = a[m, k] (lda) · b[n, k]^T (ldb) on cuBLASLt.
@@ -736,6 +795,8 @@ struct DeepseekV41Gpu::Impl {
     const int64_t n = out_rows < 0 ? lin.out : out_rows;
     cost.weight_bytes += lin.bytes() * static_cast<double>(n) / static_cast<double>(lin.out);
     cost.flops += 2.0 * static_cast<double>(rows) * static_cast<double>(n) * lin.in;
+    if (lin.act_quant)
+      cost.fp8_flops += 2.0 * static_cast<double>(rows) * static_cast<double>(n) * lin.in;
     const bool bf16_x = x_type == cu::ActivationType::kBF16;
     switch (lin.kind) {
       case Linear::Kind::kFp8: {
@@ -1213,6 +1274,7 @@ struct DeepseekV41Gpu::Impl {
       p.max_seq_keys = width;
       // The queries went through the FP4 round trip above: every value is a bf16.
       p.q_exact_bf16 = true;
+      p.use_wgmma = opt.indexer_wgmma;
       if (p.n_seqs > 0) cu::launch_indexer_scores(p, stream);
     }
     if (info.is_candidate_source) {
@@ -1280,9 +1342,10 @@ struct DeepseekV41Gpu::Impl {
     float* kv = buf<float>("kv", n * hd);
     if (L.wq_a.act_quant && L.wkv.act_quant && L.wq_a.kind == L.wkv.kind) {
       // One quantisation of a for both projections.
-      const QuantRows qa = quant_rows(a, d, n, d, L.wq_a.kind, "aq_attn");
-      gemm_raw(qa.data, qa.type, d, n, L.wq_a, qr, q);
-      gemm_raw(qa.data, qa.type, d, n, L.wkv, kv, hd);
+      const QuantRows qa = quant_rows(a, d, n, d, L.wq_a.kind, "aq_attn",
+                                      fp8_wgmma_fits(L.wq_a) && fp8_wgmma_fits(L.wkv));
+      gemm_q(qa, d, n, L.wq_a, qr, q);
+      gemm_q(qa, d, n, L.wkv, kv, hd);
     } else {
       linear(a, d, n, L.wq_a, qr, q);
       linear(a, d, n, L.wkv, kv, hd);
@@ -1348,7 +1411,16 @@ struct DeepseekV41Gpu::Impl {
     mark(GpuComponent::kDense);
     const int64_t g = c.o_groups, og = c.o_lora_rank, gin = h * hd / g;
     float* mid = buf<float>("attn_mid", n * g * og);
-    if (L.wo_a.act_quant && L.wo_a.kind == Linear::Kind::kFp8) {
+    if (fp8_wgmma_fits(L.wo_a) && og % 128 == 0 && gin % 128 == 0) {
+      // The G group GEMMs on the FP8 wgmma kernel: group gi reads the codes' columns
+      // [gi gin, +gin) (and their scales) and wo_a's rows [gi og, +og) (whose row pitch is gin).
+      const QuantRows qo = quant_rows(o, h * hd, n, h * hd, L.wo_a.kind, "aq_o", true);
+      for (int64_t gi = 0; gi < g; ++gi)
+        fp8_wgmma(qo, h * hd, gi * gin, n, L.wo_a, gi * og, og, gin, gin, mid + gi * og, g * og);
+      cost.flops += 2.0 * static_cast<double>(n) * og * gin * g;
+      cost.fp8_flops += 2.0 * static_cast<double>(n) * og * gin * g;
+      cost.weight_bytes += static_cast<double>(L.wo_a.bytes());
+    } else if (L.wo_a.act_quant && L.wo_a.kind == Linear::Kind::kFp8) {
       // The G group GEMMs as one strided-batched cuBLASLt call: group gi reads o's channels
       // [gi gin, +gin) and wo_a's rows [gi og, +og), and writes mid's columns [gi og, +og).
       const QuantRows qo = quant_rows(o, h * hd, n, h * hd, L.wo_a.kind, "aq_o");
@@ -1370,6 +1442,7 @@ struct DeepseekV41Gpu::Impl {
       p.stride_c = og;
       lt->run(p);
       cost.flops += 2.0 * static_cast<double>(n) * og * gin * g;
+      cost.fp8_flops += 2.0 * static_cast<double>(n) * og * gin * g;
       cost.weight_bytes += static_cast<double>(L.wo_a.bytes());
     } else {
       for (int64_t gi = 0; gi < g; ++gi)
@@ -1426,9 +1499,11 @@ struct DeepseekV41Gpu::Impl {
     float* u1 = buf<float>("moe_u", n * inter);
     if (L.shared.w1.act_quant && L.shared.w3.act_quant &&
         L.shared.w1.kind == L.shared.w3.kind) {
-      const QuantRows qf = quant_rows(f, d, n, d, L.shared.w1.kind, "aq_ffn");  // for w1 and w3
-      gemm_raw(qf.data, qf.type, d, n, L.shared.w1, g1, inter);
-      gemm_raw(qf.data, qf.type, d, n, L.shared.w3, u1, inter);
+      const QuantRows qf =  // for w1 and w3
+          quant_rows(f, d, n, d, L.shared.w1.kind, "aq_ffn",
+                     fp8_wgmma_fits(L.shared.w1) && fp8_wgmma_fits(L.shared.w3));
+      gemm_q(qf, d, n, L.shared.w1, g1, inter);
+      gemm_q(qf, d, n, L.shared.w3, u1, inter);
     } else {
       linear(f, d, n, L.shared.w1, g1, inter);
       linear(f, d, n, L.shared.w3, u1, inter);
@@ -1617,6 +1692,7 @@ struct DeepseekV41Gpu::Impl {
       cost.weight_bytes += b.plan_cost.weight_bytes;
       cost.kv_bytes += b.plan_cost.kv_bytes;
       cost.flops += b.plan_cost.flops;
+      cost.fp8_flops += b.plan_cost.fp8_flops;
     };
     bool launched = false;
     if (graphable) {

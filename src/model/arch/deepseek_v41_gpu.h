@@ -67,6 +67,15 @@ struct GpuModelOptions {
   // precision class, twice the MMA rate); false: fp16 hi + lo pairs (about fp32), which the
   // GPU-vs-CPU model tests use.
   bool fast_attention = false;
+  // true: the indexer's batched scores (no candidates, 32 heads) on the sm_90a wgmma kernel
+  // (IndexerScoreParams::use_wgmma); false: the mma.sync kernel. Same products (exact bf16 q,
+  // exact bf16 keys), fp32 sums in a different order.
+  bool indexer_wgmma = true;
+  // true: FP8-weight linears whose shape fits (out % 128, in % 128) run as FP8 x FP8 block-scaled
+  // wgmma GEMMs on the e4m3 codes of the MXFP8 inputs (launch_fp8_wgmma_gemm: the tensor core's
+  // FP8 accumulation over each 32-wide block, then fp32); false: the bf16 cuBLASLt GEMM on the
+  // same values with fp32 accumulation. Ignored with exact_linears.
+  bool fp8_wgmma = true;
   bool trace = false;  // keep per-layer attn_norm outputs and layer outputs (trace())
 };
 
@@ -121,6 +130,9 @@ struct GpuForwardCost {
   double weight_bytes = 0;  // weights read (as held on the device)
   double kv_bytes = 0;      // cache bytes read by attention and the indexers
   double flops = 0;         // matrix FLOPs (linears, attention, indexer scores)
+  // The part of `flops` whose operands are both FP8-representable (MXFP8 activations times
+  // FP8/MXFP4 weights): an FP8 tensor-core GEMM can run it (the roofline's FP8 rate).
+  double fp8_flops = 0;
 };
 
 class DeepseekV41Gpu {

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -43,6 +44,20 @@ std::string gpu_tiny_config() {
   t["qk_rope_head_dim"] = 64;
   t["index_head_dim"] = 128;
   t["o_lora_rank"] = 32;
+  return j.dump();
+}
+
+// gpu_tiny_config() widened so that the production GPU kernels with shape limits take it: every
+// FP8 linear of the attention and the shared expert has in, out % 128 == 0 (the FP8 wgmma GEMM,
+// wo_a per group: 2 groups of 4096 -> 128) and the indexer has 32 heads (its wgmma scores).
+std::string gpu_wide_config() {
+  nlohmann::json j = nlohmann::json::parse(gpu_tiny_config());
+  auto& t = j["text_config"];
+  t["hidden_size"] = 256;
+  t["q_lora_rank"] = 128;
+  t["o_lora_rank"] = 128;
+  t["index_n_heads"] = 32;
+  t["moe_intermediate_size"] = 128;
   return j.dump();
 }
 
@@ -96,11 +111,13 @@ struct PromptResult {
 
 // `prompts` sequences in one GPU batch (chunked prefill in two chunks of odd length, bounded
 // replay), then `steps` decode steps, both sides fed the CPU's greedy token (teacher forcing).
-std::vector<PromptResult> greedy_prompts(bool exact_linears, int num_prompts, int len0,
-                                         int len_step, int steps, bool f64_attention = false,
-                                         bool fast_attention = false) {
+// config: the model (default gpu_tiny_config()); tweak: changes to the GPU options.
+std::vector<PromptResult> greedy_prompts(
+    bool exact_linears, int num_prompts, int len0, int len_step, int steps,
+    bool f64_attention = false, bool fast_attention = false, const std::string& config = {},
+    const std::function<void(arch::GpuModelOptions&)>& tweak = {}) {
   const std::filesystem::path dir = make_temp_dir("gpu_forward");
-  EXPECT_TRUE(write_generated_model(dir, gpu_tiny_config(), 0));
+  EXPECT_TRUE(write_generated_model(dir, config.empty() ? gpu_tiny_config() : config, 0));
   auto backend = make_cpu_backend();
   auto cpu = DeepseekV41Model::load(dir, *backend);
   if (!cpu) throw std::runtime_error(cpu.error().to_string());
@@ -111,6 +128,7 @@ std::vector<PromptResult> greedy_prompts(bool exact_linears, int num_prompts, in
   opt.max_seqs = num_prompts;
   opt.max_context = 256;
   opt.max_rows = 1024;
+  if (tweak) tweak(opt);
   auto gpu = DeepseekV41Gpu::load(dir, opt);
   if (!gpu) throw std::runtime_error(gpu.error().to_string());
   const ModelConfig& c = (*cpu)->config();
@@ -269,6 +287,94 @@ TEST(GpuForward, GreedyDecodeFastAttention) {
              "identical\n",
              never_flipped(r), same_fraction(r));
   EXPECT_GE(same_fraction(r), kMinSameFraction);
+}
+
+// The wgmma kernels (GpuModelOptions::fp8_wgmma, indexer_wgmma; on by default) on a model whose
+// shapes they take, against the CPU: the same greedy-agreement floor as the tiny model's short
+// run (the FP8 GEMM sums each 32-wide block in the tensor core's FP8 accumulator, ~2^-14).
+TEST(GpuForward, GreedyDecodeWgmmaPathsMatchCpu) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const auto r = greedy_prompts(false, 16, 9, 0, 8, false, false, gpu_wide_config());
+  fmt::print("wide model, wgmma paths, short: {} of 16 prompts never flipped, {:.3f} of greedy "
+             "tokens identical\n",
+             never_flipped(r), same_fraction(r));
+  EXPECT_GE(same_fraction(r), kMinSameFractionShort);
+}
+
+// The same model with the wgmma kernels on and off, step by step on the same tokens: the logits
+// must differ (the wgmma kernels ran: other summation orders) and stay close (median prompt's
+// prefill logits within 1e-2 relative; a rounding flip moves single prompts further), with mostly
+// the same greedy tokens.
+TEST(GpuForward, WgmmaPathsAgreeWithMmaSyncPaths) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_wgmma");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  arch::GpuModelOptions opt;
+  opt.max_seqs = 8;
+  opt.max_context = 128;
+  opt.max_rows = 512;
+  opt.fp8_wgmma = false;
+  opt.indexer_wgmma = false;
+  auto ref = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(ref) << ref.error().to_string();
+  opt.fp8_wgmma = true;
+  opt.indexer_wgmma = true;
+  auto wg = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(wg) << wg.error().to_string();
+  const int64_t v = (*ref)->config().vocab_size;
+  constexpr int kPrompts = 8;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int32_t> sr, sw;
+  for (int i = 0; i < kPrompts; ++i) {
+    prompts.push_back(test_prompt(20 + 5 * i, static_cast<uint32_t>(40 + i), v));
+    auto a = (*ref)->new_sequence();
+    auto b = (*wg)->new_sequence();
+    ASSERT_TRUE(a && b);
+    sr.push_back(*a);
+    sw.push_back(*b);
+  }
+  int differing = 0, same = 0, total = 0;
+  std::vector<double> prefill_diff;
+  std::vector<int32_t> next(kPrompts);
+  for (int step = 0; step <= 8; ++step) {
+    std::vector<GpuSequenceInput> ia, ib;
+    for (int i = 0; i < kPrompts; ++i) {
+      GpuSequenceInput g;
+      g.tokens = step == 0 ? std::span<const int32_t>(prompts[static_cast<size_t>(i)])
+                           : std::span<const int32_t>(&next[static_cast<size_t>(i)], 1);
+      g.prompt_len = step == 0 ? static_cast<int32_t>(prompts[static_cast<size_t>(i)].size()) : -1;
+      g.seq = sr[static_cast<size_t>(i)];
+      ia.push_back(g);
+      g.seq = sw[static_cast<size_t>(i)];
+      ib.push_back(g);
+    }
+    auto oa = (*ref)->forward(ia, ForwardMode::kProduction);
+    auto ob = (*wg)->forward(ib, ForwardMode::kProduction);
+    ASSERT_TRUE(oa && ob);
+    ASSERT_EQ(oa->logit_inputs, ob->logit_inputs);
+    ASSERT_EQ(oa->logit_inputs.size(), static_cast<size_t>(kPrompts));
+    for (int i = 0; i < kPrompts; ++i) {
+      const float* a = oa->logits.data() + i * v;
+      const float* b = ob->logits.data() + i * v;
+      const std::vector<float> av(a, a + v);
+      const double d = rel_diff(av, b, v);
+      EXPECT_TRUE(std::isfinite(d)) << "prompt " << i << " step " << step;
+      if (d > 0) ++differing;
+      if (step == 0) prefill_diff.push_back(d);
+      same += oa->greedy[static_cast<size_t>(i)] == ob->greedy[static_cast<size_t>(i)];
+      ++total;
+      next[static_cast<size_t>(i)] = oa->greedy[static_cast<size_t>(i)];
+    }
+  }
+  std::sort(prefill_diff.begin(), prefill_diff.end());
+  const double median = prefill_diff[prefill_diff.size() / 2];
+  fmt::print("wgmma vs mma.sync: {} of {} logits rows differ, median prefill relative difference "
+             "{:.2e} (max {:.2e}), {}/{} same greedy tokens\n",
+             differing, total, median, prefill_diff.back(), same, total);
+  EXPECT_GT(differing, 0) << "the wgmma kernels did not run";
+  EXPECT_LE(median, 1e-2);
+  EXPECT_GE(static_cast<double>(same) / total, 0.6);
+  std::filesystem::remove_all(dir);
 }
 
 // Rows of [rows, width] whose relative difference (to the row's max) exceeds tol.
