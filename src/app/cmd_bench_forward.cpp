@@ -57,7 +57,7 @@ struct BenchForwardOptions {
   bool tf32 = true;
   bool fast_attention = false;
   bool indexer_wgmma = true;
-  bool fp8_wgmma = true;
+  bool fp8_wgmma = false;
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool host_logits = false;  // copy the logits rows to the host (a server samples on the device)
 };

@@ -21,10 +21,10 @@ args_decode_s1="--batch 64 --context 131072 --tokens-per-seq 1 --local-experts 1
 # The same with the sparse attention on single fp16 operands (not in the default set).
 args_decode_s6_fast="$args_decode_s6 --fast-attention"
 args_decode_s1_fast="$args_decode_s1 --fast-attention"
-# Without the wgmma kernels (indexer scores, FP8 dense GEMMs), both or one at a time.
-args_decode_s6_nowgmma="$args_decode_s6 --indexer-wgmma false --fp8-wgmma false"
+# The indexer scores on mma.sync instead of wgmma; the dense FP8 linears on the FP8 wgmma GEMM
+# instead of cuBLASLt bf16 (not the default: slower).
 args_decode_s6_noidxw="$args_decode_s6 --indexer-wgmma false"
-args_decode_s6_nofp8w="$args_decode_s6 --fp8-wgmma false"
+args_decode_s6_fp8w="$args_decode_s6 --fp8-wgmma true"
 # Without CUDA graphs (every launch from the host; graphs are the decode default).
 args_decode_s6_eager="$args_decode_s6 --cuda-graphs false"
 args_decode_s1_eager="$args_decode_s1 --cuda-graphs false"
@@ -32,7 +32,7 @@ args_decode_s1_eager="$args_decode_s1 --cuda-graphs false"
 args_prefill8k_prod="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode production"
 args_prefill8k_oracle="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode oracle"
 args_prefill32k_prod="--new-tokens 32768 --cached 131072 --layers 8 --local-experts 12 --mode production"
-args_prefill8k_prod_nowgmma="$args_prefill8k_prod --indexer-wgmma false --fp8-wgmma false"
+args_prefill8k_prod_noidxw="$args_prefill8k_prod --indexer-wgmma false"
 args_prefill32k_oracle="--new-tokens 32768 --cached 131072 --layers 8 --local-experts 12 --mode oracle"
 
 status=0

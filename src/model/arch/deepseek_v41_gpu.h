@@ -74,8 +74,10 @@ struct GpuModelOptions {
   // true: FP8-weight linears whose shape fits (out % 128, in % 128) run as FP8 x FP8 block-scaled
   // wgmma GEMMs on the e4m3 codes of the MXFP8 inputs (launch_fp8_wgmma_gemm: the tensor core's
   // FP8 accumulation over each 32-wide block, then fp32); false: the bf16 cuBLASLt GEMM on the
-  // same values with fp32 accumulation. Ignored with exact_linears.
-  bool fp8_wgmma = true;
+  // same values with fp32 accumulation. Ignored with exact_linears. Off by default: the kernel
+  // is at ~20% of the FP8 rate and slower than cuBLASLt bf16 at decode shapes
+  // (docs/perf/forward-gpu-2026-11-29-r5.md).
+  bool fp8_wgmma = false;
   bool trace = false;  // keep per-layer attn_norm outputs and layer outputs (trace())
 };
 
