@@ -1052,19 +1052,15 @@ TEST_F(CudaV41, CandidateBlocks) {
 TEST_F(CudaV41, SparseAttention) {
   std::mt19937 rng(19);
   const int hd = 512;
-  const int64_t t = 6, nglob = 700;
+  const int64_t t = 4, nglob = 700;
   auto ring = swa_records(128, rng);
   auto glob = fp4_records(nglob, hd, cpu::Fp4Record::kMainBlock16E4m3, rng);
-  // Rows 4 and 5: 1 and 64 + 1 keys in all (one tile; three tiles, the producer's
-  // buffer-reuse wait once).
-  std::vector<int32_t> pos = {3, 127, 5000, 77, 0, 64};
+  std::vector<int32_t> pos = {3, 127, 5000, 77};
   const int gk = 512;
   std::vector<int32_t> gidx(static_cast<size_t>(t * gk));
   std::uniform_int_distribution<int> pick(-1, static_cast<int>(nglob) - 1);
   for (auto& g : gidx) g = pick(rng);
   for (int i = 0; i < gk; ++i) gidx[static_cast<size_t>(3 * gk + i)] = i < 37 ? i * 3 : -1;
-  for (int i = 0; i < gk; ++i) gidx[static_cast<size_t>(4 * gk + i)] = -1;
-  for (int i = 0; i < gk; ++i) gidx[static_cast<size_t>(5 * gk + i)] = -1;
   std::vector<int32_t> sidx(static_cast<size_t>(t * 128));
   cpu::swa_window_indices(pos.data(), t, 128, 128, 0, sidx.data());
   const auto f = compress_freqs();
@@ -1092,22 +1088,11 @@ TEST_F(CudaV41, SparseAttention) {
         float* o = nans(ref.size());
         p.out = o;
         p.split_precision = split;
-        p.warp_specialised = true;
         cuda::launch_sparse_attention(p, stream_);
-        const auto got = down(o, ref.size());
-        const double err = rel_err(got, ref);
+        const double err = rel_err(down(o, ref.size()), ref);
         EXPECT_LE(err, split ? 1e-5 : 1e-3) << heads << " heads, split " << split;
         std::printf("sparse attention %d heads, split %d, explicit swa %d: rel err %.3g\n", heads,
                     split, explicit_swa, err);
-        // The warp-specialised kernel (default at 32 heads per block) does the plain kernel's
-        // arithmetic in the same order: bit-identical.
-        float* o2 = nans(ref.size());
-        p.out = o2;
-        p.warp_specialised = false;
-        cuda::launch_sparse_attention(p, stream_);
-        const auto plain = down(o2, ref.size());
-        EXPECT_EQ(std::memcmp(got.data(), plain.data(), got.size() * sizeof(float)), 0)
-            << heads << " heads, split " << split << ": warp-specialised != plain";
       }
       // The double-precision test mode: the reference's arithmetic, so fp32 output rounding only.
       float* o64 = nans(ref.size());

@@ -46,10 +46,8 @@ int main() {
     float* out = nullptr;
     MS_CUDA_CHECK(cudaMalloc(&out, q.size() * 4));
     p.out = out;
-    for (int variant = 0; variant < 4; ++variant) {
-      const bool split = variant < 2;
+    for (bool split : {true, false}) {
       p.split_precision = split;
-      p.warp_specialised = (variant & 1) == 0;
       for (int i = 0; i < 3; ++i) launch_sparse_attention(p, nullptr);
       cudaEvent_t e0, e1;
       cudaEventCreate(&e0);
@@ -68,8 +66,8 @@ int main() {
       MS_CUDA_CHECK(cudaMemcpyFromSymbol(clk, g_attn_clocks, sizeof(clk)));
 #endif
       const double blocks = rows * (heads / 32.0);
-      std::printf("rows %4d split %d ws %d: %8.1f us/launch | cycles per block:", rows, split,
-                  p.warp_specialised ? 1 : 0, 1000.0 * ms / iters);
+      std::printf("rows %4d split %d: %8.1f us/launch | cycles per block:", rows, split,
+                  1000.0 * ms / iters);
       double total = 0;
       for (int i = 0; i < 12; ++i) total += clk[i] / blocks;
       for (int i = 0; i < 12; ++i) std::printf(" %s %.0f", names[i], clk[i] / blocks);

@@ -560,11 +560,6 @@ struct SparseAttentionParams {
   // true: q and P as fp16 hi + lo pairs (about fp32; the GPU-vs-CPU model tests rely on it).
   // false: single fp16 operands (2^-11 relative; twice the MMA rate), FlashMLA's precision class.
   bool split_precision = true;
-  // true: with heads % 32 == 0, the warp-specialised kernel (a producer warpgroup stages and
-  // dequantises the next key tile while eight warps compute this one; bit-identical results) for
-  // the split path, and for the single-fp16 path where built so (MOESERVE_ATTN_WS_FAST); false:
-  // the plain kernel (tests compare the two).
-  bool warp_specialised = true;
 };
 void launch_sparse_attention(const SparseAttentionParams& p, Stream stream);
 // The same in double precision with the CPU reference's order of operations (one block per row

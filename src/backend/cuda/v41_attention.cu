@@ -60,23 +60,6 @@ __device__ unsigned long long g_attn_clocks[16];
 #ifndef MOESERVE_ATTN_MT  // m-tiles (16 heads each) per block when heads % 32 == 0: 2 or 1
 #define MOESERVE_ATTN_MT 2
 #endif
-// The warp-specialised kernel (a producer warp dequantises while eight warps compute) for the
-// hi + lo path (MOESERVE_ATTN_WS) and the single-fp16 path (MOESERVE_ATTN_WS_FAST; that path
-// otherwise runs two blocks of the plain kernel per SM).
-#ifndef MOESERVE_ATTN_WS
-#define MOESERVE_ATTN_WS 1
-#endif
-#ifndef MOESERVE_ATTN_WS_FAST
-#define MOESERVE_ATTN_WS_FAST 0
-#endif
-#ifndef MOESERVE_ATTN_WS_PRODUCERS
-#define MOESERVE_ATTN_WS_PRODUCERS 4
-#endif
-// With 4 producer warps (one warpgroup): setmaxnreg moves registers from the producers (40) to
-// the consumers (232): per sub-partition 40 + 2 x 232 <= 512 per lane.
-#ifndef MOESERVE_ATTN_WS_REGS
-#define MOESERVE_ATTN_WS_REGS 1
-#endif
 #define MOESERVE_PRAGMA_(x) _Pragma(#x)
 #define MOESERVE_PRAGMA(x) MOESERVE_PRAGMA_(x)
 
@@ -92,6 +75,7 @@ constexpr int kSPitch = kTile + 8;  // fp32 pitch of the logits partials
 constexpr float kPow = 256.0f;
 constexpr int kSwaRec = kHd + kHd / 32;      // FP8 record: 512 codes + 16 ue8m0 scales
 constexpr int kGlobRec = kHd / 2 + kHd / 16;  // FP4 record: 256 B of nibbles + 32 e4m3 scales
+constexpr int kItems = kTile * (kHd / 8) / kThreads;  // 8-channel items per thread per tile
 
 // Shared memory (bytes, 128-aligned offsets).
 constexpr size_t align128(size_t b) { return (b + 127) / 128 * 128; }
@@ -135,14 +119,10 @@ __device__ __forceinline__ void cp_async_wait_1() { asm volatile("cp.async.wait_
 // Issues the copies of keys [t0, t0 + kTile) of the list into stage (always commits a group):
 // warp w copies keys w, w + 8, ..., its lanes the record's 16-byte chunks (18 for an FP4
 // record, 33 for an SWA one), so no thread divides by the chunk count.
-// tid0 / nthreads: the staging threads (all of the block, or the warp-specialised kernel's
-// producer warp: tid0 0, nthreads 32).
 __device__ __forceinline__ void stage_tile(const SparseAttentionParams& p, const int32_t* list,
-                                           int nk, int t0, uint8_t* stage, int tid0 = -1,
-                                           int nthreads = kThreads) {
-  const int me = tid0 < 0 ? static_cast<int>(threadIdx.x) : tid0;
-  const int lane = me & 31;
-  for (int key = me >> 5; key < kTile && t0 + key < nk; key += nthreads / 32) {
+                                           int nk, int t0, uint8_t* stage) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  for (int key = static_cast<int>(threadIdx.x) >> 5; key < kTile && t0 + key < nk; key += kWarps) {
     const int id = list[t0 + key];
     const bool glob = (id & kGlobFlag) != 0;
     const uint8_t* rec = glob ? p.glob + static_cast<int64_t>(id & ~kGlobFlag) * kGlobRec
@@ -179,14 +159,11 @@ __device__ __forceinline__ void e2m1x8_to_f16(uint32_t x, __half2 s2, uint32_t (
 // (tid + 256 it) / 64, channels 8 ((tid + 256 it) % 64) ..+8. The products are exact in fp16
 // whenever the float path of the CPU decoder is (e4m3 or e2m1 times a power-of-two or e4m3
 // scale); scales outside fp16's normal range take the float path, rounded like the CPU's.
-template <int kN = kThreads>  // decoding threads: me in [0, kN)
 __device__ __forceinline__ void decode_tile(const int32_t* list, int nk, int t0,
-                                            const uint8_t* stage, __half (*kt)[kKPitch],
-                                            int me = -1) {
-  if (me < 0) me = static_cast<int>(threadIdx.x);
+                                            const uint8_t* stage, __half (*kt)[kKPitch]) {
   MOESERVE_PRAGMA(unroll MOESERVE_ATTN_DECODE_UNROLL)
-  for (int it = 0; it < kTile * (kHd / 8) / kN; ++it) {
-    const int i = me + it * kN;
+  for (int it = 0; it < kItems; ++it) {
+    const int i = static_cast<int>(threadIdx.x) + it * kThreads;
     const int key = i / (kHd / 8), oct = i % (kHd / 8);
     uint32_t w[4] = {0, 0, 0, 0};
     if (t0 + key < nk) {
@@ -489,305 +466,6 @@ void launch_flash(const SparseAttentionParams& p, cudaStream_t stream) {
   sparse_attention_kernel<kMt, kSplit><<<grid, kThreads, kSmemBytes, stream>>>(p);
 }
 
-// ---- warp-specialised variant (32 heads per block) --------------------------------------------
-// The eight compute warps above spend about 45% of a block's cycles staging and dequantising
-// tiles (attn_probe: 65K of 148K cycles at 384 rows), phases that do not overlap the MMAs. Here a
-// ninth warp (the producer) stages the records by cp.async and dequantises them into one of two
-// fp16 key buffers while the eight consumer warps run the logits, softmax and P . V of the other
-// buffer, as the kernel above (same warp layout, same arithmetic, same order: bit-identical).
-// Registers: a block's warps share out over the 4 SM sub-partitions, so 9 warps cap a thread at
-// 168 registers as 12 do (16384 / 3 warps); the consumers' 223 (plain kernel) become 168 with a
-// few spilled words (ptxas); 4 producer warps therefore cost no registers over 1.
-// Named barriers: kBarFull + b (producer arrives, consumers wait: buffer b holds the next tile),
-// kBarEmpty + b (consumers arrive, producer waits: buffer b is free), kBarCompute (consumers
-// only, between their phases). Barrier 0 (__syncthreads) only before the roles split.
-constexpr int kWsProducers = MOESERVE_ATTN_WS_PRODUCERS;  // producer warps: 1 or 4
-constexpr int kWsThreads = kThreads + 32 * kWsProducers;
-constexpr int kBarFull = 1, kBarEmpty = 3, kBarCompute = 5, kBarProducer = 6;
-constexpr size_t kWsOffKt1 = kSmemBytes;  // second key buffer after the kernel above's layout
-constexpr size_t kWsSmemBytes = kWsOffKt1 + align128(sizeof(__half) * kTile * kKPitch);
-
-__device__ __forceinline__ void bar_sync(int id, int n) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-__device__ __forceinline__ void bar_arrive(int id, int n) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-
-template <bool kSplit>
-__global__ void __launch_bounds__(kWsThreads, 1) sparse_attention_ws_kernel(SparseAttentionParams p) {
-  constexpr int kMt = 2;
-  constexpr int kWpm = kWarps / kMt;
-  constexpr int kSlice = kHd / kWpm;
-  constexpr int kQSteps = kSlice / 16;
-  constexpr int kOTiles = kSlice / 8;
-  constexpr int kHeads = 16 * kMt;
-  constexpr int kHeadsPerWarp = kHeads / kWarps;
-  constexpr int kParts = kSplit ? 2 : 1;
-  extern __shared__ __align__(128) unsigned char smem[];
-  auto* part = reinterpret_cast<float(*)[16][kSPitch]>(smem + kOffPart);
-  auto* p_hi = reinterpret_cast<__half(*)[kPPitch]>(smem + kOffPHi);
-  auto* p_lo = reinterpret_cast<__half(*)[kPPitch]>(smem + kOffPLo);
-  float* alpha_s = reinterpret_cast<float*>(smem + kOffAlpha);
-  float* sum_s = reinterpret_cast<float*>(smem + kOffSum);
-  int32_t* list = reinterpret_cast<int32_t*>(smem + kOffList);
-  uint8_t* const stage0 = smem + kOffStage;  // tile ti's records: stage0 + (ti & 1) kStageBytes
-  __shared__ int32_t warp_count[kWarps + kWsProducers];
-  const int64_t t = blockIdx.x;
-  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int pos = p.pos[t];
-  const int h0 = static_cast<int>(blockIdx.y) * kHeads;
-  const auto key_buf = [&](int b) {
-    return reinterpret_cast<__half(*)[kKPitch]>(smem + (b == 0 ? kOffKt : kWsOffKt1));
-  };
-
-  // Ordered compaction of the valid key ids (all 9 warps).
-  const int nlist = p.swa_k + p.glob_k;
-  int base = 0;
-  for (int start = 0; start < nlist; start += kWsThreads) {
-    const int i = start + tid;
-    int id = -1;
-    if (i < p.swa_k) {
-      if (p.swa_idx) {
-        id = p.swa_idx[t * p.swa_k + i];
-      } else {
-        const int64_t kp = static_cast<int64_t>(pos) - i;
-        id = kp >= (p.swa_floor > 0 ? p.swa_floor : 0) ? static_cast<int>(kp % p.ring_size) : -1;
-      }
-    } else if (i < nlist) {
-      const int gi = p.glob_idx[t * p.glob_k + (i - p.swa_k)];
-      id = gi >= 0 ? (gi | kGlobFlag) : -1;
-    }
-    const bool valid = id >= 0;
-    const uint32_t mask = __ballot_sync(0xffffffffu, valid);
-    if (lane == 0) warp_count[warp] = __popc(mask);
-    __syncthreads();
-    int off = base;
-    for (int w = 0; w < warp; ++w) off += warp_count[w];
-    if (valid) list[off + __popc(mask & ((1u << lane) - 1u))] = id;
-    int sum = 0;
-    for (int w = 0; w < kWarps + kWsProducers; ++w) sum += warp_count[w];
-    base += sum;
-    __syncthreads();
-  }
-  const int nk = base;
-  const int ntiles = (nk + kTile - 1) / kTile;
-
-  if (warp >= kWarps) {
-    // Producer: records two tiles ahead in the two stage slots; tile ti is dequantised into key
-    // buffer ti & 1 once the consumers have released it (tile ti - 2).
-    constexpr int kP = 32 * kWsProducers;
-    const int me = tid - kThreads;
-#if MOESERVE_ATTN_WS_REGS && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    // A whole warpgroup of producers hands registers to the consumers (sm_90a).
-    if constexpr (kWsProducers == 4) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-#endif
-    const auto producer_sync = [] {
-      if constexpr (kWsProducers == 1) {
-        __syncwarp();
-      } else {
-        bar_sync(kBarProducer, kP);
-      }
-    };
-    stage_tile(p, list, nk, 0, stage0, me, kP);
-    stage_tile(p, list, nk, kTile, stage0 + kStageBytes, me, kP);
-    for (int ti = 0; ti < ntiles; ++ti) {
-      const int b = ti & 1;
-      cp_async_wait_1();  // this thread's copies of tile ti have landed
-      producer_sync();    // everyone's have
-      if (ti >= 2) bar_sync(kBarEmpty + b, kWsThreads);
-      decode_tile<kP>(list, nk, ti * kTile, stage0 + b * kStageBytes, key_buf(b), me);
-      producer_sync();  // the slot's records are read: restage it
-      stage_tile(p, list, nk, (ti + 2) * kTile, stage0 + b * kStageBytes, me, kP);
-      bar_arrive(kBarFull + b, kWsThreads);
-    }
-    return;
-  }
-
-  // Consumers: as sparse_attention_kernel<2, kSplit>.
-#if MOESERVE_ATTN_WS_REGS && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if constexpr (kWsProducers == 4) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-#endif
-  const int g = lane >> 2, tq = lane & 3;
-  const int mt = warp % kMt, slice = warp / kMt;
-  uint32_t qf[kParts][kQSteps][4];
-  {
-    const float* qa = p.q + (t * p.heads + h0 + mt * 16 + g) * kHd + slice * kSlice + 2 * tq;
-    const float* qb = qa + 8 * kHd;
-#pragma unroll
-    for (int ks = 0; ks < kQSteps; ++ks) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const float* src = ((r & 1) ? qb : qa) + ks * 16 + ((r & 2) ? 8 : 0);
-        const float2 v = *reinterpret_cast<const float2*>(src);
-        const float a = v.x * p.scale * kPow, b = v.y * p.scale * kPow;
-        if constexpr (kSplit) {
-          split_pair(a, b, &qf[0][ks][r], &qf[1][ks][r]);
-        } else {
-          qf[0][ks][r] = h2_bits(__floats2half2_rn(a, b));
-        }
-      }
-    }
-  }
-  float m_run[kHeadsPerWarp], l_run[kHeadsPerWarp];
-#pragma unroll
-  for (int i = 0; i < kHeadsPerWarp; ++i) {
-    m_run[i] = p.sink[h0 + warp * kHeadsPerWarp + i];
-    l_run[i] = 1.0f;  // exp(sink - m)
-  }
-  float o[kOTiles][4];
-#pragma unroll
-  for (int n = 0; n < kOTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-
-  for (int t0 = 0, ti = 0; t0 < nk; t0 += kTile, ++ti) {
-    const int b = ti & 1;
-    __half(*kt)[kKPitch] = key_buf(b);
-    bar_sync(kBarFull + b, kWsThreads);
-    {
-      float acc[4][4];
-#pragma unroll
-      for (int n = 0; n < 4; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-#pragma unroll
-      for (int ks = 0; ks < kQSteps; ++ks) {
-        const int d = slice * kSlice + ks * 16 + 2 * tq;
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-          const uint32_t b0 = lds32(&kt[n * 8 + g][d]);
-          const uint32_t b1 = lds32(&kt[n * 8 + g][d + 8]);
-          mma::f16_16816(acc[n], qf[0][ks], b0, b1);
-          if constexpr (kSplit) mma::f16_16816(acc[n], qf[kParts - 1][ks], b0, b1);
-        }
-      }
-#pragma unroll
-      for (int n = 0; n < 4; ++n) {
-        *reinterpret_cast<float2*>(&part[warp][g][n * 8 + 2 * tq]) = make_float2(acc[n][0], acc[n][1]);
-        *reinterpret_cast<float2*>(&part[warp][g + 8][n * 8 + 2 * tq]) =
-            make_float2(acc[n][2], acc[n][3]);
-      }
-    }
-    bar_sync(kBarCompute, kThreads);
-    {
-      const bool valid = t0 + lane < nk;
-      float sv[kHeadsPerWarp], mx[kHeadsPerWarp], es[kHeadsPerWarp], ev[kHeadsPerWarp];
-#pragma unroll
-      for (int i = 0; i < kHeadsPerWarp; ++i) {
-        const int h = warp * kHeadsPerWarp + i;
-        float v = 0.0f;
-#pragma unroll
-        for (int sl = 0; sl < kWpm; ++sl) v += part[sl * kMt + h / 16][h % 16][lane];
-        sv[i] = valid ? v * (1.0f / kPow) : -INFINITY;
-        mx[i] = sv[i];
-      }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-#pragma unroll
-        for (int i = 0; i < kHeadsPerWarp; ++i)
-          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], off));
-      }
-#pragma unroll
-      for (int i = 0; i < kHeadsPerWarp; ++i) {
-        const float m_new = fmaxf(m_run[i], mx[i]);
-        mx[i] = expf(m_run[i] - m_new);
-        m_run[i] = m_new;
-        ev[i] = valid ? expf(sv[i] - m_new) : 0.0f;
-        es[i] = ev[i];
-      }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-#pragma unroll
-        for (int i = 0; i < kHeadsPerWarp; ++i) es[i] += __shfl_xor_sync(0xffffffffu, es[i], off);
-      }
-#pragma unroll
-      for (int i = 0; i < kHeadsPerWarp; ++i) {
-        const int h = warp * kHeadsPerWarp + i;
-        l_run[i] = l_run[i] * mx[i] + es[i];
-        const float v = ev[i] * kPow;
-        const __half hi = __float2half_rn(v);
-        p_hi[h][lane] = hi;
-        if constexpr (kSplit) p_lo[h][lane] = __float2half_rn(v - __half2float(hi));
-        if (lane == 0) alpha_s[h] = mx[i];
-      }
-    }
-    bar_sync(kBarCompute, kThreads);
-    {
-      const int ra = mt * 16 + g, rb = ra + 8;
-      const float aa = alpha_s[ra], ab = alpha_s[rb];
-#pragma unroll
-      for (int n = 0; n < kOTiles; ++n) {
-        o[n][0] *= aa;
-        o[n][1] *= aa;
-        o[n][2] *= ab;
-        o[n][3] *= ab;
-      }
-#pragma unroll
-      for (int ks = 0; ks < kTile / 16; ++ks) {
-        const int k0 = ks * 16 + 2 * tq;
-        const uint32_t ph[4] = {lds32(&p_hi[ra][k0]), lds32(&p_hi[rb][k0]),
-                                lds32(&p_hi[ra][k0 + 8]), lds32(&p_hi[rb][k0 + 8])};
-        uint32_t pl[4] = {0, 0, 0, 0};
-        if constexpr (kSplit) {
-          pl[0] = lds32(&p_lo[ra][k0]);
-          pl[1] = lds32(&p_lo[rb][k0]);
-          pl[2] = lds32(&p_lo[ra][k0 + 8]);
-          pl[3] = lds32(&p_lo[rb][k0 + 8]);
-        }
-        const int key = ks * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-#pragma unroll
-        for (int np = 0; np < kOTiles / 2; ++np) {
-          uint32_t bb[4];
-          mma::ldsm_x4_trans(bb, &kt[key][slice * kSlice + np * 16 + (lane >> 4) * 8]);
-          mma::f16_16816(o[2 * np], ph, bb[0], bb[1]);
-          mma::f16_16816(o[2 * np + 1], ph, bb[2], bb[3]);
-          if constexpr (kSplit) {
-            mma::f16_16816(o[2 * np], pl, bb[0], bb[1]);
-            mma::f16_16816(o[2 * np + 1], pl, bb[2], bb[3]);
-          }
-        }
-      }
-    }
-    // Buffer b is free for tile ti + 2 (the producer waits for it only when that tile exists).
-    if (ti + 2 < ntiles) bar_arrive(kBarEmpty + b, kWsThreads);
-  }
-
-  if (lane == 0) {
-#pragma unroll
-    for (int i = 0; i < kHeadsPerWarp; ++i) sum_s[warp * kHeadsPerWarp + i] = l_run[i];
-  }
-  bar_sync(kBarCompute, kThreads);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = mt * 16 + g + 8 * half;
-    const float inv = 1.0f / (sum_s[r] * kPow);
-    float* out = p.out + (t * p.heads + h0 + r) * kHd;
-#pragma unroll
-    for (int n = 0; n < kOTiles; ++n) {
-      const int c = slice * kSlice + n * 8 + 2 * tq;
-      float a = o[n][2 * half] * inv, b = o[n][2 * half + 1] * inv;
-      if (p.freqs != nullptr && c >= kHd - p.rd) {
-        double sn, co;
-        sincos(static_cast<double>(pos) * p.freqs[(c - (kHd - p.rd)) / 2], &sn, &co);
-        const double x0 = a, x1 = b;
-        a = static_cast<float>(x0 * co + x1 * sn);
-        b = static_cast<float>(-x0 * sn + x1 * co);
-      }
-      *reinterpret_cast<float2*>(out + c) = make_float2(a, b);
-    }
-  }
-}
-
-template <bool kSplit>
-void launch_flash_ws(const SparseAttentionParams& p, cudaStream_t stream) {
-  static const bool configured = [] {
-    MS_CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_ws_kernel<kSplit>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(kWsSmemBytes)));
-    return true;
-  }();
-  (void)configured;
-  const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads / 32));
-  sparse_attention_ws_kernel<kSplit><<<grid, kWsThreads, kWsSmemBytes, stream>>>(p);
-}
-
 constexpr int kF64Threads = 128;
 
 // Key j's channel d as the CPU decodes it (exact in float).
@@ -889,13 +567,8 @@ void launch_sparse_attention(const SparseAttentionParams& p, Stream stream) {
                              "head_dim 512, heads % 16 == 0, swa_k + glob_k <= 1024", "");
   const cudaStream_t st = as_cuda_stream(stream);
   if (p.heads % 32 == 0 && MOESERVE_ATTN_MT == 2) {
-    if (p.split_precision) {
-      if (MOESERVE_ATTN_WS && p.warp_specialised) launch_flash_ws<true>(p, st);
-      else launch_flash<MOESERVE_ATTN_MT, true>(p, st);
-    } else {
-      if (MOESERVE_ATTN_WS_FAST && p.warp_specialised) launch_flash_ws<false>(p, st);
-      else launch_flash<MOESERVE_ATTN_MT, false>(p, st);
-    }
+    if (p.split_precision) launch_flash<MOESERVE_ATTN_MT, true>(p, st);
+    else launch_flash<MOESERVE_ATTN_MT, false>(p, st);
   } else {
     if (p.split_precision) launch_flash<1, true>(p, st);
     else launch_flash<1, false>(p, st);
