@@ -1052,15 +1052,18 @@ TEST_F(CudaV41, CandidateBlocks) {
 TEST_F(CudaV41, SparseAttention) {
   std::mt19937 rng(19);
   const int hd = 512;
-  const int64_t t = 4, nglob = 700;
+  const int64_t t = 6, nglob = 700;
   auto ring = swa_records(128, rng);
   auto glob = fp4_records(nglob, hd, cpu::Fp4Record::kMainBlock16E4m3, rng);
-  std::vector<int32_t> pos = {3, 127, 5000, 77};
+  // Rows 4 and 5: 1 and 65 keys in all (one tile; three tiles, the last with one key).
+  std::vector<int32_t> pos = {3, 127, 5000, 77, 0, 64};
   const int gk = 512;
   std::vector<int32_t> gidx(static_cast<size_t>(t * gk));
   std::uniform_int_distribution<int> pick(-1, static_cast<int>(nglob) - 1);
   for (auto& g : gidx) g = pick(rng);
   for (int i = 0; i < gk; ++i) gidx[static_cast<size_t>(3 * gk + i)] = i < 37 ? i * 3 : -1;
+  for (int i = 0; i < gk; ++i) gidx[static_cast<size_t>(4 * gk + i)] = -1;
+  for (int i = 0; i < gk; ++i) gidx[static_cast<size_t>(5 * gk + i)] = -1;
   std::vector<int32_t> sidx(static_cast<size_t>(t * 128));
   cpu::swa_window_indices(pos.data(), t, 128, 128, 0, sidx.data());
   const auto f = compress_freqs();

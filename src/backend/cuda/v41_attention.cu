@@ -60,6 +60,10 @@ __device__ unsigned long long g_attn_clocks[16];
 #ifndef MOESERVE_ATTN_MT  // m-tiles (16 heads each) per block when heads % 32 == 0: 2 or 1
 #define MOESERVE_ATTN_MT 2
 #endif
+// hi + lo logits: the lo products in separate accumulators (1) or chained after the hi ones (0).
+#ifndef MOESERVE_ATTN_QK_ACC2
+#define MOESERVE_ATTN_QK_ACC2 1
+#endif
 #define MOESERVE_PRAGMA_(x) _Pragma(#x)
 #define MOESERVE_PRAGMA(x) MOESERVE_PRAGMA_(x)
 
@@ -311,9 +315,14 @@ __global__ void __launch_bounds__(kThreads, MOESERVE_ATTN_MIN_BLOCKS)
 
     // Logits partials: 16 heads x 32 keys over this warp's channel slice.
     {
-      float acc[4][4];
+      // kQkAcc2: the lo products in their own accumulators (8 independent MMA chains per warp
+      // instead of 4 of twice the length), added to the hi sums at the end.
+      constexpr bool kAcc2 = kSplit && MOESERVE_ATTN_QK_ACC2;
+      float acc[4][4], acc2[kAcc2 ? 4 : 1][4];
 #pragma unroll
       for (int n = 0; n < 4; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+      for (int n = 0; n < (kAcc2 ? 4 : 1); ++n) acc2[n][0] = acc2[n][1] = acc2[n][2] = acc2[n][3] = 0.0f;
 #pragma unroll
       for (int ks = 0; ks < kQSteps; ++ks) {
         const int d = slice * kSlice + ks * 16 + 2 * tq;
@@ -322,7 +331,18 @@ __global__ void __launch_bounds__(kThreads, MOESERVE_ATTN_MIN_BLOCKS)
           const uint32_t b0 = lds32(&kt[n * 8 + g][d]);
           const uint32_t b1 = lds32(&kt[n * 8 + g][d + 8]);
           mma::f16_16816(acc[n], qf[0][ks], b0, b1);
-          if constexpr (kSplit) mma::f16_16816(acc[n], qf[kParts - 1][ks], b0, b1);
+          if constexpr (kAcc2) {
+            mma::f16_16816(acc2[n], qf[kParts - 1][ks], b0, b1);
+          } else if constexpr (kSplit) {
+            mma::f16_16816(acc[n], qf[kParts - 1][ks], b0, b1);
+          }
+        }
+      }
+      if constexpr (kAcc2) {
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) acc[n][r] += acc2[n][r];
         }
       }
 #pragma unroll
