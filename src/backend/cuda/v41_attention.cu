@@ -60,9 +60,9 @@ __device__ unsigned long long g_attn_clocks[16];
 #ifndef MOESERVE_ATTN_MT  // m-tiles (16 heads each) per block when heads % 32 == 0: 2 or 1
 #define MOESERVE_ATTN_MT 2
 #endif
-// hi + lo logits: the lo products in separate accumulators (1) or chained after the hi ones (0).
-#ifndef MOESERVE_ATTN_QK_ACC2
-#define MOESERVE_ATTN_QK_ACC2 1
+// P . V: skip rescaling the output accumulators when every alpha of the warp is 1.
+#ifndef MOESERVE_ATTN_ALPHA_SKIP
+#define MOESERVE_ATTN_ALPHA_SKIP 1
 #endif
 #define MOESERVE_PRAGMA_(x) _Pragma(#x)
 #define MOESERVE_PRAGMA(x) MOESERVE_PRAGMA_(x)
@@ -315,14 +315,9 @@ __global__ void __launch_bounds__(kThreads, MOESERVE_ATTN_MIN_BLOCKS)
 
     // Logits partials: 16 heads x 32 keys over this warp's channel slice.
     {
-      // kQkAcc2: the lo products in their own accumulators (8 independent MMA chains per warp
-      // instead of 4 of twice the length), added to the hi sums at the end.
-      constexpr bool kAcc2 = kSplit && MOESERVE_ATTN_QK_ACC2;
-      float acc[4][4], acc2[kAcc2 ? 4 : 1][4];
+      float acc[4][4];
 #pragma unroll
       for (int n = 0; n < 4; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-#pragma unroll
-      for (int n = 0; n < (kAcc2 ? 4 : 1); ++n) acc2[n][0] = acc2[n][1] = acc2[n][2] = acc2[n][3] = 0.0f;
 #pragma unroll
       for (int ks = 0; ks < kQSteps; ++ks) {
         const int d = slice * kSlice + ks * 16 + 2 * tq;
@@ -331,18 +326,7 @@ __global__ void __launch_bounds__(kThreads, MOESERVE_ATTN_MIN_BLOCKS)
           const uint32_t b0 = lds32(&kt[n * 8 + g][d]);
           const uint32_t b1 = lds32(&kt[n * 8 + g][d + 8]);
           mma::f16_16816(acc[n], qf[0][ks], b0, b1);
-          if constexpr (kAcc2) {
-            mma::f16_16816(acc2[n], qf[kParts - 1][ks], b0, b1);
-          } else if constexpr (kSplit) {
-            mma::f16_16816(acc[n], qf[kParts - 1][ks], b0, b1);
-          }
-        }
-      }
-      if constexpr (kAcc2) {
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-#pragma unroll
-          for (int r = 0; r < 4; ++r) acc[n][r] += acc2[n][r];
+          if constexpr (kSplit) mma::f16_16816(acc[n], qf[kParts - 1][ks], b0, b1);
         }
       }
 #pragma unroll
@@ -408,12 +392,16 @@ __global__ void __launch_bounds__(kThreads, MOESERVE_ATTN_MIN_BLOCKS)
     {
       const int ra = mt * 16 + g, rb = ra + 8;
       const float aa = alpha_s[ra], ab = alpha_s[rb];
+      // Once the running maxima settle, alpha is exactly 1 for every row of the warp: skip the
+      // 4 kOTiles multiplications by 1 (bit-identical).
+      if (!MOESERVE_ATTN_ALPHA_SKIP || !__all_sync(0xffffffffu, aa == 1.0f && ab == 1.0f)) {
 #pragma unroll
-      for (int n = 0; n < kOTiles; ++n) {
-        o[n][0] *= aa;
-        o[n][1] *= aa;
-        o[n][2] *= ab;
-        o[n][3] *= ab;
+        for (int n = 0; n < kOTiles; ++n) {
+          o[n][0] *= aa;
+          o[n][1] *= aa;
+          o[n][2] *= ab;
+          o[n][3] *= ab;
+        }
       }
 #pragma unroll
       for (int ks = 0; ks < kTile / 16; ++ks) {
