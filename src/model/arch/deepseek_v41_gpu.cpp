@@ -752,6 +752,15 @@ struct DeepseekV41Gpu::Impl {
     cu::launch_fp8_wgmma_gemm(p, stream);
   }
 
+  // The roofline's share of rows x n outputs of `lin` (weights as held, FLOPs; FP8-representable
+  // when the input is MXFP8-quantised).
+  void add_linear_cost(const Linear& lin, int64_t rows, int64_t n) {
+    const double flops = 2.0 * static_cast<double>(rows) * static_cast<double>(n) * lin.in;
+    cost.weight_bytes += lin.bytes() * static_cast<double>(n) / static_cast<double>(lin.out);
+    cost.flops += flops;
+    if (lin.act_quant) cost.fp8_flops += flops;
+  }
+
   // gemm_raw on a quant_rows() result (the FP8 wgmma GEMM when it holds codes).
   void gemm_q(const QuantRows& q, int64_t ldx, int64_t rows, const Linear& lin, float* y,
               int64_t ldy, int64_t out_row0 = 0, int64_t out_rows = -1) {
@@ -762,10 +771,7 @@ struct DeepseekV41Gpu::Impl {
     if (rows == 0) return;
     const int64_t n = out_rows < 0 ? lin.out : out_rows;
     MS_CHECK(lin.kind == Linear::Kind::kFp8 && n % 128 == 0 && out_row0 % 32 == 0);
-    cost.weight_bytes += lin.bytes() * static_cast<double>(n) / static_cast<double>(lin.out);
-    cost.flops += 2.0 * static_cast<double>(rows) * static_cast<double>(n) * lin.in;
-    if (lin.act_quant)
-      cost.fp8_flops += 2.0 * static_cast<double>(rows) * static_cast<double>(n) * lin.in;
+    add_linear_cost(lin, rows, n);
     fp8_wgmma(q, ldx, 0, rows, lin, out_row0, n, lin.in, lin.in, y, ldy);
   }
 
@@ -793,10 +799,7 @@ struct DeepseekV41Gpu::Impl {
                 int64_t out_rows = -1) {
     if (rows == 0) return;
     const int64_t n = out_rows < 0 ? lin.out : out_rows;
-    cost.weight_bytes += lin.bytes() * static_cast<double>(n) / static_cast<double>(lin.out);
-    cost.flops += 2.0 * static_cast<double>(rows) * static_cast<double>(n) * lin.in;
-    if (lin.act_quant)
-      cost.fp8_flops += 2.0 * static_cast<double>(rows) * static_cast<double>(n) * lin.in;
+    add_linear_cost(lin, rows, n);
     const bool bf16_x = x_type == cu::ActivationType::kBF16;
     switch (lin.kind) {
       case Linear::Kind::kFp8: {
