@@ -7,11 +7,13 @@
 // or random weights (--random-weights --config F), a layer subset, one DEP rank's experts, a
 // synthetic KV fill (timed separately), per-component CUDA-event times and the roofline.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -59,6 +61,7 @@ struct BenchForwardOptions {
   bool indexer_wgmma = true;
   bool fp8_wgmma = false;
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
+  bool dspark = false;      // decode: also time the DSpark draft cycle of every request
   bool host_logits = false;  // copy the logits rows to the host (a server samples on the device)
 };
 
@@ -207,6 +210,12 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.indexer_wgmma = opt.indexer_wgmma;
   go.fp8_wgmma = opt.fp8_wgmma;
   go.cuda_graphs = decode && opt.cuda_graphs;
+  go.dspark = decode && opt.dspark;
+  if (go.dspark) go.max_context += config.dspark_block_size;  // the draft block after the steps
+  if (opt.dspark && (!decode || config.num_nextn_predict_layers == 0))
+    return make_error(ErrorCode::kInvalidArgument,
+                      "--dspark needs a decode run (--batch, --context) and a config with draft "
+                      "stages");
   go.host_logits = opt.host_logits;
   go.local_experts = opt.local_experts;
   if (opt.layers > 0) go.layers = arch::subsample_layers(config, opt.layers);
@@ -280,6 +289,44 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
     v /= opt.iterations;
     gpu_ms += v;
   }
+  // DSpark: every request's rings get the last `window` positions committed from random taps
+  // (commit time reported per request), then one draft cycle for the whole batch is timed.
+  std::vector<double> draft_s, commit_s;
+  arch::GpuForwardCost dcost;
+  std::array<double, arch::kNumGpuComponents> dcomp{};
+  if (opt.dspark) {
+    const int64_t width = static_cast<int64_t>(c.dspark_target_layer_ids.size()) * c.hidden_size;
+    const int32_t window = c.sliding_window;
+    std::vector<float> mh(static_cast<size_t>(window * width));
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (auto& x : mh) x = u(rng);
+    std::vector<arch::GpuDraftInput> din;
+    for (int32_t sq : seqs) {
+      const int32_t end = model->num_tokens(sq);
+      const int32_t first = std::max(0, end - window);
+      const auto t0 = Clock::now();
+      MS_RETURN_IF_ERROR(model->dspark_commit(
+          sq, first, std::span<const float>(mh).first(static_cast<size_t>((end - first) * width))));
+      commit_s.push_back(seconds_since(t0));
+      din.push_back({sq, dist(rng)});
+    }
+    for (int32_t it = 0; it < 1 + opt.iterations; ++it) {
+      const auto t0 = Clock::now();
+      MS_ASSIGN_OR_RETURN(auto d, model->dspark_draft(din));
+      (void)d;
+      if (it > 0) draft_s.push_back(seconds_since(t0));
+    }
+    dcost = model->last_cost();
+    model->set_profile(true);
+    model->reset_profile();
+    for (int32_t it = 0; it < opt.iterations; ++it) {
+      MS_ASSIGN_OR_RETURN(auto d, model->dspark_draft(din));
+      (void)d;
+    }
+    model->set_profile(false);
+    dcomp = model->component_ms();
+    for (double& v : dcomp) v /= opt.iterations;
+  }
   const double step_ms = median(step_s) * 1e3;
   const double hbm_gbs = cuda::measure_copy_bandwidth_gbs(size_t{2} << 30, model->stream());
   const double mma_tflops =
@@ -321,6 +368,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"indexer_wgmma", opt.indexer_wgmma},
               {"fp8_wgmma", opt.fp8_wgmma},
               {"cuda_graphs", decode && opt.cuda_graphs},
+              {"dspark", opt.dspark},
               {"host_logits", opt.host_logits},
               {"seed", opt.seed},
               {"device_name", dev.name}};
@@ -380,6 +428,40 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   std::printf("%-28s %14.1f\n", "bf16 TFLOP/s (measured)", mma_tflops);
   std::printf("%-28s %14.3f\n", "roofline ms", roofline_ms);
   std::printf("%-28s %14.4f\n", "achieved fraction", roofline_ms / step_ms);
+  if (opt.dspark) {
+    const double draft_ms = median(draft_s) * 1e3;
+    const double d_bytes_ms = (dcost.weight_bytes + dcost.kv_bytes) / (hbm_gbs * 1e9) * 1e3;
+    const double d_flops_ms = ((dcost.flops - dcost.fp8_flops) / (mma_tflops * 1e12) +
+                               dcost.fp8_flops / (fp8_tflops * 1e12)) * 1e3;
+    const double d_roof = std::max(d_bytes_ms, d_flops_ms);
+    nlohmann::json dc = nlohmann::json::object();
+    for (size_t i = 0; i < dcomp.size(); ++i)
+      dc[arch::gpu_component_name(static_cast<arch::GpuComponent>(i))] = dcomp[i];
+    std::vector<double> draft_ms_all;
+    for (const double x : draft_s) draft_ms_all.push_back(x * 1e3);
+    r.results["dspark"] = {{"draft_ms_median", draft_ms},
+                           {"draft_ms_all", draft_ms_all},
+                           {"draft_rows", static_cast<int64_t>(nseq) * c.dspark_block_size},
+                           {"commit_ms_per_request_median", median(commit_s) * 1e3},
+                           {"component_gpu_ms", dc},
+                           {"step_plus_draft_ms", step_ms + draft_ms},
+                           {"weight_bytes", dcost.weight_bytes},
+                           {"kv_bytes", dcost.kv_bytes},
+                           {"flops", dcost.flops},
+                           {"roofline_ms", d_roof},
+                           {"achieved_fraction", d_roof / draft_ms}};
+    r.roofline["step_plus_draft_roofline_ms"] = roofline_ms + d_roof;
+    r.roofline["step_plus_draft_achieved_fraction"] = (roofline_ms + d_roof) / (step_ms + draft_ms);
+    std::printf("%-28s %14.3f\n", "dspark draft ms (median)", draft_ms);
+    for (size_t i = 0; i < dcomp.size(); ++i)
+      std::printf("  %-26s %14.3f\n",
+                  fmt::format("draft {} ms", arch::gpu_component_name(static_cast<arch::GpuComponent>(i))).c_str(),
+                  dcomp[i]);
+    std::printf("%-28s %14.3f\n", "dspark commit ms / request", median(commit_s) * 1e3);
+    std::printf("%-28s %14.3f\n", "draft roofline ms", d_roof);
+    std::printf("%-28s %14.3f\n", "step + draft ms", step_ms + draft_ms);
+    std::printf("%-28s %14.4f\n", "step + draft fraction", (roofline_ms + d_roof) / (step_ms + draft_ms));
+  }
   return r;
 }
 #endif
@@ -421,6 +503,9 @@ void register_bench_forward(CLI::App& bench) {
                   "cuda: FP8-weight linears as FP8 x FP8 wgmma GEMMs on the MXFP8 codes (false: "
                   "bf16 cuBLASLt on the same values)")
       ->capture_default_str();
+  cmd->add_flag("--dspark", opt->dspark,
+                "cuda decode: also time one DSpark draft cycle for the batch (rings committed "
+                "from random taps; the config needs draft stages)");
   cmd->add_option("--cuda-graphs", opt->cuda_graphs,
                   "cuda decode: run the timed steps as captured CUDA graphs (the per-component "
                   "breakdown always comes from eager profiled steps)")

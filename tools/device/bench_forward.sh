@@ -25,6 +25,9 @@ args_decode_s1_fast="$args_decode_s1 --fast-attention"
 # instead of cuBLASLt bf16 (not the default: slower).
 args_decode_s6_noidxw="$args_decode_s6 --indexer-wgmma false"
 args_decode_s6_fp8w="$args_decode_s6 --fp8-wgmma true"
+# The same plus one DSpark draft cycle for the batch (the draft stages' rings committed from
+# random taps): draft time, its components and roofline, step + draft.
+args_decode_s6_dspark="$args_decode_s6 --dspark"
 # Without CUDA graphs (every launch from the host; graphs are the decode default).
 args_decode_s6_eager="$args_decode_s6 --cuda-graphs false"
 args_decode_s1_eager="$args_decode_s1 --cuda-graphs false"

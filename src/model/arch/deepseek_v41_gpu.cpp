@@ -78,6 +78,9 @@ struct Sequence {
   int32_t replay_start = 0;
   EngramHistory history;
   std::vector<int64_t> entries;  // per backbone layer (KV sources only)
+  // DSpark context rings: the committed positions [max(ds_begin, ds_end - window), ds_end) are in
+  // every draft stage's ring (slot seq * window + p % window of the stage's swa_pool).
+  int32_t ds_begin = 0, ds_end = 0;
 };
 
 // A piece of the forward's metadata blob (Impl::meta_dev + off once uploaded): `base` points
@@ -185,8 +188,12 @@ struct DeepseekV41Gpu::Impl {
   ModelConfig c;
   GpuModelOptions opt;
   std::vector<int32_t> layer_ids;
-  std::vector<std::unique_ptr<Layer>> layers;  // by backbone layer id (null: not kept)
+  std::vector<std::unique_ptr<Layer>> layers;  // by layer id (null: not kept); draft stages last
   DeviceMemory embed, head, norm;
+  // DSpark (opt.dspark): stage layer ids num_hidden_layers + s, and the draft's own tensors.
+  std::vector<int32_t> draft_ids;
+  Linear ds_main_proj;
+  DeviceMemory ds_main_norm, ds_norm, ds_markov_embed, ds_markov_head, ds_conf;
   DeviceMemory freqs_main, freqs_compress;
   DeviceMemory iota;
   void* stream = nullptr;
@@ -458,7 +465,10 @@ struct DeepseekV41Gpu::Impl {
     if (opt.layers.empty())
       for (int32_t l = 0; l < c.num_hidden_layers; ++l) opt.layers.push_back(l);
     layer_ids = opt.layers;
-    layers.resize(static_cast<size_t>(c.num_hidden_layers));
+    if (opt.dspark)
+      for (int32_t s = 0; s < c.num_nextn_predict_layers; ++s)
+        draft_ids.push_back(c.num_hidden_layers + s);
+    layers.resize(static_cast<size_t>(c.num_hidden_layers) + draft_ids.size());
     for (int32_t l : layer_ids) {
       const LayerInfo& info = c.layer(l);
       for (int32_t o : {info.kv_owner, info.index_owner,
@@ -506,11 +516,14 @@ struct DeepseekV41Gpu::Impl {
       return make_error(ErrorCode::kInvalidArgument, "gpu model: head must be BF16/F32");
     head = std::move(head_lin.w);
     MS_ASSIGN_OR_RETURN(norm, load_dense(r, "norm.weight", {d}));
-    for (int32_t l : layer_ids) {
+    std::vector<int32_t> ids = layer_ids;
+    ids.insert(ids.end(), draft_ids.begin(), draft_ids.end());
+    for (int32_t l : ids) {
       auto L = std::make_unique<Layer>();
       L->id = l;
       const LayerInfo& info = c.layer(l);
-      const std::string p = fmt::format("layers.{}.", l);
+      const std::string p = info.is_draft ? fmt::format("mtp.{}.", l - c.num_hidden_layers)
+                                          : fmt::format("layers.{}.", l);
       MS_ASSIGN_OR_RETURN(L->hc_attn_fn, load_dense(r, p + "hc_attn_fn", {m, hc * d}));
       MS_ASSIGN_OR_RETURN(L->hc_attn_base, load_dense(r, p + "hc_attn_base", {m}));
       MS_ASSIGN_OR_RETURN(L->hc_attn_scale, load_dense(r, p + "hc_attn_scale", {3}));
@@ -555,7 +568,9 @@ struct DeepseekV41Gpu::Impl {
       }
       L->gate = std::move(gate.w);
       MS_ASSIGN_OR_RETURN(L->bias, load_dense(r, fp + "gate.bias", {e}));
-      MS_ASSIGN_OR_RETURN(L->bias_vl, load_dense(r, fp + "gate.bias_vl", {e}));
+      if (!info.is_draft) {
+        MS_ASSIGN_OR_RETURN(L->bias_vl, load_dense(r, fp + "gate.bias_vl", {e}));
+      }
       for (int32_t i = 0; i < local_expert_count(l); ++i) {
         const std::string ep = fmt::format("{}experts.{}.", fp, i);
         Ffn f;
@@ -593,6 +608,20 @@ struct DeepseekV41Gpu::Impl {
       MS_RETURN_IF_ERROR(build_layer_caches(*L));
       layers[static_cast<size_t>(l)] = std::move(L);
     }
+    if (!draft_ids.empty()) {
+      const int64_t taps = static_cast<int64_t>(c.dspark_target_layer_ids.size());
+      const int64_t v = c.vocab_size, rank = c.dspark_markov_rank;
+      const std::string last = fmt::format("mtp.{}.", draft_ids.size() - 1);
+      MS_ASSIGN_OR_RETURN(ds_main_proj, load_linear(r, "mtp.0.main_proj.weight", d, taps * d));
+      MS_ASSIGN_OR_RETURN(ds_main_norm, load_dense(r, "mtp.0.main_norm.weight", {d}));
+      MS_ASSIGN_OR_RETURN(ds_norm, load_dense(r, last + "norm.weight", {d}));
+      MS_ASSIGN_OR_RETURN(ds_markov_embed,
+                          load_dense(r, last + "markov_head.embed.weight", {v, rank}));
+      MS_ASSIGN_OR_RETURN(ds_markov_head,
+                          load_dense(r, last + "markov_head.head.weight", {v, rank}));
+      MS_ASSIGN_OR_RETURN(ds_conf,
+                          load_dense(r, last + "confidence_head.proj.weight", {1, d + rank}));
+    }
     return Status{};
   }
 
@@ -604,7 +633,9 @@ struct DeepseekV41Gpu::Impl {
     embed = random_f32(static_cast<int64_t>(c.vocab_size) * d, -1.0f, 1.0f);
     head = random_f32(static_cast<int64_t>(c.vocab_size) * d, -0.02f, 0.02f);
     norm = random_f32(d, 0.9f, 1.1f);
-    for (int32_t l : layer_ids) {
+    std::vector<int32_t> ids = layer_ids;
+    ids.insert(ids.end(), draft_ids.begin(), draft_ids.end());
+    for (int32_t l : ids) {
       auto L = std::make_unique<Layer>();
       L->id = l;
       const LayerInfo& info = c.layer(l);
@@ -666,6 +697,16 @@ struct DeepseekV41Gpu::Impl {
       }
       (void)build_layer_caches(*L);
       layers[static_cast<size_t>(l)] = std::move(L);
+    }
+    if (!draft_ids.empty()) {
+      const int64_t taps = static_cast<int64_t>(c.dspark_target_layer_ids.size());
+      const int64_t v = c.vocab_size, rank = c.dspark_markov_rank;
+      ds_main_proj = random_linear(K::kFp8, d, taps * d);
+      ds_main_norm = random_f32(d, 0.9f, 1.1f);
+      ds_norm = random_f32(d, 0.9f, 1.1f);
+      ds_markov_embed = random_f32(v * rank, -1.0f, 1.0f);
+      ds_markov_head = random_f32(v * rank, -0.05f, 0.05f);
+      ds_conf = random_f32(d + rank, -0.02f, 0.02f);
     }
     cu::stream_synchronize(stream);
   }
@@ -1410,7 +1451,13 @@ struct DeepseekV41Gpu::Impl {
     cost.flops += 4.0 * static_cast<double>(n) * h * hd * keys;
     cu::launch_copy_records(chunk, n, static_cast<int64_t>(rec), s.ring_dst.as<int64_t>(),
                             L.swa_pool.as<uint8_t>(), stream);
-    // Grouped low-rank output projection (§2.5): [n, H*hd] -> [n, G*O] -> [n, D]
+    out_proj(L, o, n, y);
+  }
+
+  // Grouped low-rank output projection (§2.5): [n, H*hd] -> [n, G*O] -> [n, D]
+  void out_proj(Layer& L, const float* o, int64_t n, float* y) {
+    const int64_t d = c.hidden_size, hd = c.head_dim;
+    const int h = c.num_attention_heads;
     mark(GpuComponent::kDense);
     const int64_t g = c.o_groups, og = c.o_lora_rank, gin = h * hd / g;
     float* mid = buf<float>("attn_mid", n * g * og);
@@ -2005,6 +2052,304 @@ struct DeepseekV41Gpu::Impl {
       cu::launch_argmax_rows(ap, stream);
     }
   }
+
+  // ---- DSpark draft (model.md §6) ----------------------------------------------------------
+
+  Status dspark_ready(int32_t seq) const {
+    if (draft_ids.empty())
+      return make_error(ErrorCode::kUnimplemented,
+                        "gpu model: no DSpark draft (GpuModelOptions::dspark off or the config has "
+                        "no draft stages)");
+    if (seq < 0 || static_cast<size_t>(seq) >= seqs.size() || !seqs[static_cast<size_t>(seq)].live)
+      return make_error(ErrorCode::kInvalidArgument, "gpu model: sequence {} is not live", seq);
+    return Status{};
+  }
+
+  // As DSparkDraft::commit: main_x = main_norm(main_proj(main_hidden)); per stage
+  // ring[p] = fq_fp8(rope(kv_norm(wkv_s(main_x)), p)). Rows that a later row of the same commit
+  // would overwrite in the ring (more than `window` rows) are not written.
+  Status dspark_commit(int32_t seq, int32_t first, std::span<const float> mh) {
+    MS_RETURN_IF_ERROR(dspark_ready(seq));
+    const int64_t d = c.hidden_size, hd = c.head_dim, window = c.sliding_window;
+    const int64_t width = static_cast<int64_t>(c.dspark_target_layer_ids.size()) * d;
+    if (mh.size() % static_cast<size_t>(width) != 0)
+      return make_error(ErrorCode::kInvalidArgument,
+                        "dspark commit: {} values are not whole rows of {}", mh.size(), width);
+    const int64_t total = static_cast<int64_t>(mh.size()) / width;
+    if (total == 0) return Status{};
+    Sequence& S = seqs[static_cast<size_t>(seq)];
+    if (first < 0 || static_cast<int64_t>(first) + total > opt.max_context)
+      return make_error(ErrorCode::kOutOfRange, "dspark commit: positions [{}, {}) outside [0, {})",
+                        first, first + total, opt.max_context);
+    if (S.ds_begin != S.ds_end && first != S.ds_end)
+      return make_error(ErrorCode::kInvalidArgument,
+                        "dspark commit: position {} does not continue the ring (end {})", first,
+                        S.ds_end);
+    const int64_t skip = std::max<int64_t>(total - window, 0);
+    const int64_t n = total - skip;
+    if (n > opt.max_rows)
+      return make_error(ErrorCode::kOutOfRange, "dspark commit: {} rows > max_rows {}", n,
+                        opt.max_rows);
+    std::vector<int32_t> pos(static_cast<size_t>(n));
+    for (int64_t r = 0; r < n; ++r) pos[static_cast<size_t>(r)] = first + static_cast<int32_t>(skip + r);
+    float* dmh = buf<float>("ds_mh", n * width);
+    int32_t* dpos = buf<int32_t>("ds_cpos", n);
+    cu::copy_h2d(dmh, mh.data() + skip * width, static_cast<size_t>(n * width) * 4, stream);
+    cu::copy_h2d(dpos, pos.data(), pos.size() * 4, stream);
+    float* mx = buf<float>("ds_mx", n * d);
+    linear(dmh, width, n, ds_main_proj, mx, d);
+    rms(mx, n, d, ds_main_norm);
+    const size_t rec = c.swa_row_bytes();
+    float* kv = buf<float>("ds_ckv", n * hd);
+    for (int32_t l : draft_ids) {
+      Layer& L = *layers[static_cast<size_t>(l)];
+      linear(mx, d, n, L.wkv, kv, hd);
+      rms(kv, n, hd, L.kv_norm);
+      rope(kv, n, 1, hd, dpos, RopeKind::kMain);
+      cu::SwaWriteParams w;
+      w.kv = kv;
+      w.ld_kv = hd;
+      w.rows = n;
+      w.dim = static_cast<int>(hd);
+      w.pos = dpos;
+      w.ring = L.swa_pool.as<uint8_t>() + static_cast<int64_t>(seq) * window * static_cast<int64_t>(rec);
+      w.ring_size = static_cast<int>(window);
+      cu::launch_swa_write_fp8(w, stream);
+    }
+    cu::stream_synchronize(stream);
+    if (S.ds_begin == S.ds_end) S.ds_begin = first;
+    S.ds_end = first + static_cast<int32_t>(total);
+    return Status{};
+  }
+
+  // One draft cycle for every input (DSparkDraft::draft), rows ordered block position major
+  // (row j k + i: input i, block position j), so each Markov step reads one contiguous block.
+  Result<GpuDraftOutput> dspark_draft(std::span<const GpuDraftInput> inputs) {
+    const int64_t k = static_cast<int64_t>(inputs.size());
+    if (k == 0) return GpuDraftOutput{};
+    const int64_t d = c.hidden_size, hd = c.head_dim, hc = c.hc_mult, v = c.vocab_size;
+    const int64_t q = c.q_lora_rank, window = c.sliding_window, rank = c.dspark_markov_rank;
+    const int h = c.num_attention_heads;
+    const int64_t bsz = c.dspark_block_size, n = k * bsz, nkeys = window + bsz;
+    std::vector<char> seen(seqs.size(), 0);
+    for (const GpuDraftInput& in : inputs) {
+      MS_RETURN_IF_ERROR(dspark_ready(in.seq));
+      if (seen[static_cast<size_t>(in.seq)]++)
+        return make_error(ErrorCode::kInvalidArgument, "dspark draft: sequence {} twice", in.seq);
+      const Sequence& S = seqs[static_cast<size_t>(in.seq)];
+      if (S.ds_end == S.ds_begin)
+        return make_error(ErrorCode::kInvalidArgument,
+                          "dspark draft: sequence {} has no committed context", in.seq);
+      if (in.anchor < 0 || in.anchor >= c.vocab_size)
+        return make_error(ErrorCode::kOutOfRange, "dspark draft: anchor {} outside vocab",
+                          in.anchor);
+      if (static_cast<int64_t>(S.ds_end) + bsz > opt.max_context)
+        return make_error(ErrorCode::kOutOfRange, "dspark draft: block past max_context {}",
+                          opt.max_context);
+    }
+    if (n > opt.max_rows)
+      return make_error(ErrorCode::kOutOfRange, "dspark draft: {} rows > max_rows {}", n,
+                        opt.max_rows);
+    cost = GpuForwardCost{};
+    moe_layers_run.clear();
+    // Host plan: tokens (each repeated in every stream), positions, the one-hot pre, and each
+    // row's key list: the ring's context positions in order, then all B rows of its block
+    // (staged at chunk_base + row; no causal mask inside the block).
+    const int64_t chunk_base = static_cast<int64_t>(opt.max_seqs) * window;
+    std::vector<int32_t> tok(static_cast<size_t>(n * hc)), pos(static_cast<size_t>(n)),
+        anchors(static_cast<size_t>(k)), lists(static_cast<size_t>(n * nkeys), -1);
+    std::vector<float> pre0(static_cast<size_t>(n * hc), 0.0f);
+    for (int64_t i = 0; i < k; ++i) {
+      const GpuDraftInput& in = inputs[static_cast<size_t>(i)];
+      const Sequence& S = seqs[static_cast<size_t>(in.seq)];
+      anchors[static_cast<size_t>(i)] = in.anchor;
+      const int32_t c0 = std::max<int32_t>(S.ds_begin, S.ds_end - static_cast<int32_t>(window));
+      for (int64_t j = 0; j < bsz; ++j) {
+        const int64_t r = j * k + i;
+        const int32_t t = j == 0 ? in.anchor : c.dspark_noise_token_id;
+        for (int64_t st = 0; st < hc; ++st) tok[static_cast<size_t>(r * hc + st)] = t;
+        pre0[static_cast<size_t>(r * hc)] = 1.0f;
+        pos[static_cast<size_t>(r)] = S.ds_end + static_cast<int32_t>(j);
+        int32_t* li = lists.data() + r * nkeys;
+        int64_t m = 0;
+        for (int32_t p = c0; p < S.ds_end; ++p)
+          li[m++] = static_cast<int32_t>(in.seq * window + p % window);
+        for (int64_t jj = 0; jj < bsz; ++jj) li[m++] = static_cast<int32_t>(chunk_base + jj * k + i);
+      }
+    }
+    int32_t* dtok = buf<int32_t>("ds_tok", n * hc);
+    int32_t* dpos = buf<int32_t>("ds_pos", n);
+    int32_t* dlist = buf<int32_t>("ds_list", n * nkeys);
+    int32_t* dprev = buf<int32_t>("ds_anchor", k);
+    float* pre = buf<float>("ds_pre", n * hc);
+    cu::copy_h2d(dtok, tok.data(), tok.size() * 4, stream);
+    cu::copy_h2d(dpos, pos.data(), pos.size() * 4, stream);
+    cu::copy_h2d(dlist, lists.data(), lists.size() * 4, stream);
+    cu::copy_h2d(dprev, anchors.data(), anchors.size() * 4, stream);
+    cu::copy_h2d(pre, pre0.data(), pre0.size() * 4, stream);
+    float* x = buf<float>("ds_x", n * hc * d);
+    cu::launch_gather_rows(embed.as<float>(), d, dtok, n * hc, d, x, d, stream);
+    RowSet rs;
+    rs.n = n;
+    const size_t rec = c.swa_row_bytes();
+    for (int32_t l : draft_ids) {
+      Layer& L = *layers[static_cast<size_t>(l)];
+      // ---- attention site (window only: ring context + the whole block)
+      mark(GpuComponent::kMhc);
+      float* a = buf<float>("ds_a", n * d);
+      collapse(x, n, pre, a);
+      rms(a, n, d, L.attn_norm);
+      float* pre_a = buf<float>("ds_pre_a", n * hc);
+      float* post_a = buf<float>("ds_post_a", n * hc);
+      float* comb_a = buf<float>("ds_comb_a", n * hc * hc);
+      mixes(x, n, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a, post_a, comb_a);
+      mark(GpuComponent::kDense);
+      float* qr = buf<float>("ds_qr", n * q);
+      float* kv = buf<float>("ds_kv", n * hd);
+      linear(a, d, n, L.wq_a, qr, q);
+      linear(a, d, n, L.wkv, kv, hd);
+      rms(qr, n, q, L.q_norm);
+      float* qh = buf<float>("ds_q", n * h * hd);
+      linear(qr, q, n, L.wq_b, qh, h * hd);
+      mark(GpuComponent::kAttention);
+      rope(qh, n, h, hd, dpos, RopeKind::kMain);
+      rms(kv, n, hd, L.kv_norm);
+      rope(kv, n, 1, hd, dpos, RopeKind::kMain);
+      {
+        cu::SwaWriteParams w;  // the block's rows, staged after the rings (row r at chunk_base + r)
+        w.kv = kv;
+        w.ld_kv = hd;
+        w.rows = n;
+        w.dim = static_cast<int>(hd);
+        w.pos = iota.as<int32_t>();
+        w.ring = L.swa_pool.as<uint8_t>() + chunk_base * static_cast<int64_t>(rec);
+        w.ring_size = static_cast<int>(n);
+        cu::launch_swa_write_fp8(w, stream);
+      }
+      float* o = buf<float>("ds_o", n * h * hd);
+      cu::SparseAttentionParams p;
+      p.q = qh;
+      p.rows = n;
+      p.heads = h;
+      p.head_dim = static_cast<int>(hd);
+      p.swa = L.swa_pool.as<uint8_t>();
+      p.swa_idx = dlist;
+      p.swa_k = static_cast<int>(nkeys);
+      p.ring_size = static_cast<int>(window);
+      p.sink = L.sink.as<float>();
+      p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+      p.pos = dpos;
+      p.freqs = freqs_main.as<double>();
+      p.rd = c.qk_rope_head_dim;
+      p.out = o;
+      p.split_precision = !opt.fast_attention;
+      if (opt.f64_attention) {
+        cu::launch_sparse_attention_f64(p, stream);
+      } else {
+        cu::launch_sparse_attention(p, stream);
+      }
+      cost.kv_bytes += static_cast<double>(n * nkeys) * static_cast<double>(rec);
+      cost.flops += 4.0 * static_cast<double>(n) * h * hd * static_cast<double>(nkeys);
+      float* y = buf<float>("ds_y", n * d);
+      out_proj(L, o, n, y);
+      // ---- FFN site
+      mark(GpuComponent::kMhc);
+      float* f = buf<float>("ds_f", n * d);
+      expand(x, y, n, post_a, comb_a, pre_a, f);
+      float* pre_f = buf<float>("ds_pre_f", n * hc);
+      float* post_f = buf<float>("ds_post_f", n * hc);
+      float* comb_f = buf<float>("ds_comb_f", n * hc * hc);
+      mixes(x, n, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f, post_f, comb_f);
+      rms(f, n, d, L.ffn_norm);
+      mark(GpuComponent::kMoe);
+      moe(rs, l, f, y);
+      mark(GpuComponent::kMhc);
+      expand(x, y, n, post_f, comb_f, nullptr, nullptr);
+      cu::copy_d2d(pre, pre_f, static_cast<size_t>(n * hc) * 4, stream);
+    }
+    // hb = collapse(X, pre); U = head(norm(hb))  [n, V]
+    mark(GpuComponent::kSampling);
+    float* hb = buf<float>("ds_hb", n * d);
+    collapse(x, n, pre, hb);
+    float* hn = buf<float>("ds_hn", n * d);
+    cu::copy_d2d(hn, hb, static_cast<size_t>(n * d) * 4, stream);
+    rms(hn, n, d, ds_norm);
+    float* base = buf<float>("ds_base", n * v);
+    lt_gemm(opt.tf32_dense ? cu::GemmPrecision::kTf32 : cu::GemmPrecision::kF32, hn, d,
+            head.as<float>(), d, base, v, n, v, d);
+    cost.weight_bytes += static_cast<double>(head.bytes());
+    cost.flops += 2.0 * static_cast<double>(n) * v * d;
+    float* lg = buf<float>("ds_logits", n * v);
+    cu::copy_d2d(lg, base, static_cast<size_t>(n * v) * 4, stream);
+    // Markov steps: l_j = U_j + markov_head · markov_embed[prev]; d_j = argmax; z_j = conf ·
+    // [hb_j; m_j] (the two dot products come back, the sigmoid is taken on the host).
+    int32_t* dtokens = buf<int32_t>("ds_tokens", n);
+    float* z = buf<float>("ds_z", 2 * n);
+    float* m = buf<float>("ds_m", k * rank);
+    float* bias = buf<float>("ds_bias", k * v);
+    const int32_t* prev = dprev;
+    for (int64_t j = 0; j < bsz; ++j) {
+      cu::launch_gather_rows(ds_markov_embed.as<float>(), rank, prev, k, rank, m, rank, stream);
+      lt_gemm(cu::GemmPrecision::kF32, m, rank, ds_markov_head.as<float>(), rank, bias, v, k, v,
+              rank);
+      cu::BinaryParams bp;
+      bp.op = cu::BinaryFn::kAdd;
+      bp.a = lg + j * k * v;
+      bp.b = bias;
+      bp.out = lg + j * k * v;
+      bp.n = k * v;
+      bp.b_n = k * v;
+      cu::launch_binary(bp, stream);
+      cu::ArgmaxParams ap;
+      ap.logits = lg + j * k * v;
+      ap.rows = k;
+      ap.cols = v;
+      ap.ld = v;
+      ap.out = dtokens + j * k;
+      ap.scratch = buf<uint64_t>("ds_argmax_scratch", k);
+      cu::launch_argmax_rows(ap, stream);
+      lt_gemm(cu::GemmPrecision::kF32, hb + j * k * d, d, ds_conf.as<float>(), d + rank,
+              z + j * k, 1, k, 1, d);
+      lt_gemm(cu::GemmPrecision::kF32, m, rank, ds_conf.as<float>() + d, d + rank, z + n + j * k,
+              1, k, 1, rank);
+      prev = dtokens + j * k;
+    }
+    cost.flops += 2.0 * static_cast<double>(n) * (v * rank + d + rank);
+    cost.weight_bytes += static_cast<double>(bsz) * static_cast<double>(ds_markov_head.bytes());
+    mark(GpuComponent::kOther);
+    flush_profile();
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    std::vector<float> zh(static_cast<size_t>(2 * n));
+    cu::copy_d2h(t.data(), dtokens, t.size() * 4, stream);
+    cu::copy_d2h(zh.data(), z, zh.size() * 4, stream);
+    GpuDraftOutput out;
+    if (opt.host_logits) {
+      std::vector<float> lh(static_cast<size_t>(n * v)), bh(static_cast<size_t>(n * v));
+      cu::copy_d2h(lh.data(), lg, lh.size() * 4, stream);
+      cu::copy_d2h(bh.data(), base, bh.size() * 4, stream);
+      cu::stream_synchronize(stream);
+      out.logits.resize(lh.size());
+      out.base_logits.resize(bh.size());
+      // Back to input-major order: output row i * B + j is plan row j * k + i.
+      for (int64_t i = 0; i < k; ++i)
+        for (int64_t j = 0; j < bsz; ++j) {
+          std::copy_n(lh.data() + (j * k + i) * v, v, out.logits.data() + (i * bsz + j) * v);
+          std::copy_n(bh.data() + (j * k + i) * v, v, out.base_logits.data() + (i * bsz + j) * v);
+        }
+    }
+    cu::stream_synchronize(stream);
+    add_grouped_moe_cost();
+    out.tokens.resize(static_cast<size_t>(n));
+    out.confidences.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < k; ++i)
+      for (int64_t j = 0; j < bsz; ++j) {
+        const size_t r = static_cast<size_t>(j * k + i), o2 = static_cast<size_t>(i * bsz + j);
+        out.tokens[o2] = t[r];
+        const double zz = static_cast<double>(zh[r]) + static_cast<double>(zh[static_cast<size_t>(n) + r]);
+        out.confidences[o2] = static_cast<float>(1.0 / (1.0 + std::exp(-zz)));
+      }
+    return out;
+  }
 };
 
 DeepseekV41Gpu::DeepseekV41Gpu(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -2075,6 +2420,15 @@ Result<int32_t> DeepseekV41Gpu::new_sequence() {
 void DeepseekV41Gpu::release_sequence(int32_t seq) {
   MS_CHECK(seq >= 0 && static_cast<size_t>(seq) < impl_->seqs.size());
   impl_->seqs[static_cast<size_t>(seq)].live = false;
+}
+
+Status DeepseekV41Gpu::dspark_commit(int32_t seq, int32_t first,
+                                     std::span<const float> main_hidden) {
+  return impl_->dspark_commit(seq, first, main_hidden);
+}
+
+Result<GpuDraftOutput> DeepseekV41Gpu::dspark_draft(std::span<const GpuDraftInput> inputs) {
+  return impl_->dspark_draft(inputs);
 }
 
 int32_t DeepseekV41Gpu::num_tokens(int32_t seq) const {

@@ -78,6 +78,9 @@ struct GpuModelOptions {
   // is at ~20% of the FP8 rate and slower than cuBLASLt bf16 at decode shapes
   // (docs/perf/forward-gpu-2026-11-29-r5.md).
   bool fp8_wgmma = false;
+  // true (and the config has draft stages): load / fill the DSpark draft stages and heads, and
+  // allocate their context rings (dspark_commit, dspark_draft).
+  bool dspark = false;
   bool trace = false;  // keep per-layer attn_norm outputs and layer outputs (trace())
 };
 
@@ -127,6 +130,20 @@ struct GpuForwardOutput {
   std::vector<int32_t> greedy;        // argmax per logits row (on the device)
 };
 
+// One DSpark draft cycle of one sequence (model.md §6.2): its anchor (the token the target
+// emitted, at the position after the committed ring) and the outputs.
+struct GpuDraftInput {
+  int32_t seq = -1;
+  int32_t anchor = 0;
+};
+struct GpuDraftOutput {
+  // Per input i, block position j (B = dspark_block_size): index i * B + j.
+  std::vector<int32_t> tokens;       // greedy drafts (argmax of base + Markov logits)
+  std::vector<float> confidences;    // sigmoid(conf_w · [hb_j; m_j])
+  std::vector<float> logits;         // [inputs * B, V] base + Markov (only with host_logits)
+  std::vector<float> base_logits;    // [inputs * B, V] head(norm(hb)) (only with host_logits)
+};
+
 // What one forward read and computed (the roofline's numerators).
 struct GpuForwardCost {
   double weight_bytes = 0;  // weights read (as held on the device)
@@ -165,6 +182,14 @@ class DeepseekV41Gpu {
 
   [[nodiscard]] Result<GpuForwardOutput> forward(std::span<const GpuSequenceInput> inputs,
                                                  ForwardMode mode);
+
+  // DSpark (config with draft stages; GpuModelOptions::dspark). dspark_commit pushes committed
+  // positions [first, first + n) of `seq` (consecutive, continuing the ring) with their target
+  // taps main_hidden [n, taps * D] (host) into every stage's context ring, as
+  // DSparkDraft::commit. dspark_draft runs one draft cycle for every input, batched (rows
+  // ordered block position major), as DSparkDraft::draft; each sequence needs committed context.
+  [[nodiscard]] Status dspark_commit(int32_t seq, int32_t first, std::span<const float> main_hidden);
+  [[nodiscard]] Result<GpuDraftOutput> dspark_draft(std::span<const GpuDraftInput> inputs);
 
   // Per-component GPU milliseconds accumulated since reset_profile() (options.profile).
   [[nodiscard]] std::array<double, kNumGpuComponents> component_ms() const;

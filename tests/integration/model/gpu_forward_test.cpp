@@ -23,6 +23,7 @@
 #include "integration/model/oracle_util.h"
 #include "model/arch/deepseek_v41.h"
 #include "model/arch/deepseek_v41_gpu.h"
+#include "model/arch/dspark.h"
 #include "model/config.h"
 #include "model/tiny_model.h"
 
@@ -418,6 +419,164 @@ TEST(GpuForward, WgmmaKernelsAgreeWithMmaSyncInTheForward) {
   EXPECT_GE(idx_rows_same_topk, idx_rows * 9 / 10);
   EXPECT_EQ(fp8_prompts_differing, 6) << "the FP8 wgmma GEMM did not run";
   EXPECT_LE(fp8_median, 3e-2);
+  std::filesystem::remove_all(dir);
+}
+
+// The DSpark draft on the GPU (GpuModelOptions::dspark: dspark_commit, dspark_draft) against the
+// CPU's DSparkDraft on the same committed taps (the CPU prefill's main_hidden, oracle mode), for
+// 6 sequences in one batched draft, twice: after the prompt, then after 3 more committed
+// positions (the 8-slot rings wrap). Every draft row is compared: logits (base + Markov), the
+// greedy tokens and the confidences. A rounding flip (an MXFP8 or FP8 rounding point crossed by
+// a ~1e-7 difference) moves a whole block (its rows attend to each other) by 1e-3..1e-1 on this
+// random model, and about one sequence-cycle in two is expected to see one (~4e5 rounded values
+// per sequence), so: at least one of 6 sequences agrees to 1e-4 (logits relative to the row's
+// largest, confidences absolute) in every row of both cycles; half the tokens are identical;
+// every logit is finite; and the device argmax is the argmax of the returned logits. A wiring
+// error moves every row by O(1).
+TEST(GpuForward, DSparkDraftMatchesCpu) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_dspark");
+  ASSERT_TRUE(write_generated_model(dir, gpu_tiny_config(), 0));
+  auto backend = make_cpu_backend();
+  auto cpu = DeepseekV41Model::load(dir, *backend);
+  ASSERT_TRUE(cpu) << cpu.error().to_string();
+  arch::DSparkDraft cdraft(**cpu);
+  arch::GpuModelOptions opt;
+  opt.max_seqs = 6;
+  opt.max_context = 128;
+  opt.max_rows = 256;
+  opt.dspark = true;
+  auto gpu = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(gpu) << gpu.error().to_string();
+  const ModelConfig& c = (*cpu)->config();
+  const int64_t v = c.vocab_size, bsz = c.dspark_block_size;
+  const int32_t d = c.hidden_size;
+  const size_t width = c.dspark_target_layer_ids.size() * static_cast<size_t>(d);
+  constexpr int kSeqs = 6;
+  std::vector<std::unique_ptr<arch::SequenceState>> states;
+  std::vector<int32_t> gseq, anchors(kSeqs);
+  std::vector<int32_t> next_pos(kSeqs);
+  // Bad input first: no committed context, then a model without the draft.
+  {
+    auto sq = (*gpu)->new_sequence();
+    ASSERT_TRUE(sq);
+    const arch::GpuDraftInput in{*sq, 1};
+    auto r = (*gpu)->dspark_draft({&in, 1});
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument) << r.error().to_string();
+    (*gpu)->release_sequence(*sq);
+  }
+  for (int i = 0; i < kSeqs; ++i) {
+    const std::vector<int32_t> prompt =
+        test_prompt(9 + 5 * i, static_cast<uint32_t>(60 + i), static_cast<int32_t>(v));
+    states.push_back((*cpu)->new_state());
+    SequenceInput in;
+    in.state = states.back().get();
+    in.tokens = prompt;
+    in.want_main_hidden = true;
+    in.logits = arch::LogitsRows::kLast;
+    auto out = (*cpu)->forward({&in, 1}, ForwardMode::kOracle);
+    ASSERT_TRUE(out) << out.error().to_string();
+    const auto& o = out->front();
+    ASSERT_EQ(o.main_hidden.size(), o.main_hidden_positions.size() * width);
+    ASSERT_TRUE(cdraft.commit(*states.back(), o.main_hidden_positions, o.main_hidden));
+    auto sq = (*gpu)->new_sequence();
+    ASSERT_TRUE(sq);
+    gseq.push_back(*sq);
+    ASSERT_TRUE((*gpu)->dspark_commit(*sq, o.main_hidden_positions.front(), o.main_hidden));
+    anchors[static_cast<size_t>(i)] = argmax(o.logits.data(), v);
+    next_pos[static_cast<size_t>(i)] = o.main_hidden_positions.back() + 1;
+  }
+  int clean_both = kSeqs, same_tokens = 0, rows = 0;
+  std::vector<char> clean(kSeqs, 1);
+  std::vector<double> row_diff;
+  for (int cycle = 0; cycle < 2; ++cycle) {
+    if (cycle == 1) {
+      // Three more committed positions per sequence (the CPU's decode steps give their taps).
+      for (int i = 0; i < kSeqs; ++i) {
+        std::vector<float> mh;
+        std::vector<int32_t> tp;
+        for (int t = 0; t < 3; ++t) {
+          const int32_t tok = (anchors[static_cast<size_t>(i)] + 7 * t) % static_cast<int32_t>(v);
+          SequenceInput in;
+          in.state = states[static_cast<size_t>(i)].get();
+          in.tokens = {&tok, 1};
+          in.want_main_hidden = true;
+          in.logits = arch::LogitsRows::kLast;
+          auto out = (*cpu)->forward({&in, 1}, ForwardMode::kOracle);
+          ASSERT_TRUE(out) << out.error().to_string();
+          mh.insert(mh.end(), out->front().main_hidden.begin(), out->front().main_hidden.end());
+          tp.insert(tp.end(), out->front().main_hidden_positions.begin(),
+                    out->front().main_hidden_positions.end());
+          anchors[static_cast<size_t>(i)] = argmax(out->front().logits.data(), v);
+        }
+        ASSERT_EQ(tp.front(), next_pos[static_cast<size_t>(i)]);
+        ASSERT_TRUE(cdraft.commit(*states[static_cast<size_t>(i)], tp, mh));
+        // A gap is refused and changes nothing.
+        const auto gap = (*gpu)->dspark_commit(gseq[static_cast<size_t>(i)], tp.front() + 1, mh);
+        EXPECT_FALSE(gap);
+        ASSERT_TRUE((*gpu)->dspark_commit(gseq[static_cast<size_t>(i)], tp.front(), mh));
+      }
+    }
+    std::vector<arch::GpuDraftInput> gin;
+    for (int i = 0; i < kSeqs; ++i)
+      gin.push_back({gseq[static_cast<size_t>(i)], anchors[static_cast<size_t>(i)]});
+    auto g = (*gpu)->dspark_draft(gin);
+    ASSERT_TRUE(g) << g.error().to_string();
+    ASSERT_EQ(g->tokens.size(), static_cast<size_t>(kSeqs * bsz));
+    ASSERT_EQ(g->logits.size(), static_cast<size_t>(kSeqs * bsz * v));
+    for (int i = 0; i < kSeqs; ++i) {
+      auto ref = cdraft.draft(*states[static_cast<size_t>(i)], anchors[static_cast<size_t>(i)]);
+      ASSERT_TRUE(ref) << ref.error().to_string();
+      double worst = 0.0;
+      for (int64_t j = 0; j < bsz; ++j) {
+        const size_t r = static_cast<size_t>(i * bsz + j);
+        const float* gl = g->logits.data() + r * v;
+        for (int64_t t = 0; t < v; ++t) ASSERT_TRUE(std::isfinite(gl[t]));
+        EXPECT_EQ(g->tokens[r], argmax(gl, v)) << "seq " << i << " row " << j;
+        const std::vector<float> cl(ref->logits.begin() + j * v, ref->logits.begin() + (j + 1) * v);
+        const double dl = rel_diff(cl, gl, v);
+        worst = std::max(worst, dl);
+        worst = std::max(worst, std::abs(static_cast<double>(g->confidences[r]) -
+                                         ref->confidences[static_cast<size_t>(j)]));
+        row_diff.push_back(dl);
+        same_tokens += g->tokens[r] == ref->tokens[static_cast<size_t>(j)];
+        ++rows;
+      }
+      fmt::print("dspark cycle {} seq {}: worst logits/confidence difference {:.2e}\n", cycle, i,
+                 worst);
+      if (worst > kAgree) clean[static_cast<size_t>(i)] = 0;
+    }
+  }
+  clean_both = static_cast<int>(std::count(clean.begin(), clean.end(), 1));
+  std::sort(row_diff.begin(), row_diff.end());
+  const double median = row_diff[row_diff.size() / 2];
+  fmt::print("dspark: {}/{} sequences agree to {} in both cycles, median row {:.2e}, {}/{} same "
+             "tokens\n",
+             clean_both, kSeqs, kAgree, median, same_tokens, rows);
+  EXPECT_GE(clean_both, 1);
+  EXPECT_GE(same_tokens * 2, rows);
+  // Bad input: an anchor outside the vocab, the same sequence twice.
+  {
+    const arch::GpuDraftInput bad{gseq[0], static_cast<int32_t>(v)};
+    auto r = (*gpu)->dspark_draft({&bad, 1});
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().code, ErrorCode::kOutOfRange);
+    const std::vector<arch::GpuDraftInput> twice = {{gseq[0], 1}, {gseq[0], 2}};
+    auto r2 = (*gpu)->dspark_draft(twice);
+    ASSERT_FALSE(r2);
+    EXPECT_EQ(r2.error().code, ErrorCode::kInvalidArgument);
+  }
+  // A model loaded without the draft refuses both calls.
+  opt.dspark = false;
+  auto plain = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(plain);
+  auto sq = (*plain)->new_sequence();
+  ASSERT_TRUE(sq);
+  const std::vector<float> one(width, 0.5f);
+  const auto st = (*plain)->dspark_commit(*sq, 0, one);
+  ASSERT_FALSE(st);
+  EXPECT_EQ(st.error().code, ErrorCode::kUnimplemented);
   std::filesystem::remove_all(dir);
 }
 
