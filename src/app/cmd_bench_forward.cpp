@@ -332,12 +332,18 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   const double mma_tflops =
       cuda::measure_gemm_tflops(cuda::GemmPrecision::kBf16, 8192, model->stream());
   const double bytes = cost.weight_bytes + cost.kv_bytes;
-  const double t_bytes_ms = bytes / (hbm_gbs * 1e9) * 1e3;
   // FP8 operands run at twice the bf16 rate on Hopper (dense FP8 1979 vs bf16 989 TFLOP/s):
   // the FP8-representable FLOPs are counted at 2x the measured bf16 rate.
   const double fp8_tflops = 2.0 * mma_tflops;
-  const double t_flops_ms = ((cost.flops - cost.fp8_flops) / (mma_tflops * 1e12) +
-                             cost.fp8_flops / (fp8_tflops * 1e12)) * 1e3;
+  const auto bytes_ms = [&](const arch::GpuForwardCost& k) {
+    return (k.weight_bytes + k.kv_bytes) / (hbm_gbs * 1e9) * 1e3;
+  };
+  const auto flops_ms = [&](const arch::GpuForwardCost& k) {
+    return ((k.flops - k.fp8_flops) / (mma_tflops * 1e12) + k.fp8_flops / (fp8_tflops * 1e12)) *
+           1e3;
+  };
+  const double t_bytes_ms = bytes_ms(cost);
+  const double t_flops_ms = flops_ms(cost);
   const double roofline_ms = std::max(t_bytes_ms, t_flops_ms);
   const int64_t rows = static_cast<int64_t>(nseq) * rows_per_seq;
   const cuda::DeviceInfo dev = cuda::device_info(0);
@@ -430,10 +436,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   std::printf("%-28s %14.4f\n", "achieved fraction", roofline_ms / step_ms);
   if (opt.dspark) {
     const double draft_ms = median(draft_s) * 1e3;
-    const double d_bytes_ms = (dcost.weight_bytes + dcost.kv_bytes) / (hbm_gbs * 1e9) * 1e3;
-    const double d_flops_ms = ((dcost.flops - dcost.fp8_flops) / (mma_tflops * 1e12) +
-                               dcost.fp8_flops / (fp8_tflops * 1e12)) * 1e3;
-    const double d_roof = std::max(d_bytes_ms, d_flops_ms);
+    const double d_roof = std::max(bytes_ms(dcost), flops_ms(dcost));
     nlohmann::json dc = nlohmann::json::object();
     for (size_t i = 0; i < dcomp.size(); ++i)
       dc[arch::gpu_component_name(static_cast<arch::GpuComponent>(i))] = dcomp[i];
