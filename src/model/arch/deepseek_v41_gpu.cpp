@@ -194,6 +194,7 @@ struct DeepseekV41Gpu::Impl {
   std::vector<int32_t> draft_ids;
   Linear ds_main_proj;
   DeviceMemory ds_main_norm, ds_norm, ds_markov_embed, ds_markov_head, ds_conf;
+  DeviceMemory tap_pre;  // [max_rows, HC] of 1 / HC: collapse() with it is the streams' mean
   DeviceMemory freqs_main, freqs_compress;
   DeviceMemory iota;
   void* stream = nullptr;
@@ -497,6 +498,12 @@ struct DeepseekV41Gpu::Impl {
     iota = DeviceMemory(io.size() * 4);
     cu::copy_h2d(iota.as(), io.data(), io.size() * 4, stream);
     seqs.resize(static_cast<size_t>(opt.max_seqs));
+    if (!c.dspark_target_layer_ids.empty()) {
+      const std::vector<float> tp(static_cast<size_t>(opt.max_rows) * c.hc_mult,
+                                  1.0f / static_cast<float>(c.hc_mult));
+      tap_pre = DeviceMemory(tp.size() * 4);
+      cu::copy_h2d(tap_pre.as(), tp.data(), tp.size() * 4, stream);
+    }
     cu::stream_synchronize(stream);
     return Status{};
   }
@@ -974,6 +981,8 @@ struct DeepseekV41Gpu::Impl {
     std::map<int32_t, CompressPlan> comp;
     std::map<int32_t, SelectPlan> selp;
     bool narrow = false;  // bounded replay drops rows at the boundary
+    bool taps = false;      // some input wants main_hidden: the tap layers write "taps"
+    bool taps_dec = false;  // the tap layers see the decoder row set (after the boundary)
     std::vector<int32_t> logit_inputs;
     int64_t m = 0;              // logits rows
     GpuForwardCost plan_cost;   // the indexer's share (depends on the entries, not the shapes)
@@ -1719,6 +1728,15 @@ struct DeepseekV41Gpu::Impl {
       for (int32_t t : in.tokens)
         if (t < 0 || t >= c.vocab_size)
           return make_error(ErrorCode::kOutOfRange, "gpu forward: token id {} outside vocab", t);
+      if (in.want_main_hidden) {
+        if (c.dspark_target_layer_ids.empty())
+          return make_error(ErrorCode::kInvalidArgument,
+                            "gpu forward: want_main_hidden without DSpark tap layers");
+        for (int32_t l : c.dspark_target_layer_ids)
+          if (std::find(layer_ids.begin(), layer_ids.end(), l) == layer_ids.end())
+            return make_error(ErrorCode::kInvalidArgument,
+                              "gpu forward: want_main_hidden needs tap layer {} (not kept)", l);
+      }
       const Sequence& sq = seqs[static_cast<size_t>(in.seq)];
       if (sq.num_tokens + static_cast<int64_t>(in.tokens.size()) > opt.max_context)
         return make_error(ErrorCode::kOutOfRange, "gpu forward: sequence {} beyond {} positions",
@@ -1799,6 +1817,23 @@ struct DeepseekV41Gpu::Impl {
       out.greedy.resize(static_cast<size_t>(b.m));
       cu::copy_d2h(out.greedy.data(), buf<int32_t>("greedy", b.m), out.greedy.size() * 4, stream);
     }
+    if (b.taps) {
+      const RowSet& ts = b.taps_dec ? b.dec : b.enc;
+      const int64_t width = static_cast<int64_t>(c.dspark_target_layer_ids.size()) * c.hidden_size;
+      const float* taps = buf<float>("taps", opt.max_rows * width);
+      out.main_hidden.resize(inputs.size());
+      out.main_hidden_positions.resize(inputs.size());
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        if (!inputs[i].want_main_hidden) continue;
+        const int64_t rows = ts.rows[i];
+        out.main_hidden[i].resize(static_cast<size_t>(rows * width));
+        if (rows > 0)
+          cu::copy_d2h(out.main_hidden[i].data(), taps + ts.begin[i] * width,
+                       static_cast<size_t>(rows * width) * 4, stream);
+        for (int64_t r = 0; r < rows; ++r)
+          out.main_hidden_positions[i].push_back(ts.first_pos[i] + static_cast<int32_t>(r));
+      }
+    }
     mark(GpuComponent::kOther);
     cu::stream_synchronize(stream);
     flush_profile();
@@ -1866,6 +1901,12 @@ struct DeepseekV41Gpu::Impl {
     for (size_t i = 0; i < inputs.size(); ++i)
       b.key.insert(b.key.end(), {b.enc.rows[i], b.dec.rows[i]});
     b.key.push_back(b.enc.any_image ? 1 : 0);
+    for (const GpuSequenceInput& in : inputs) b.taps = b.taps || in.want_main_hidden;
+    // NOTE: a tap layer at or before the boundary reads the encoder rows (the CPU takes the taps
+    // before narrowing there too); the configs have them after it.
+    b.taps_dec = !c.dspark_target_layer_ids.empty() &&
+                 c.dspark_target_layer_ids.front() > c.decoder_start_layer();
+    b.key.push_back(b.taps ? 1 : 0);
     {
       std::vector<int32_t> tok;
       for (const auto& in : inputs)
@@ -1950,6 +1991,19 @@ struct DeepseekV41Gpu::Impl {
       if (info.engram_index >= 0 && s->n > 0) {
         mark(GpuComponent::kEngram);
         engram(b, *s, l, x);
+      }
+      if (b.taps && info.is_dspark_target && n > 0) {
+        // Tap (model.md §6.1): the mean over the streams entering the layer, into its column
+        // block of taps [rows, taps * D].
+        mark(GpuComponent::kOther);
+        const auto it =
+            std::find(c.dspark_target_layer_ids.begin(), c.dspark_target_layer_ids.end(), l);
+        const int64_t slot = it - c.dspark_target_layer_ids.begin();
+        const int64_t width = static_cast<int64_t>(c.dspark_target_layer_ids.size()) * d;
+        float* tmp = buf<float>("tap_tmp", n * d);
+        collapse(x, n, tap_pre.as<float>(), tmp);
+        cu::launch_gather_rows(tmp, d, iota.as<int32_t>(), n, d,
+                               buf<float>("taps", opt.max_rows * width) + slot * d, width, stream);
       }
       mark(GpuComponent::kMhc);
       float* a = buf<float>("a", n * d);

@@ -122,12 +122,19 @@ struct GpuSequenceInput {
   std::span<const uint8_t> is_image;  // empty or one flag per token
   int32_t prompt_len = -1;            // kProduction, first chunk: prompt length (-1: this call)
   bool want_logits = true;            // logits of the last row
+  // The DSpark taps of this input's rows that reach the tap layers (all rows in kOracle; the
+  // rows after the bounded-replay floor in kProduction), as SequenceOutput::main_hidden: the
+  // residual stream entering each dspark_target_layer_ids layer, averaged over the streams.
+  bool want_main_hidden = false;
 };
 
 struct GpuForwardOutput {
   std::vector<int32_t> logit_inputs;  // input index of each logits row
   std::vector<float> logits;          // [logit_inputs.size(), V] (empty without host_logits)
   std::vector<int32_t> greedy;        // argmax per logits row (on the device)
+  // Per input (empty unless want_main_hidden): [rows, taps * D] and the rows' positions.
+  std::vector<std::vector<float>> main_hidden;
+  std::vector<std::vector<int32_t>> main_hidden_positions;
 };
 
 // One DSpark draft cycle of one sequence (model.md §6.2): its anchor (the token the target

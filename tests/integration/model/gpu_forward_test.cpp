@@ -580,6 +580,119 @@ TEST(GpuForward, DSparkDraftMatchesCpu) {
   std::filesystem::remove_all(dir);
 }
 
+// The DSpark taps of the GPU forward (GpuSequenceInput::want_main_hidden) against the CPU's
+// main_hidden: same positions (oracle: every row; production: the rows after the bounded-replay
+// floor) and, for prompts without a rounding flip before the tap layers, the same values to 1e-5
+// (exact linears and the double-precision attention, as the layer-trace tests: about half the
+// prompts stay clean through layer 11). Then decode steps replayed as CUDA graphs give taps
+// bit-identical to an eager model's.
+TEST(GpuForward, DSparkTapsMatchCpu) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_taps");
+  ASSERT_TRUE(write_generated_model(dir, gpu_tiny_config(), 0));
+  auto backend = make_cpu_backend();
+  auto cpu = DeepseekV41Model::load(dir, *backend);
+  ASSERT_TRUE(cpu) << cpu.error().to_string();
+  const ModelConfig& c = (*cpu)->config();
+  const int32_t v = c.vocab_size;
+  for (ForwardMode mode : {ForwardMode::kOracle, ForwardMode::kProduction}) {
+    arch::GpuModelOptions opt;
+    opt.max_seqs = 6;
+    opt.max_context = 128;
+    opt.max_rows = 512;
+    opt.exact_linears = true;
+    opt.f64_attention = true;
+    auto gpu = DeepseekV41Gpu::load(dir, opt);
+    ASSERT_TRUE(gpu) << gpu.error().to_string();
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<GpuSequenceInput> gin;
+    for (int i = 0; i < 6; ++i) prompts.push_back(test_prompt(9 + 4 * i, 80 + i, v));
+    for (int i = 0; i < 6; ++i) {
+      auto sq = (*gpu)->new_sequence();
+      ASSERT_TRUE(sq);
+      GpuSequenceInput g;
+      g.seq = *sq;
+      g.tokens = prompts[static_cast<size_t>(i)];
+      g.prompt_len = static_cast<int32_t>(prompts[static_cast<size_t>(i)].size());
+      g.want_main_hidden = i != 2;  // one input without taps
+      gin.push_back(g);
+    }
+    auto out = (*gpu)->forward(gin, mode);
+    ASSERT_TRUE(out) << out.error().to_string();
+    ASSERT_EQ(out->main_hidden.size(), gin.size());
+    int clean = 0;
+    for (int i = 0; i < 6; ++i) {
+      auto st = (*cpu)->new_state();
+      SequenceInput in;
+      in.state = st.get();
+      in.tokens = prompts[static_cast<size_t>(i)];
+      in.prompt_len = static_cast<int32_t>(prompts[static_cast<size_t>(i)].size());
+      in.want_main_hidden = true;
+      auto ref = (*cpu)->forward({&in, 1}, mode);
+      ASSERT_TRUE(ref) << ref.error().to_string();
+      const auto& o = ref->front();
+      if (i == 2) {
+        EXPECT_TRUE(out->main_hidden[2].empty());
+        continue;
+      }
+      EXPECT_EQ(out->main_hidden_positions[static_cast<size_t>(i)], o.main_hidden_positions)
+          << "mode " << static_cast<int>(mode) << " prompt " << i;
+      ASSERT_EQ(out->main_hidden[static_cast<size_t>(i)].size(), o.main_hidden.size());
+      const double diff =
+          o.main_hidden.empty()
+              ? 0.0
+              : rel_diff(o.main_hidden, out->main_hidden[static_cast<size_t>(i)].data(),
+                         static_cast<int64_t>(o.main_hidden.size()));
+      fmt::print("taps mode {} prompt {}: {} rows, relative difference {:.2e}\n",
+                 static_cast<int>(mode), i, o.main_hidden_positions.size(), diff);
+      clean += diff <= 1e-5;
+    }
+    EXPECT_GE(clean, 1) << "mode " << static_cast<int>(mode);
+  }
+  // Graph replay: three decode steps with taps, graphs on vs eager: bit-identical.
+  arch::GpuModelOptions opt;
+  opt.max_seqs = 3;
+  opt.max_context = 64;
+  opt.max_rows = 64;
+  opt.host_logits = false;
+  auto eager = DeepseekV41Gpu::load(dir, opt);
+  opt.cuda_graphs = true;
+  auto graphed = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(eager && graphed);
+  std::vector<int32_t> se, sg;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 3; ++i) {
+    prompts.push_back(test_prompt(10 + i, 90 + i, v));
+    se.push_back(*(*eager)->new_sequence());
+    sg.push_back(*(*graphed)->new_sequence());
+  }
+  std::vector<int32_t> next(3, 5);
+  for (int step = 0; step < 5; ++step) {
+    std::vector<GpuSequenceInput> a, b;
+    for (int i = 0; i < 3; ++i) {
+      GpuSequenceInput g;
+      g.tokens = step == 0 ? std::span<const int32_t>(prompts[static_cast<size_t>(i)])
+                           : std::span<const int32_t>(&next[static_cast<size_t>(i)], 1);
+      g.want_main_hidden = true;
+      g.seq = se[static_cast<size_t>(i)];
+      a.push_back(g);
+      g.seq = sg[static_cast<size_t>(i)];
+      b.push_back(g);
+    }
+    auto oa = (*eager)->forward(a, ForwardMode::kOracle);
+    auto ob = (*graphed)->forward(b, ForwardMode::kOracle);
+    ASSERT_TRUE(oa && ob);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(oa->main_hidden[static_cast<size_t>(i)], ob->main_hidden[static_cast<size_t>(i)])
+          << "step " << step << " input " << i;
+      ASSERT_FALSE(oa->main_hidden[static_cast<size_t>(i)].empty());
+      next[static_cast<size_t>(i)] = oa->greedy[static_cast<size_t>(i)];
+    }
+  }
+  EXPECT_GT((*graphed)->graph_replays(), 0);
+  std::filesystem::remove_all(dir);
+}
+
 // Rows of [rows, width] whose relative difference (to the row's max) exceeds tol.
 int rows_differing(const std::vector<float>& ref, const std::vector<float>& got, int64_t rows,
                    double tol) {
