@@ -586,6 +586,9 @@ TEST(GpuForward, DSparkDraftMatchesCpu) {
 // (exact linears and the double-precision attention, as the layer-trace tests: about half the
 // prompts stay clean through layer 11). Then decode steps replayed as CUDA graphs give taps
 // bit-identical to an eager model's.
+int rows_differing(const std::vector<float>& ref, const std::vector<float>& got, int64_t rows,
+                   double tol);
+
 TEST(GpuForward, DSparkTapsMatchCpu) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   const std::filesystem::path dir = make_temp_dir("gpu_forward_taps");
@@ -643,11 +646,17 @@ TEST(GpuForward, DSparkTapsMatchCpu) {
               ? 0.0
               : rel_diff(o.main_hidden, out->main_hidden[static_cast<size_t>(i)].data(),
                          static_cast<int64_t>(o.main_hidden.size()));
-      fmt::print("taps mode {} prompt {}: {} rows, relative difference {:.2e}\n",
-                 static_cast<int>(mode), i, o.main_hidden_positions.size(), diff);
+      const auto rows = static_cast<int64_t>(o.main_hidden_positions.size());
+      const int differing =
+          rows_differing(o.main_hidden, out->main_hidden[static_cast<size_t>(i)], rows, 1e-5);
+      fmt::print("taps mode {} prompt {}: {} rows, relative difference {:.2e}, {} rows over 1e-5\n",
+                 static_cast<int>(mode), i, rows, diff, differing);
       clean += diff <= 1e-5;
     }
-    EXPECT_GE(clean, 1) << "mode " << static_cast<int>(mode);
+    // A prompt either agrees to fp32 rounding in every row or has a discrete flip (a routing or
+    // index-selection tie broken the other way, as the layer traces show); a broken tap (wrong
+    // layer, stream weights or positions) differs in every prompt.
+    EXPECT_GE(clean, 3) << "mode " << static_cast<int>(mode);
   }
   // Graph replay: three decode steps with taps, graphs on vs eager: bit-identical.
   arch::GpuModelOptions opt;
