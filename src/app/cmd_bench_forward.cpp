@@ -211,7 +211,9 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.fp8_wgmma = opt.fp8_wgmma;
   go.cuda_graphs = decode && opt.cuda_graphs;
   go.dspark = decode && opt.dspark;
-  if (go.dspark) go.max_context += config.dspark_block_size;  // the draft block after the steps
+  // The draft block after the steps, and the whole cycles' verification steps.
+  if (go.dspark)
+    go.max_context += config.dspark_block_size + opt.tokens_per_seq * (warmup + opt.iterations);
   if (opt.dspark && (!decode || config.num_nextn_predict_layers == 0))
     return make_error(ErrorCode::kInvalidArgument,
                       "--dspark needs a decode run (--batch, --context) and a config with draft "
@@ -291,7 +293,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   }
   // DSpark: every request's rings get the last `window` positions committed from random taps
   // (commit time reported per request), then one draft cycle for the whole batch is timed.
-  std::vector<double> draft_s, commit_s;
+  std::vector<double> draft_s, commit_s, cycle_s, verify_taps_s, device_commit_s;
   arch::GpuForwardCost dcost;
   std::array<double, arch::kNumGpuComponents> dcomp{};
   if (opt.dspark) {
@@ -326,6 +328,35 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
     model->set_profile(false);
     dcomp = model->component_ms();
     for (double& v : dcomp) v /= opt.iterations;
+    // Whole DSpark cycles on the device: the verification step with the taps on, every row's
+    // taps committed from the device (all accepted: the commit's largest case), one draft cycle
+    // anchored on the step's greedy tokens. The first `warmup` cycles capture the taps graph.
+    for (int32_t it = 0; it < warmup + opt.iterations; ++it) {
+      std::vector<arch::GpuSequenceInput> in(static_cast<size_t>(nseq));
+      std::vector<arch::GpuTapCommit> commits;
+      for (int32_t i = 0; i < nseq; ++i) {
+        for (auto& t : tokens[static_cast<size_t>(i)]) t = dist(rng);
+        auto& g = in[static_cast<size_t>(i)];
+        g.seq = seqs[static_cast<size_t>(i)];
+        g.tokens = tokens[static_cast<size_t>(i)];
+        g.want_main_hidden = true;
+        commits.push_back({i, model->num_tokens(g.seq), rows_per_seq});
+      }
+      const auto t0 = Clock::now();
+      MS_ASSIGN_OR_RETURN(auto out, model->forward(in, mode));
+      const auto t1 = Clock::now();
+      MS_RETURN_IF_ERROR(model->dspark_commit_taps(commits));
+      const auto t2 = Clock::now();
+      for (int32_t i = 0; i < nseq; ++i)
+        din[static_cast<size_t>(i)].anchor = out.greedy[static_cast<size_t>(i)];
+      MS_ASSIGN_OR_RETURN(auto d, model->dspark_draft(din));
+      (void)d;
+      if (it >= warmup) {
+        cycle_s.push_back(seconds_since(t0));
+        verify_taps_s.push_back(std::chrono::duration<double>(t1 - t0).count());
+        device_commit_s.push_back(std::chrono::duration<double>(t2 - t1).count());
+      }
+    }
   }
   const double step_ms = median(step_s) * 1e3;
   const double hbm_gbs = cuda::measure_copy_bandwidth_gbs(size_t{2} << 30, model->stream());
@@ -446,6 +477,12 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
                            {"draft_ms_all", draft_ms_all},
                            {"draft_rows", static_cast<int64_t>(nseq) * c.dspark_block_size},
                            {"commit_ms_per_request_median", median(commit_s) * 1e3},
+                           {"cycle_ms_median", median(cycle_s) * 1e3},
+                           {"cycle_verify_with_taps_ms_median", median(verify_taps_s) * 1e3},
+                           {"cycle_device_commit_ms_median", median(device_commit_s) * 1e3},
+                           {"cycle_note",
+                            "verify step with taps + dspark_commit_taps of every row + one draft "
+                            "cycle, host wall time"},
                            {"component_gpu_ms", dc},
                            {"step_plus_draft_ms", step_ms + draft_ms},
                            {"weight_bytes", dcost.weight_bytes},
@@ -462,6 +499,9 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
                   dcomp[i]);
     std::printf("%-28s %14.3f\n", "dspark commit ms / request", median(commit_s) * 1e3);
     std::printf("%-28s %14.3f\n", "draft roofline ms", d_roof);
+    std::printf("%-28s %14.3f\n", "dspark cycle ms (median)", median(cycle_s) * 1e3);
+    std::printf("%-28s %14.3f\n", "  verify step with taps ms", median(verify_taps_s) * 1e3);
+    std::printf("%-28s %14.3f\n", "  device commit ms", median(device_commit_s) * 1e3);
     std::printf("%-28s %14.3f\n", "step + draft ms", step_ms + draft_ms);
     std::printf("%-28s %14.4f\n", "step + draft fraction", (roofline_ms + d_roof) / (step_ms + draft_ms));
   }

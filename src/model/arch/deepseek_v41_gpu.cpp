@@ -203,6 +203,11 @@ struct DeepseekV41Gpu::Impl {
   bool random_weights = false;
   std::mt19937_64 rng{1234};
   std::vector<Sequence> seqs;
+  // Per input of the last forward: where its taps rows are in the "taps" buffer (rows 0: none).
+  struct TapRows {
+    int32_t seq = -1, begin = 0, first_pos = 0, rows = 0;
+  };
+  std::vector<TapRows> last_taps;
   size_t weight_bytes = 0, cache_bytes = 0;
   GpuForwardCost cost;
   GpuForwardTrace trace;
@@ -1817,8 +1822,12 @@ struct DeepseekV41Gpu::Impl {
       out.greedy.resize(static_cast<size_t>(b.m));
       cu::copy_d2h(out.greedy.data(), buf<int32_t>("greedy", b.m), out.greedy.size() * 4, stream);
     }
+    last_taps.assign(inputs.size(), TapRows{});
     if (b.taps) {
       const RowSet& ts = b.taps_dec ? b.dec : b.enc;
+      for (size_t i = 0; i < inputs.size(); ++i)
+        if (inputs[i].want_main_hidden)
+          last_taps[i] = {inputs[i].seq, ts.begin[i], ts.first_pos[i], ts.rows[i]};
       const int64_t width = static_cast<int64_t>(c.dspark_target_layer_ids.size()) * c.hidden_size;
       const float* taps = buf<float>("taps", opt.max_rows * width);
       out.main_hidden.resize(inputs.size());
@@ -2124,56 +2133,133 @@ struct DeepseekV41Gpu::Impl {
   // would overwrite in the ring (more than `window` rows) are not written.
   Status dspark_commit(int32_t seq, int32_t first, std::span<const float> mh) {
     MS_RETURN_IF_ERROR(dspark_ready(seq));
-    const int64_t d = c.hidden_size, hd = c.head_dim, window = c.sliding_window;
-    const int64_t width = static_cast<int64_t>(c.dspark_target_layer_ids.size()) * d;
+    const int64_t width = static_cast<int64_t>(c.dspark_target_layer_ids.size()) * c.hidden_size;
     if (mh.size() % static_cast<size_t>(width) != 0)
       return make_error(ErrorCode::kInvalidArgument,
                         "dspark commit: {} values are not whole rows of {}", mh.size(), width);
     const int64_t total = static_cast<int64_t>(mh.size()) / width;
     if (total == 0) return Status{};
+    MS_RETURN_IF_ERROR(check_commit(seq, first, total));
+    const int64_t skip = std::max<int64_t>(total - c.sliding_window, 0);
+    const int64_t n = total - skip;
+    std::vector<int32_t> meta(static_cast<size_t>(2 * n));
+    for (int64_t r = 0; r < n; ++r) {
+      const int32_t p = first + static_cast<int32_t>(skip + r);
+      meta[static_cast<size_t>(r)] = p;
+      meta[static_cast<size_t>(n + r)] = ring_slot(seq, p);
+    }
+    float* dmh = buf<float>("ds_mh", n * width);
+    int32_t* dmeta = buf<int32_t>("ds_cpos", 2 * n);
+    cu::copy_h2d(dmh, mh.data() + skip * width, static_cast<size_t>(n * width) * 4, stream);
+    cu::copy_h2d(dmeta, meta.data(), meta.size() * 4, stream);
+    commit_rows(dmh, n, dmeta, dmeta + n);
+    cu::stream_synchronize(stream);
     Sequence& S = seqs[static_cast<size_t>(seq)];
-    if (first < 0 || static_cast<int64_t>(first) + total > opt.max_context)
+    if (S.ds_begin == S.ds_end) S.ds_begin = first;
+    S.ds_end = first + static_cast<int32_t>(total);
+    return Status{};
+  }
+
+  // dspark_commit with the taps the last forward left on the device (no host copy): every commit
+  // takes positions [first, first + count) of one input of that forward, all in one batch.
+  Status dspark_commit_taps(std::span<const GpuTapCommit> commits) {
+    const int64_t width = static_cast<int64_t>(c.dspark_target_layer_ids.size()) * c.hidden_size;
+    std::vector<char> seen(seqs.size(), 0);
+    std::vector<int32_t> src, pos, slot;
+    for (const GpuTapCommit& cm : commits) {
+      if (cm.input < 0 || static_cast<size_t>(cm.input) >= last_taps.size() ||
+          last_taps[static_cast<size_t>(cm.input)].rows == 0)
+        return make_error(ErrorCode::kInvalidArgument,
+                          "dspark commit: input {} of the last forward has no taps on the device "
+                          "(want_main_hidden off, no tap rows, or another forward ran since)",
+                          cm.input);
+      const TapRows& t = last_taps[static_cast<size_t>(cm.input)];
+      MS_RETURN_IF_ERROR(dspark_ready(t.seq));
+      if (seen[static_cast<size_t>(t.seq)]++)
+        return make_error(ErrorCode::kInvalidArgument, "dspark commit: sequence {} twice", t.seq);
+      if (cm.count <= 0 || cm.first < t.first_pos ||
+          static_cast<int64_t>(cm.first) + cm.count > static_cast<int64_t>(t.first_pos) + t.rows)
+        return make_error(ErrorCode::kOutOfRange,
+                          "dspark commit: positions [{}, {}) outside the tapped rows [{}, {}) of "
+                          "input {}",
+                          cm.first, static_cast<int64_t>(cm.first) + cm.count, t.first_pos,
+                          t.first_pos + t.rows, cm.input);
+      MS_RETURN_IF_ERROR(check_commit(t.seq, cm.first, cm.count));
+      const int32_t skip = std::max(cm.count - c.sliding_window, 0);
+      for (int32_t r = skip; r < cm.count; ++r) {
+        src.push_back(t.begin + (cm.first - t.first_pos) + r);
+        pos.push_back(cm.first + r);
+        slot.push_back(ring_slot(t.seq, cm.first + r));
+      }
+    }
+    const auto n = static_cast<int64_t>(src.size());
+    if (n > opt.max_rows)
+      return make_error(ErrorCode::kOutOfRange, "dspark commit: {} rows > max_rows {}", n,
+                        opt.max_rows);
+    if (n == 0) return Status{};
+    std::vector<int32_t> meta = src;
+    meta.insert(meta.end(), pos.begin(), pos.end());
+    meta.insert(meta.end(), slot.begin(), slot.end());
+    int32_t* dmeta = buf<int32_t>("ds_cpos", 3 * n);
+    cu::copy_h2d(dmeta, meta.data(), meta.size() * 4, stream);
+    float* dmh = buf<float>("ds_mh", n * width);
+    cu::launch_gather_rows(buf<float>("taps", opt.max_rows * width), width, dmeta, n, width, dmh,
+                           width, stream);
+    commit_rows(dmh, n, dmeta + n, dmeta + 2 * n);
+    cu::stream_synchronize(stream);
+    for (const GpuTapCommit& cm : commits) {
+      Sequence& S = seqs[static_cast<size_t>(last_taps[static_cast<size_t>(cm.input)].seq)];
+      if (S.ds_begin == S.ds_end) S.ds_begin = cm.first;
+      S.ds_end = cm.first + cm.count;
+    }
+    return Status{};
+  }
+
+  // A commit of `count` rows at `first` fits the sequence's ring and continues it.
+  Status check_commit(int32_t seq, int32_t first, int64_t count) const {
+    const Sequence& S = seqs[static_cast<size_t>(seq)];
+    if (first < 0 || static_cast<int64_t>(first) + count > opt.max_context)
       return make_error(ErrorCode::kOutOfRange, "dspark commit: positions [{}, {}) outside [0, {})",
-                        first, first + total, opt.max_context);
+                        first, first + count, opt.max_context);
     if (S.ds_begin != S.ds_end && first != S.ds_end)
       return make_error(ErrorCode::kInvalidArgument,
                         "dspark commit: position {} does not continue the ring (end {})", first,
                         S.ds_end);
-    const int64_t skip = std::max<int64_t>(total - window, 0);
-    const int64_t n = total - skip;
-    if (n > opt.max_rows)
-      return make_error(ErrorCode::kOutOfRange, "dspark commit: {} rows > max_rows {}", n,
-                        opt.max_rows);
-    std::vector<int32_t> pos(static_cast<size_t>(n));
-    for (int64_t r = 0; r < n; ++r) pos[static_cast<size_t>(r)] = first + static_cast<int32_t>(skip + r);
-    float* dmh = buf<float>("ds_mh", n * width);
-    int32_t* dpos = buf<int32_t>("ds_cpos", n);
-    cu::copy_h2d(dmh, mh.data() + skip * width, static_cast<size_t>(n * width) * 4, stream);
-    cu::copy_h2d(dpos, pos.data(), pos.size() * 4, stream);
+    if (std::min<int64_t>(count, c.sliding_window) > opt.max_rows)
+      return make_error(ErrorCode::kOutOfRange, "dspark commit: {} rows > max_rows {}",
+                        std::min<int64_t>(count, c.sliding_window), opt.max_rows);
+    return Status{};
+  }
+  // Record slot of position p of sequence seq in a draft stage's swa_pool.
+  [[nodiscard]] int32_t ring_slot(int32_t seq, int32_t p) const {
+    return seq * c.sliding_window + p % c.sliding_window;
+  }
+
+  // The rings' writes of n committed rows: taps dmh [n, taps * D] (device), positions pos (for
+  // RoPE) and pool slots slot (device, n each).
+  void commit_rows(const float* dmh, int64_t n, const int32_t* pos, const int32_t* slot) {
+    const int64_t d = c.hidden_size, hd = c.head_dim;
+    const int64_t width = static_cast<int64_t>(c.dspark_target_layer_ids.size()) * d;
     float* mx = buf<float>("ds_mx", n * d);
     linear(dmh, width, n, ds_main_proj, mx, d);
     rms(mx, n, d, ds_main_norm);
-    const size_t rec = c.swa_row_bytes();
     float* kv = buf<float>("ds_ckv", n * hd);
     for (int32_t l : draft_ids) {
       Layer& L = *layers[static_cast<size_t>(l)];
       linear(mx, d, n, L.wkv, kv, hd);
       rms(kv, n, hd, L.kv_norm);
-      rope(kv, n, 1, hd, dpos, RopeKind::kMain);
+      rope(kv, n, 1, hd, pos, RopeKind::kMain);
       cu::SwaWriteParams w;
       w.kv = kv;
       w.ld_kv = hd;
       w.rows = n;
       w.dim = static_cast<int>(hd);
-      w.pos = dpos;
-      w.ring = L.swa_pool.as<uint8_t>() + static_cast<int64_t>(seq) * window * static_cast<int64_t>(rec);
-      w.ring_size = static_cast<int>(window);
+      w.pos = slot;
+      // The slots index the whole pool (every sequence's ring), so one launch serves a batch.
+      w.ring = L.swa_pool.as<uint8_t>();
+      w.ring_size = static_cast<int>(seqs.size()) * c.sliding_window;
       cu::launch_swa_write_fp8(w, stream);
     }
-    cu::stream_synchronize(stream);
-    if (S.ds_begin == S.ds_end) S.ds_begin = first;
-    S.ds_end = first + static_cast<int32_t>(total);
-    return Status{};
   }
 
   // One draft cycle for every input (DSparkDraft::draft), rows ordered block position major
@@ -2476,6 +2562,9 @@ void DeepseekV41Gpu::release_sequence(int32_t seq) {
   impl_->seqs[static_cast<size_t>(seq)].live = false;
 }
 
+Status DeepseekV41Gpu::dspark_commit_taps(std::span<const GpuTapCommit> commits) {
+  return impl_->dspark_commit_taps(commits);
+}
 Status DeepseekV41Gpu::dspark_commit(int32_t seq, int32_t first,
                                      std::span<const float> main_hidden) {
   return impl_->dspark_commit(seq, first, main_hidden);

@@ -139,6 +139,13 @@ struct GpuForwardOutput {
 
 // One DSpark draft cycle of one sequence (model.md §6.2): its anchor (the token the target
 // emitted, at the position after the committed ring) and the outputs.
+// Commit positions [first, first + count) of the last forward's input `input` (its sequence)
+// from that forward's device taps (DeepseekV41Gpu::dspark_commit_taps).
+struct GpuTapCommit {
+  int32_t input = 0;
+  int32_t first = 0;
+  int32_t count = 0;
+};
 struct GpuDraftInput {
   int32_t seq = -1;
   int32_t anchor = 0;
@@ -196,6 +203,11 @@ class DeepseekV41Gpu {
   // DSparkDraft::commit. dspark_draft runs one draft cycle for every input, batched (rows
   // ordered block position major), as DSparkDraft::draft; each sequence needs committed context.
   [[nodiscard]] Status dspark_commit(int32_t seq, int32_t first, std::span<const float> main_hidden);
+  // The same from the taps the last forward left on the device (its inputs with
+  // want_main_hidden), batched over sequences, with no host copy: the verify -> commit -> draft
+  // loop of DSpark decoding. Refused when that input had no taps or the positions are not among
+  // its tapped rows.
+  [[nodiscard]] Status dspark_commit_taps(std::span<const GpuTapCommit> commits);
   [[nodiscard]] Result<GpuDraftOutput> dspark_draft(std::span<const GpuDraftInput> inputs);
 
   // Per-component GPU milliseconds accumulated since reset_profile() (options.profile).

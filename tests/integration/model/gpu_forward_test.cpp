@@ -580,6 +580,111 @@ TEST(GpuForward, DSparkDraftMatchesCpu) {
   std::filesystem::remove_all(dir);
 }
 
+// dspark_commit_taps (the last forward's device taps, batched, no host copy) against
+// dspark_commit with the same taps copied to the host: two copies of three prompts in one model,
+// committed one way each, then two draft cycles around one more decode step. The drafts agree to
+// fp32 rounding (the commit GEMMs run at different batch sizes) with the same tokens.
+TEST(GpuForward, DSparkCommitFromDeviceTapsMatchesHostCommit) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_dspark_taps");
+  ASSERT_TRUE(write_generated_model(dir, gpu_tiny_config(), 0));
+  arch::GpuModelOptions opt;
+  opt.max_seqs = 6;
+  opt.max_context = 128;
+  opt.max_rows = 256;
+  opt.dspark = true;
+  auto gpu = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(gpu) << gpu.error().to_string();
+  const ModelConfig& c = (*gpu)->config();
+  const int64_t v = c.vocab_size, bsz = c.dspark_block_size;
+  const size_t width = c.dspark_target_layer_ids.size() * static_cast<size_t>(c.hidden_size);
+  constexpr int kPrompts = 3;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int32_t> seq;  // inputs 0..2 commit from the host, 3..5 from the device taps
+  for (int i = 0; i < kPrompts; ++i)
+    prompts.push_back(test_prompt(11 + 6 * i, static_cast<uint32_t>(70 + i), static_cast<int32_t>(v)));
+  for (int i = 0; i < 2 * kPrompts; ++i) seq.push_back(*(*gpu)->new_sequence());
+  std::vector<int32_t> next(2 * kPrompts, 0);
+  for (int step = 0; step < 2; ++step) {
+    std::vector<GpuSequenceInput> in;
+    for (int i = 0; i < 2 * kPrompts; ++i) {
+      GpuSequenceInput g;
+      g.seq = seq[static_cast<size_t>(i)];
+      g.tokens = step == 0 ? std::span<const int32_t>(prompts[static_cast<size_t>(i % kPrompts)])
+                           : std::span<const int32_t>(&next[static_cast<size_t>(i % kPrompts)], 1);
+      g.want_main_hidden = true;
+      in.push_back(g);
+    }
+    auto out = (*gpu)->forward(in, ForwardMode::kOracle);
+    ASSERT_TRUE(out) << out.error().to_string();
+    std::vector<arch::GpuTapCommit> commits;
+    for (int i = 0; i < 2 * kPrompts; ++i) {
+      const auto& pos = out->main_hidden_positions[static_cast<size_t>(i)];
+      ASSERT_FALSE(pos.empty());
+      ASSERT_EQ(out->main_hidden[static_cast<size_t>(i)].size(), pos.size() * width);
+      if (i < kPrompts) {
+        ASSERT_TRUE((*gpu)->dspark_commit(seq[static_cast<size_t>(i)], pos.front(),
+                                          out->main_hidden[static_cast<size_t>(i)]));
+      } else {
+        commits.push_back({i, pos.front(), static_cast<int32_t>(pos.size())});
+      }
+    }
+    // Bad input is refused and commits nothing: an input the forward did not have, the same
+    // sequence twice, positions outside the input's tapped rows.
+    const arch::GpuTapCommit c0 = commits.front();
+    const std::vector<std::vector<arch::GpuTapCommit>> bad = {
+        {{2 * kPrompts, c0.first, 1}},
+        {c0, c0},
+        {{c0.input, c0.first - 1, c0.count}},
+        {{c0.input, c0.first, c0.count + 1}},
+        {{c0.input, c0.first, 0}}};
+    for (const auto& b : bad) {
+      const Status st = (*gpu)->dspark_commit_taps(b);
+      ASSERT_FALSE(st);
+      EXPECT_TRUE(st.error().code == ErrorCode::kInvalidArgument ||
+                  st.error().code == ErrorCode::kOutOfRange)
+          << st.error().to_string();
+    }
+    ASSERT_TRUE((*gpu)->dspark_commit_taps(commits));
+    // The same positions again no longer continue the ring.
+    EXPECT_FALSE((*gpu)->dspark_commit_taps({&commits[1], 1}));
+    std::vector<arch::GpuDraftInput> din;
+    for (int i = 0; i < 2 * kPrompts; ++i)
+      din.push_back({seq[static_cast<size_t>(i)], out->greedy[static_cast<size_t>(i % kPrompts)]});
+    auto d = (*gpu)->dspark_draft(din);
+    ASSERT_TRUE(d) << d.error().to_string();
+    for (int i = 0; i < kPrompts; ++i) {
+      double worst = 0.0;
+      for (int64_t j = 0; j < bsz; ++j) {
+        const size_t a = static_cast<size_t>(i * bsz + j), b = static_cast<size_t>((i + kPrompts) * bsz + j);
+        const std::vector<float> la(d->logits.begin() + static_cast<int64_t>(a) * v,
+                                    d->logits.begin() + static_cast<int64_t>(a + 1) * v);
+        worst = std::max(worst, rel_diff(la, d->logits.data() + static_cast<int64_t>(b) * v, v));
+        worst = std::max(worst, std::abs(static_cast<double>(d->confidences[a]) - d->confidences[b]));
+        EXPECT_EQ(d->tokens[a], d->tokens[b]) << "step " << step << " prompt " << i << " row " << j;
+      }
+      fmt::print("dspark device-taps commit, step {} prompt {}: worst logits/confidence difference "
+                 "{:.2e}\n",
+                 step, i, worst);
+      EXPECT_LE(worst, 1e-5) << "step " << step << " prompt " << i;
+    }
+    for (int i = 0; i < kPrompts; ++i) next[static_cast<size_t>(i)] = out->greedy[static_cast<size_t>(i)];
+  }
+  // A forward without taps leaves none to commit.
+  {
+    GpuSequenceInput g;
+    g.seq = seq[0];
+    g.tokens = {&next[0], 1};
+    auto out = (*gpu)->forward({&g, 1}, ForwardMode::kOracle);
+    ASSERT_TRUE(out);
+    const arch::GpuTapCommit cm{0, (*gpu)->num_tokens(seq[0]) - 1, 1};
+    const Status st = (*gpu)->dspark_commit_taps({&cm, 1});
+    ASSERT_FALSE(st);
+    EXPECT_EQ(st.error().code, ErrorCode::kInvalidArgument) << st.error().to_string();
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // The DSpark taps of the GPU forward (GpuSequenceInput::want_main_hidden) against the CPU's
 // main_hidden: same positions (oracle: every row; production: the rows after the bounded-replay
 // floor) and, for prompts without a rounding flip before the tap layers, the same values to 1e-5
