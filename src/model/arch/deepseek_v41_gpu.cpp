@@ -295,10 +295,24 @@ struct DeepseekV41Gpu::Impl {
     uint64_t gen = 0;
     GpuForwardCost static_cost;       // the cost the launches add (the plan adds the rest)
     std::vector<int32_t> moe_layers;  // for add_grouped_moe_cost
+    uint64_t last_use = 0;            // graph_clock at the last replay (LRU eviction)
   };
   std::map<std::vector<int64_t>, GraphEntry> graphs;
   std::map<std::vector<int64_t>, int> graph_seen;
   int64_t graph_replays = 0, graph_captures = 0;
+  uint64_t graph_clock = 0;
+  // Keeps at most opt.max_cuda_graphs graphs: the least recently replayed one goes first. The
+  // shapes seen once are forgotten past a bound too (a long-running server sees many shapes).
+  void make_room_for_graph() {
+    while (!graphs.empty() && static_cast<int64_t>(graphs.size()) >= std::max(opt.max_cuda_graphs, 1)) {
+      auto lru = graphs.begin();
+      for (auto it = graphs.begin(); it != graphs.end(); ++it)
+        if (it->second.last_use < lru->second.last_use) lru = it;
+      cu::graph_destroy(lru->second.exec);
+      graphs.erase(lru);
+    }
+    if (graph_seen.size() > 4096) graph_seen.clear();
+  }
   void drop_graphs() {
     for (auto& [k, g] : graphs) cu::graph_destroy(g.exec);
     graphs.clear();
@@ -1775,6 +1789,7 @@ struct DeepseekV41Gpu::Impl {
         it = graphs.end();
       }
       if (it != graphs.end()) {
+        it->second.last_use = ++graph_clock;
         cu::graph_launch(it->second.exec, stream);
         cost = it->second.static_cost;
         moe_layers_run = it->second.moe_layers;
@@ -1787,9 +1802,11 @@ struct DeepseekV41Gpu::Impl {
         launch(b);
         void* exec = cu::graph_capture_end(stream);
         if (gen == ws_gen) {
+          make_room_for_graph();
           GraphEntry g;
           g.exec = exec;
           g.gen = ws_gen;
+          g.last_use = ++graph_clock;
           g.static_cost = cost;
           g.moe_layers = moe_layers_run;
           graphs[b.key] = std::move(g);
@@ -2623,6 +2640,7 @@ void DeepseekV41Gpu::set_profile(bool on) { impl_->opt.profile = on; }
 const GpuForwardCost& DeepseekV41Gpu::last_cost() const { return impl_->cost; }
 int64_t DeepseekV41Gpu::graph_replays() const { return impl_->graph_replays; }
 int64_t DeepseekV41Gpu::graph_captures() const { return impl_->graph_captures; }
+int64_t DeepseekV41Gpu::graphs_held() const { return static_cast<int64_t>(impl_->graphs.size()); }
 const GpuForwardTrace& DeepseekV41Gpu::trace() const { return impl_->trace; }
 
 }  // namespace moeserve::arch

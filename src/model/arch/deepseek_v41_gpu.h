@@ -53,6 +53,9 @@ struct GpuModelOptions {
   // rows per input, logits rows, indexer width rounded up to 512 entries): the first forward of a
   // shape runs eagerly, the second captures it, later ones replay it.
   bool cuda_graphs = false;
+  // Captured graphs kept at most; past it the least recently replayed one is destroyed (each
+  // holds device memory for its nodes; a server sees a new shape per batch composition).
+  int32_t max_cuda_graphs = 32;
   // true: forward() copies the logits rows to the host (GpuForwardOutput::logits); false: only
   // the device argmax (greedy) comes back, as a server that samples on the device would copy.
   bool host_logits = true;
@@ -218,6 +221,7 @@ class DeepseekV41Gpu {
   // Forwards that replayed / captured a CUDA graph so far.
   [[nodiscard]] int64_t graph_replays() const;
   [[nodiscard]] int64_t graph_captures() const;
+  [[nodiscard]] int64_t graphs_held() const;  // captured graphs kept now (<= max_cuda_graphs)
   [[nodiscard]] const GpuForwardTrace& trace() const;
 
   struct Impl;

@@ -939,8 +939,10 @@ TEST(GpuForward, CudaGraphDecodeIsBitIdenticalToEager) {
   opt.cuda_graphs = true;
   auto graph = DeepseekV41Gpu::load(dir, opt);
   ASSERT_TRUE(graph) << graph.error().to_string();
-  // A third copy without host logits (a server's step): the same greedy tokens, no logits.
+  // A third copy without host logits (a server's step): the same greedy tokens, no logits. It
+  // keeps one graph, so every change of shape evicts and recaptures.
   opt.host_logits = false;
+  opt.max_cuda_graphs = 1;
   auto ids_only = DeepseekV41Gpu::load(dir, opt);
   ASSERT_TRUE(ids_only) << ids_only.error().to_string();
   const int64_t v = (*eager)->config().vocab_size;
@@ -1015,6 +1017,15 @@ TEST(GpuForward, CudaGraphDecodeIsBitIdenticalToEager) {
   add(40, 150);
   decode(5, 1);
   EXPECT_GT((*graph)->graph_replays(), replays);
+  // Alternating shapes: the one-graph copy recaptures each time and still gives the same tokens.
+  const int64_t captures = (*ids_only)->graph_captures();
+  for (int s = 0; s < 3; ++s) {
+    decode(2, 1);
+    decode(2, 2);
+  }
+  EXPECT_EQ((*ids_only)->graphs_held(), 1);
+  EXPECT_GE((*ids_only)->graph_captures(), captures + 4);
+  EXPECT_GE((*graph)->graphs_held(), 2);
   EXPECT_EQ((*eager)->graph_replays() + (*eager)->graph_captures(), 0);
   std::filesystem::remove_all(dir);
 }
