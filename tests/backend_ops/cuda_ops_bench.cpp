@@ -409,14 +409,20 @@ void run_v41_ops(Bench& b, std::vector<Result>& results) {
     p.pos = pos.data_as<int32_t>();
     p.freqs = f;
     p.out = o.data_as<float>();
-    for (bool split : {true, false}) {
-      p.split_precision = split;
-      results.push_back(b.run(split ? "sparse attention 128+512 (hi+lo)"
-                                    : "sparse attention 128+512 (fp16)",
-                              dims({t, 64, 640, 512}),
-                              t * (128.0 * 528 + 512.0 * 288 + 2.0 * 4 * 64 * 512),
-                              4.0 * t * 64 * 640 * 512, Rate::kBf16,
-                              [&](int) { cuda::launch_sparse_attention(p, stream); }));
+    // use_wgmma: the warpgroup-MMA kernel (sm_90a only), next to the mma.sync rows.
+    const bool hopper = cuda::device_info(0).compute_major == 9;
+    for (bool wg : {false, true}) {
+      if (wg && !hopper) continue;
+      p.use_wgmma = wg;
+      for (bool split : {true, false}) {
+        p.split_precision = split;
+        const std::string name = std::string("sparse attention 128+512 (") +
+                                 (split ? "hi+lo" : "fp16") + (wg ? ", wgmma)" : ")");
+        results.push_back(b.run(name, dims({t, 64, 640, 512}),
+                                t * (128.0 * 528 + 512.0 * 288 + 2.0 * 4 * 64 * 512),
+                                4.0 * t * 64 * 640 * 512, Rate::kBf16,
+                                [&](int) { cuda::launch_sparse_attention(p, stream); }));
+      }
     }
     b.release();
   }

@@ -26,6 +26,7 @@
 #ifdef MOESERVE_HAVE_CUDA
 #include "backend/cuda/cublaslt_gemm.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_bench.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/model_glue.h"
 #endif
@@ -1102,6 +1103,80 @@ TEST_F(CudaV41, SparseAttention) {
       p.out = o64;
       cuda::launch_sparse_attention_f64(p, stream_);
       EXPECT_LE(rel_err(down(o64, ref.size()), ref), 1e-6) << explicit_swa;
+    }
+  }
+}
+
+// use_wgmma (the warpgroup-MMA kernel, sm_90a): every case of SparseAttention (1, 65 and few
+// valid keys, implicit and explicit SWA windows) with the same tolerances against the CPU: split
+// precision 1e-5, single fp16 1e-3; 128 heads (two CTAs of 64 per row), 16 heads (not a
+// multiple of 64: the mma.sync fallback), main entries with per-block exponents spread over
+// 2^-6..2^6. And against the mma.sync kernel on the same inputs: split 5e-6 (both about fp32),
+// fp16 5e-4 (the same fp16 roundings of q and the keys; P's differ through the logits' order).
+TEST_F(CudaV41, SparseAttentionWgmma) {
+  if (cuda::device_info(0).compute_major != 9)
+    GTEST_SKIP() << "the wgmma kernel needs sm_90a (Hopper); device is sm_"
+                 << cuda::device_info(0).compute_major << cuda::device_info(0).compute_minor;
+  std::mt19937 rng(29);
+  const int hd = 512;
+  const int64_t t = 6, nglob = 700;
+  auto ring = swa_records(128, rng);
+  const std::vector<int32_t> pos = {3, 127, 5000, 77, 0, 64};
+  const int gk = 512;
+  std::vector<int32_t> gidx(static_cast<size_t>(t * gk));
+  std::uniform_int_distribution<int> pick(-1, static_cast<int>(nglob) - 1);
+  for (auto& g : gidx) g = pick(rng);
+  for (int i = 0; i < gk; ++i) gidx[static_cast<size_t>(3 * gk + i)] = i < 37 ? i * 3 : -1;
+  for (int i = 0; i < gk; ++i) gidx[static_cast<size_t>(4 * gk + i)] = -1;
+  for (int i = 0; i < gk; ++i) gidx[static_cast<size_t>(5 * gk + i)] = -1;
+  std::vector<int32_t> sidx(static_cast<size_t>(t * 128));
+  cpu::swa_window_indices(pos.data(), t, 128, 128, 0, sidx.data());
+  const auto f = compress_freqs();
+  for (int spread : {0, 6}) {
+    auto glob = fp4_records(nglob, hd, cpu::Fp4Record::kMainBlock16E4m3, rng, spread);
+    for (int heads : {64, 128, 16}) {
+      if (spread > 0 && heads != 64) continue;
+      auto q = rnd(t * heads * hd, rng, -1, 1);
+      auto sink = rnd(heads, rng, -2, 2);
+      std::vector<float> ref(q.size());
+      cpu::sparse_attention(q.data(), t, heads, hd, ring.data(), sidx.data(), 128, glob.data(),
+                            gidx.data(), gk, sink.data(), 0.04419417382415922f, pos.data(),
+                            f.data(), 64, ref.data());
+      for (bool explicit_swa : {false, true}) {
+        cuda::SparseAttentionParams p;
+        p.q = up(q);
+        p.rows = t;
+        p.heads = heads;
+        p.swa = up(ring);
+        p.swa_idx = explicit_swa ? up(sidx) : nullptr;
+        p.glob = up(glob);
+        p.glob_idx = up(gidx);
+        p.glob_k = gk;
+        p.sink = up(sink);
+        p.pos = up(pos);
+        p.freqs = up(f);
+        for (bool split : {true, false}) {
+          SCOPED_TRACE(testing::Message() << heads << " heads, split " << split << ", explicit swa "
+                                          << explicit_swa << ", block spread " << spread);
+          p.split_precision = split;
+          float* o_wg = nans(ref.size());
+          p.out = o_wg;
+          p.use_wgmma = true;
+          cuda::launch_sparse_attention(p, stream_);
+          float* o_old = nans(ref.size());
+          p.out = o_old;
+          p.use_wgmma = false;
+          cuda::launch_sparse_attention(p, stream_);
+          const auto wg = down(o_wg, ref.size()), old = down(o_old, ref.size());
+          const double err = rel_err(wg, ref), vs_old = rel_err(wg, old);
+          EXPECT_LE(err, split ? 1e-5 : 1e-3);
+          EXPECT_LE(vs_old, split ? 5e-6 : 5e-4);
+          std::printf(
+              "sparse attention wgmma %d heads, split %d, explicit swa %d, spread %d: rel err "
+              "%.3g, vs mma.sync %.3g\n",
+              heads, split, explicit_swa, spread, err, vs_old);
+        }
+      }
     }
   }
 }

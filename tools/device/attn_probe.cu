@@ -1,19 +1,31 @@
-// Device probe (not part of the build): times launch_sparse_attention on random caches and prints
-// where a block spends its cycles (thread 0's clock64 between the kernel's ATTN_MARK points,
-// averaged per block). Build and run on the device:
+// Device probe (not part of the build): times launch_sparse_attention on random caches, the
+// mma.sync kernel and the warpgroup-MMA one (use_wgmma), prints where an mma.sync block spends its
+// cycles (thread 0's clock64 between the kernel's ATTN_MARK points, averaged per block), the
+// largest difference between the two kernels' outputs (relative to the largest |output|), and a
+// table of both kernels' times. Build and run on the device:
 //   nvcc -O3 -std=c++20 -arch=sm_90a -I src -DMOESERVE_ATTN_CLOCKS tools/device/attn_probe.cu -o /tmp/attn_probe && /tmp/attn_probe
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <vector>
 
 #include "backend/cuda/v41_attention.cu"
+#include "backend/cuda/v41_attention_wgmma.cu"
 #include "probe_util.h"
 
 using namespace moeserve::cuda;
 
+struct Row {
+  int rows;
+  bool split;
+  double us_old, us_wg, diff;
+};
+
 int main() {
   std::mt19937 rng(7);
+  std::vector<Row> table;
   const int heads = 64, pool = 1 << 16;
   std::vector<uint8_t> ring(128 * 528), glob(static_cast<size_t>(pool) * 288);
   for (size_t i = 0; i < ring.size(); ++i)
@@ -48,6 +60,7 @@ int main() {
     p.out = out;
     for (bool split : {true, false}) {
       p.split_precision = split;
+      p.use_wgmma = false;
       for (int i = 0; i < 3; ++i) launch_sparse_attention(p, nullptr);
       cudaEvent_t e0, e1;
       cudaEventCreate(&e0);
@@ -72,7 +85,41 @@ int main() {
       for (int i = 0; i < 12; ++i) total += clk[i] / blocks;
       for (int i = 0; i < 12; ++i) std::printf(" %s %.0f", names[i], clk[i] / blocks);
       std::printf(" | total %.0f\n", total);
+      const double us_old = 1000.0 * ms / iters;
+
+      // The same launch with use_wgmma, and the difference of the outputs.
+      std::vector<float> o_old(q.size()), o_wg(q.size());
+      MS_CUDA_CHECK(cudaMemcpy(o_old.data(), out, q.size() * 4, cudaMemcpyDeviceToHost));
+      MS_CUDA_CHECK(cudaMemset(out, 0xFF, q.size() * 4));  // NaN: unwritten outputs show
+      p.use_wgmma = true;
+      launch_sparse_attention(p, nullptr);
+      MS_CUDA_CHECK(cudaMemcpy(o_wg.data(), out, q.size() * 4, cudaMemcpyDeviceToHost));
+      double num = 0, den = 1e-30;
+      for (size_t i = 0; i < q.size(); ++i) {
+        const double d = std::abs(static_cast<double>(o_wg[i]) - o_old[i]);
+        num = std::isnan(d) ? INFINITY : std::max(num, d);
+        den = std::max(den, std::abs(static_cast<double>(o_old[i])));
+      }
+      for (int i = 0; i < 3; ++i) launch_sparse_attention(p, nullptr);
+      cudaEventRecord(e0);
+      for (int i = 0; i < iters; ++i) launch_sparse_attention(p, nullptr);
+      cudaEventRecord(e1);
+      MS_CUDA_CHECK(cudaEventSynchronize(e1));
+      cudaEventElapsedTime(&ms, e0, e1);
+      const double us_wg = 1000.0 * ms / iters;
+      std::printf(
+          "rows %4d split %d: wgmma %8.1f us/launch, max |wgmma - mma.sync| / max |out| %.3g\n",
+          rows, split, us_wg, num / den);
+      table.push_back({rows, split, us_old, us_wg, num / den});
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
     }
+    MS_CUDA_CHECK(cudaFree(out));
   }
+  std::printf("\n| rows | precision | mma.sync us | wgmma us | speed-up | rel diff |\n");
+  std::printf("|---:|---|---:|---:|---:|---:|\n");
+  for (const Row& r : table)
+    std::printf("| %d | %s | %.1f | %.1f | %.2fx | %.2g |\n", r.rows, r.split ? "hi+lo" : "fp16",
+                r.us_old, r.us_wg, r.us_old / r.us_wg, r.diff);
   return 0;
 }

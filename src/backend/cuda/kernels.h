@@ -560,6 +560,10 @@ struct SparseAttentionParams {
   // true: q and P as fp16 hi + lo pairs (about fp32; the GPU-vs-CPU model tests rely on it).
   // false: single fp16 operands (2^-11 relative; twice the MMA rate), FlashMLA's precision class.
   bool split_precision = true;
+  // true: the warpgroup-MMA kernel (v41_attention_wgmma.cu; needs sm_90a) when the shape fits
+  // (heads % 64 == 0: one CTA per row and 64 heads, each key tile dequantised once); other shapes
+  // take the mma.sync kernel. Same precision modes and results to rounding.
+  bool use_wgmma = false;
 };
 void launch_sparse_attention(const SparseAttentionParams& p, Stream stream);
 // The same in double precision with the CPU reference's order of operations (one block per row

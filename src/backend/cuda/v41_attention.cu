@@ -570,12 +570,20 @@ __global__ void __launch_bounds__(kF64Threads) sparse_attention_f64_kernel(Spars
 
 }  // namespace
 
+// The warpgroup-MMA kernel (v41_attention_wgmma.cu, sm_90a): the shapes it takes, and its launch.
+bool sparse_attention_wgmma_fits(const SparseAttentionParams& p);
+void launch_sparse_attention_wgmma(const SparseAttentionParams& p, cudaStream_t stream);
+
 void launch_sparse_attention(const SparseAttentionParams& p, Stream stream) {
   if (p.rows == 0) return;
   if (p.head_dim != kHd || p.heads % 16 != 0 || p.swa_k + p.glob_k > kMaxKeys)
     detail::cuda_call_failed(__FILE__, __LINE__, "sparse attention shape",
                              "head_dim 512, heads % 16 == 0, swa_k + glob_k <= 1024", "");
   const cudaStream_t st = as_cuda_stream(stream);
+  if (p.use_wgmma && sparse_attention_wgmma_fits(p)) {
+    launch_sparse_attention_wgmma(p, st);
+    return;
+  }
   if (p.heads % 32 == 0 && MOESERVE_ATTN_MT == 2) {
     if (p.split_precision) launch_flash<MOESERVE_ATTN_MT, true>(p, st);
     else launch_flash<MOESERVE_ATTN_MT, false>(p, st);

@@ -1,0 +1,513 @@
+// V4.1 sparse attention core (model.md §2.5) on Hopper warpgroup MMA (sm_90a wgmma.mma_async):
+// the use_wgmma path of launch_sparse_attention. Same results as the mma.sync kernel in
+// v41_attention.cu (same key list, sink-initialised online softmax, hi + lo split precision,
+// inverse RoPE), a different structure: one CTA per (query row, 64 heads), two warpgroups, and
+// each 32-key tile dequantised ONCE per row (the mma.sync kernel decodes it once per 32 heads).
+//
+// Per tile of 32 keys (K = V: one fp16 copy serves both products):
+//   S = Q . K^T   m64n32k16, A = q * scale * 2^8 (fp16; hi and lo parts in split precision) and
+//                 B = the key tile, both K-major in shared memory. Warpgroup w covers channels
+//                 [256 w, 256 w + 256) (16 k-steps), so each holds a partial S (64 heads x 32
+//                 keys, 16 fp32 per thread); the partials are exchanged through shared memory and
+//                 both warpgroups add them (s0 + s1 == s1 + s0: identical S in both).
+//   softmax       in registers, redundantly in both warpgroups (identical m, l and P): thread
+//                 (warp v, lane g * 4 + t) owns heads 16 v + g and 16 v + g + 8, the row max and
+//                 sum are quad shuffles. m starts at the sink, l at 1.
+//   O += P . V    m64n256k16, A = P * 2^8 from registers (the S accumulator layout is the A
+//                 fragment layout; hi and lo parts in split precision), B = the same key tile
+//                 read MN-major (imm-trans-b), warpgroup w owning output channels [256 w, +256):
+//                 128 fp32 accumulators per thread.
+// Each warpgroup reads only its own channel half of a key tile (S and P . V alike), which lets
+// the S exchange live in the idle key buffer's own half (below).
+//
+// Shared memory (1024-aligned base; every wgmma operand in 128-byte-swizzle atoms: rows of 64
+// fp16 = 128 B, 8 rows = 1024 B, the 16-byte chunk c of row r stored at chunk c ^ (r % 8)):
+//   q      fp16 [1 or 2 parts (hi, lo)][8 panels][64 heads][64 channels]   64 KB per part
+//   kt     fp16 [2 buffers][8 panels][32 keys][64 channels]                 32 KB per buffer
+//          panel c holds channels [64 c, 64 c + 64): for S a K-major B (rows = keys, SBO 1024 B,
+//          k-step = +32 B), for P . V an MN-major B (K = keys: 8-key groups at SBO 1024 B;
+//          N = channels: 64-channel blocks at LBO = one panel, 4096 B).
+//   stage  raw records of one tile (cp.async; 528 B per key, FP4 records use 288)  16.5 KB
+//   list   int32 [1024] compacted key ids
+// Split precision: 217 KB + 1 KB alignment slack; single fp16: 153 KB. One CTA per SM.
+//
+// Pipeline per tile t (buffer b = t & 1; all 256 threads):
+//   1. wgmma.fence; issue S_t on kt[b]; commit.            (P . V of t - 1 may still be running)
+//   2. wait_group 0: S_t and P . V_{t-1} done.
+//   3. store the partial S into this warpgroup's half of kt[b ^ 1] (its own earlier wgmma on that
+//      buffer are complete; the other warpgroup never reads that half); __syncthreads.
+//   4. add the other half's partial; online softmax; rescale O; P fragments.
+//   5. wgmma.fence; issue P . V_t on kt[b]; commit (not waited: it overlaps 6).
+//   6. cp.async.wait (raw tile t + 1); __syncthreads (raw visible; every thread past 4, so kt[b^1]
+//      is free); dequantise tile t + 1 into kt[b ^ 1]; fence.proxy.async (generic stores ->
+//      async proxy reads); __syncthreads; cp.async of raw tile t + 2 into the stage.
+// Tile 0 is dequantised before the loop. The tensor pipe runs P . V_t and then S_{t+1} back to
+// back; the dequantisation (CUDA cores) runs under P . V_t; the exchange and softmax are exposed.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "backend/cuda/cuda_util.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/v41_device.cuh"
+#include "backend/cuda/wgmma.cuh"
+
+namespace moeserve::cuda {
+namespace attn_wg {
+
+constexpr int kHd = 512;
+constexpr int kHeads = 64;     // wgmma M: the heads of one CTA
+constexpr int kThreads = 256;  // two warpgroups
+constexpr int kTile = 32;      // keys per tile
+constexpr int kMaxKeys = 1024;
+constexpr int kGlobFlag = 1 << 30;
+constexpr float kPow = 256.0f;
+constexpr int kSwaRec = kHd + kHd / 32;       // FP8 record: 512 codes + 16 ue8m0 scales
+constexpr int kGlobRec = kHd / 2 + kHd / 16;  // FP4 record: 256 B of nibbles + 32 e4m3 scales
+constexpr int kSlot = kSwaRec;                // stage bytes per key
+static_assert(kSwaRec % 16 == 0 && kGlobRec % 16 == 0, "records are whole 16-byte chunks");
+
+constexpr uint32_t kQPanel = kHeads * 128;            // 8 KB: 64 heads x 64 channels
+constexpr uint32_t kQPart = 8 * kQPanel;              // 64 KB: one fp16 copy of q
+constexpr uint32_t kKtPanel = kTile * 128;            // 4 KB: 32 keys x 64 channels
+constexpr uint32_t kKtBuf = 8 * kKtPanel;             // 32 KB: one key tile
+constexpr uint32_t kHalfPanels = 4;                   // panels per warpgroup (256 channels)
+constexpr uint32_t kStageBytes = kTile * kSlot;       // 16,896
+constexpr int kItems = kTile * (kHd / 8) / kThreads;  // 8-channel items per thread per tile
+
+template <bool kSplit>
+struct Smem {
+  static constexpr uint32_t kQ = 0;
+  static constexpr uint32_t kKt = kQ + (kSplit ? 2 : 1) * kQPart;
+  static constexpr uint32_t kStage = kKt + 2 * kKtBuf;
+  static constexpr uint32_t kList = kStage + kStageBytes;
+  static constexpr uint32_t kEnd = kList + sizeof(int32_t) * kMaxKeys;
+  static constexpr uint32_t kBytes = kEnd + 1024;  // + slack to align the base to 1024
+};
+static_assert(Smem<true>::kBytes <= 227 * 1024, "shared memory budget (split precision)");
+static_assert(Smem<true>::kKt % 1024 == 0 && Smem<true>::kStage % 16 == 0, "atom alignment");
+static_assert(Smem<false>::kKt % 1024 == 0 && Smem<false>::kStage % 16 == 0, "atom alignment");
+
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+
+// (a, b) -> fp16 pairs hi, lo with a = hi.x + lo.x + O(2^-22 |a|) (b likewise).
+__device__ __forceinline__ void split_pair(float a, float b, uint32_t* hi, uint32_t* lo) {
+  const __half2 h = __floats2half2_rn(a, b);
+  const float2 hf = __half22float2(h);
+  *hi = h2_bits(h);
+  *lo = h2_bits(__floats2half2_rn(a - hf.x, b - hf.y));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t smem_dst, const void* gmem_src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_dst), "l"(gmem_src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// Byte offset of the 16-byte chunk holding channels [8 oct, 8 oct + 8) of row `row` in a
+// swizzled operand of 8 panels with `panel` bytes each (128 B per row).
+__device__ __forceinline__ uint32_t swz(uint32_t panel, int row, int oct) {
+  return static_cast<uint32_t>(oct >> 3) * panel + static_cast<uint32_t>(row) * 128u +
+         (static_cast<uint32_t>((oct & 7) ^ (row & 7)) << 4);
+}
+
+// Issues the copies of keys [t0, t0 + kTile) of the list into the stage (commits a group): warp
+// w copies keys w, w + 8, ..., its lanes the record's 16-byte chunks.
+__device__ __forceinline__ void stage_tile(const SparseAttentionParams& p, const int32_t* list,
+                                           int nk, int t0, uint32_t stage) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  for (int key = static_cast<int>(threadIdx.x) >> 5; key < kTile && t0 + key < nk;
+       key += kThreads / 32) {
+    const int id = list[t0 + key];
+    const bool glob = (id & kGlobFlag) != 0;
+    const uint8_t* rec = glob ? p.glob + static_cast<int64_t>(id & ~kGlobFlag) * kGlobRec
+                              : p.swa + static_cast<int64_t>(id) * kSwaRec;
+    const int chunks = glob ? kGlobRec / 16 : kSwaRec / 16;
+    for (int part = lane; part < chunks; part += 32)
+      cp_async16(stage + static_cast<uint32_t>(key * kSlot + 16 * part), rec + 16 * part);
+  }
+  cp_async_commit();
+}
+
+// e2m1 -> fp16 (exact), as in v41_attention.cu: one PRMT converts 4 nibbles' magnitude bits to the
+// high bytes of fp16 values (every e2m1 magnitude is an fp16 with a zero low byte), a second
+// places them, a third brings the sign bits.
+constexpr uint32_t kE2m1F16Hi0 = 0x3E3C3800u, kE2m1F16Hi1 = 0x46444240u;
+__device__ __forceinline__ void e2m1x8_to_f16(uint32_t x, __half2 s2, uint32_t (&w)[4]) {
+  const uint32_t m = x & 0x77777777u;
+  const uint32_t x4 = x << 4;
+  const uint32_t hi[2] = {__byte_perm(kE2m1F16Hi0, kE2m1F16Hi1, m),
+                          __byte_perm(kE2m1F16Hi0, kE2m1F16Hi1, m >> 16)};
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    const uint32_t mag = __byte_perm(hi[b >> 1], 0u, (b & 1) != 0 ? 0x3424u : 0x1404u);
+    const uint32_t sgn = __byte_perm(x, x4, 0x0040u + 0x1010u * static_cast<uint32_t>(b));
+    const uint32_t v = mag | (sgn & 0x80008000u);
+    w[b] = h2_bits(__hmul2(*reinterpret_cast<const __half2*>(&v), s2));
+  }
+}
+
+// Dequantises the staged tile into kt (fp16, swizzled; zeros for keys past nk), exactly as
+// decode_tile of v41_attention.cu: item it of this thread is key (tid + 256 it) / 64, channels
+// 8 ((tid + 256 it) % 64) ..+8 (a warp stores 4 rows of 128 B: no bank conflicts).
+__device__ __forceinline__ void decode_tile(const int32_t* list, int nk, int t0,
+                                            const uint8_t* stage, uint8_t* kt) {
+#pragma unroll 4
+  for (int it = 0; it < kItems; ++it) {
+    const int i = static_cast<int>(threadIdx.x) + it * kThreads;
+    const int key = i / (kHd / 8), oct = i % (kHd / 8);
+    uint32_t w[4] = {0, 0, 0, 0};
+    if (t0 + key < nk) {
+      const uint8_t* rec = stage + key * kSlot;
+      if (list[t0 + key] & kGlobFlag) {
+        const uint32_t x = *reinterpret_cast<const uint32_t*>(rec + 4 * oct);
+        const __half_raw sr = __nv_cvt_fp8_to_halfraw(
+            static_cast<__nv_fp8_storage_t>(rec[kHd / 2 + oct / 2]), __NV_E4M3);
+        e2m1x8_to_f16(x, __half2half2(__half(sr)), w);
+      } else {
+        const uint2 xy = *reinterpret_cast<const uint2*>(rec + 8 * oct);
+        const float sc = v41::ue8m0_decode(rec[kHd + oct / 4]);
+        if (sc >= 0x1p-14f && sc <= 0x1p15f) {
+          const __half2 s2 = __float2half2_rn(sc);
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const uint32_t word = b < 2 ? xy.x : xy.y;
+            const __half2_raw pr = __nv_cvt_fp8x2_to_halfraw2(
+                static_cast<__nv_fp8x2_storage_t>((word >> (16 * (b & 1))) & 0xFFFFu), __NV_E4M3);
+            w[b] = h2_bits(__hmul2(__half2(pr), s2));
+          }
+        } else {
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const uint32_t word = b < 2 ? xy.x : xy.y;
+            const int sh = 16 * (b & 1);
+            w[b] = h2_bits(__floats2half2_rn(v41::e4m3_decode((word >> sh) & 0xFFu) * sc,
+                                             v41::e4m3_decode((word >> (sh + 8)) & 0xFFu) * sc));
+          }
+        }
+      }
+    }
+    *reinterpret_cast<uint4*>(kt + swz(kKtPanel, key, oct)) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+template <bool kSplit>
+__global__ void __launch_bounds__(kThreads, 1)
+    sparse_attention_wgmma_kernel(SparseAttentionParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = Smem<kSplit>;
+  constexpr int kParts = kSplit ? 2 : 1;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ int32_t warp_count[kThreads / 32];
+  // 1024-aligned base: the swizzle atoms' XOR pattern is taken from address bits 7-9.
+  uint8_t* const smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                                   ~static_cast<uintptr_t>(1023));
+  const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  int32_t* const list = reinterpret_cast<int32_t*>(smem + L::kList);
+  const uint8_t* const stage = smem + L::kStage;
+
+  const int64_t t = blockIdx.x;
+  const int h0 = static_cast<int>(blockIdx.y) * kHeads;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int wg = tid >> 7;     // warpgroup: channel half
+  const int wtid = tid & 127;  // thread within the warpgroup
+  const int g = lane >> 2, tq = lane & 3;
+  const int r0 = 16 * (warp & 3) + g;  // heads r0 and r0 + 8 of the CTA (accumulator rows)
+  const int pos = p.pos[t];
+
+  // Ordered compaction of the valid key ids (as the mma.sync kernel).
+  const int nlist = p.swa_k + p.glob_k;
+  int base = 0;
+  for (int start = 0; start < nlist; start += kThreads) {
+    const int i = start + tid;
+    int id = -1;
+    if (i < p.swa_k) {
+      if (p.swa_idx) {
+        id = p.swa_idx[t * p.swa_k + i];
+      } else {
+        const int64_t kp = static_cast<int64_t>(pos) - i;
+        id = kp >= (p.swa_floor > 0 ? p.swa_floor : 0) ? static_cast<int>(kp % p.ring_size) : -1;
+      }
+    } else if (i < nlist) {
+      const int gi = p.glob_idx[t * p.glob_k + (i - p.swa_k)];
+      id = gi >= 0 ? (gi | kGlobFlag) : -1;
+    }
+    const bool valid = id >= 0;
+    const uint32_t mask = __ballot_sync(0xffffffffu, valid);
+    if (lane == 0) warp_count[warp] = __popc(mask);
+    __syncthreads();
+    int off = base;
+    for (int w = 0; w < warp; ++w) off += warp_count[w];
+    if (valid) list[off + __popc(mask & ((1u << lane) - 1u))] = id;
+    int sum = 0;
+    for (int w = 0; w < kThreads / 32; ++w) sum += warp_count[w];
+    base += sum;
+    __syncthreads();
+  }
+  const int nk = base;
+  const int ntiles = (nk + kTile - 1) / kTile;
+
+  if (ntiles > 0) stage_tile(p, list, nk, 0, sbase + L::kStage);
+
+  float o[128];  // O (this warpgroup's 256 channels), zeroed before any wgmma is issued
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+  wgmma::fence_operands(o);
+
+  // q * scale (fp32, as the CPU) * 2^8 -> fp16 (hi, lo) into the swizzled A panels. Item i of
+  // the CTA: head i / 64, channels 8 (i % 64) ..+8 (a warp reads 1 KB of one head).
+  {
+    const float* qrow = p.q + (t * p.heads + h0) * kHd;
+#pragma unroll 4
+    for (int it = 0; it < kHeads * (kHd / 8) / kThreads; ++it) {
+      const int i = tid + it * kThreads;
+      const int head = i >> 6, oct = i & 63;
+      const float4* src = reinterpret_cast<const float4*>(qrow + head * kHd + 8 * oct);
+      const float4 x0 = src[0], x1 = src[1];
+      const float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      uint32_t hi[4], lo[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float a = v[2 * j] * p.scale * kPow, b = v[2 * j + 1] * p.scale * kPow;
+        if constexpr (kSplit) {
+          split_pair(a, b, &hi[j], &lo[j]);
+        } else {
+          hi[j] = h2_bits(__floats2half2_rn(a, b));
+        }
+      }
+      const uint32_t o = L::kQ + swz(kQPanel, head, oct);
+      *reinterpret_cast<uint4*>(smem + o) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      if constexpr (kSplit)
+        *reinterpret_cast<uint4*>(smem + o + kQPart) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
+  }
+
+  // Tile 0.
+  cp_async_wait_all();
+  __syncthreads();  // everyone's raw tile 0 landed
+  if (ntiles > 0) decode_tile(list, nk, 0, stage, smem + L::kKt);
+  wgmma::fence_proxy_async_smem();  // q and kt[0]: generic stores read by the async proxy
+  __syncthreads();
+  if (ntiles > 1) stage_tile(p, list, nk, kTile, sbase + L::kStage);
+
+  float m_run[2], l_run[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    m_run[h] = p.sink[h0 + r0 + 8 * h];
+    l_run[h] = 1.0f;  // exp(sink - m)
+  }
+
+  // Descriptor bases. S: A = q part, this warpgroup's panels 4 wg..; B = kt[b], same panels.
+  // P . V: B = kt[b] panels 4 wg.., MN-major (LBO = one panel: the next 64 channels; SBO = 1024
+  // B: the next 8 keys); k-step ks (keys 16 ks..) starts 16 rows = 2048 B further.
+  const uint32_t q_half = sbase + L::kQ + static_cast<uint32_t>(wg) * kHalfPanels * kQPanel;
+  const uint32_t kt_half = sbase + L::kKt + static_cast<uint32_t>(wg) * kHalfPanels * kKtPanel;
+
+  for (int ti = 0; ti < ntiles; ++ti) {
+    const int t0 = ti * kTile;
+    const uint32_t buf = static_cast<uint32_t>(ti & 1) * kKtBuf;
+
+    // 1. S_t partial over this warpgroup's 256 channels: 16 k-steps (x 2 parts).
+    float s[16];
+    wgmma::fence();
+#pragma unroll
+    for (int ks = 0; ks < 16; ++ks) {
+      // k-step ks: panel ks / 4, 16-channel slice ks % 4 (32 B into each 128-B row).
+      const uint32_t koff = static_cast<uint32_t>(ks >> 2) * kKtPanel + 32u * (ks & 3);
+      const uint32_t qoff = static_cast<uint32_t>(ks >> 2) * kQPanel + 32u * (ks & 3);
+      const uint64_t db = wgmma::desc_k_sw128_addr(kt_half + buf + koff);
+#pragma unroll
+      for (int part = 0; part < kParts; ++part) {
+        const uint64_t da = wgmma::desc_k_sw128_addr(q_half + part * kQPart + qoff);
+        if (ks == 0 && part == 0) {
+          wgmma::f16_ss_n32_zero(s, da, db);
+        } else {
+          wgmma::f16_ss_n32(s, da, db, 1);
+        }
+      }
+    }
+    wgmma::commit_group();
+    // 2.
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(s);
+    wgmma::fence_operands(o);
+
+    // 3. Exchange the partials through this warpgroup's half of the other key buffer
+    // (thread-major float4s: a warp stores 512 contiguous bytes).
+    {
+      float4* mine = reinterpret_cast<float4*>(smem + L::kKt + (kKtBuf - buf) +
+                                               static_cast<uint32_t>(wg) * kHalfPanels * kKtPanel);
+      float4* theirs = reinterpret_cast<float4*>(
+          smem + L::kKt + (kKtBuf - buf) + static_cast<uint32_t>(wg ^ 1) * kHalfPanels * kKtPanel);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        mine[j * 128 + wtid] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+      __syncthreads();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float4 x = theirs[j * 128 + wtid];
+        s[4 * j] += x.x;
+        s[4 * j + 1] += x.y;
+        s[4 * j + 2] += x.z;
+        s[4 * j + 3] += x.w;
+      }
+    }
+
+    // 4. Online softmax. s[4 i + 2 h + v]: head r0 + 8 h, key t0 + 8 i + 2 tq + v.
+    uint32_t ph[2][4], pl[2][4];
+    {
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int v = 0; v < 2; ++v) {
+          const bool valid = t0 + 8 * i + 2 * tq + v < nk;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float& x = s[4 * i + 2 * h + v];
+            x = valid ? x * (1.0f / kPow) : -INFINITY;
+            mx[h] = fmaxf(mx[h], x);
+          }
+        }
+      }
+      float alpha[2], sum[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        const float m_new = fmaxf(m_run[h], mx[h]);
+        alpha[h] = expf(m_run[h] - m_new);
+        m_run[h] = m_new;
+        sum[h] = 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const int h = (i >> 1) & 1;
+        s[i] = expf(s[i] - m_run[h]);  // 0 for missing keys (-inf)
+        sum[h] += s[i];
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
+        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
+        l_run[h] = l_run[h] * alpha[h] + sum[h];
+      }
+      // A fragments of k-step j (keys 16 j..): a[0] = (head r0, keys 16 j + 2 tq, +1) = s[8 j],
+      // s[8 j + 1]; a[1] = head r0 + 8; a[2], a[3] the keys + 8.
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const float a = s[8 * j + 2 * r] * kPow, b = s[8 * j + 2 * r + 1] * kPow;
+          if constexpr (kSplit) {
+            split_pair(a, b, &ph[j][r], &pl[j][r]);
+          } else {
+            ph[j][r] = h2_bits(__floats2half2_rn(a, b));
+            pl[j][r] = 0;
+          }
+        }
+      }
+      // Once the running maxima settle, alpha is exactly 1 for every row of the warp: skip the
+      // multiplications by 1 (bit-identical).
+      if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
+#pragma unroll
+        for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+      }
+    }
+
+    // 5. O += P . V_t over this warpgroup's 256 channels (not waited here). The rescaled O and
+    // the P fragments are pinned before wgmma.fence (no register write may sink past it).
+    wgmma::fence_operands(o);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        asm volatile("" : "+r"(ph[j][r])::"memory");
+        if constexpr (kSplit) asm volatile("" : "+r"(pl[j][r])::"memory");
+      }
+    }
+    wgmma::fence();
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint64_t dv = wgmma::desc_mn_sw128(kt_half + buf + 2048u * j, kKtPanel, 1024u);
+      wgmma::f16_rs_n256_tb(o, ph[j], dv, 1);
+      if constexpr (kSplit) wgmma::f16_rs_n256_tb(o, pl[j], dv, 1);
+    }
+    wgmma::commit_group();
+
+    // 6. Tile t + 1 into the other buffer while P . V_t runs.
+    if (ti + 1 < ntiles) {
+      cp_async_wait_all();
+      __syncthreads();  // raw tile t + 1 visible; the exchange reads of kt[b ^ 1] are done
+      decode_tile(list, nk, t0 + kTile, stage, smem + L::kKt + (kKtBuf - buf));
+      wgmma::fence_proxy_async_smem();
+      __syncthreads();  // kt[b ^ 1] complete for S_{t+1}; the stage is free
+      if (ti + 2 < ntiles) stage_tile(p, list, nk, t0 + 2 * kTile, sbase + L::kStage);
+    }
+  }
+  wgmma::wait_group<0>();
+  wgmma::fence_operands(o);
+
+  // out = O / (l 2^8), inverse RoPE on the trailing rd channels. o[4 i + 2 h + v]: head
+  // r0 + 8 h, channel 256 wg + 8 i + 2 tq + v.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float inv = 1.0f / (l_run[h] * kPow);
+    float* out = p.out + (t * p.heads + h0 + r0 + 8 * h) * kHd;
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      const int c = 256 * wg + 8 * i + 2 * tq;
+      float a = o[4 * i + 2 * h] * inv, b = o[4 * i + 2 * h + 1] * inv;
+      if (p.freqs != nullptr && c >= kHd - p.rd) {
+        double sn, co;
+        sincos(static_cast<double>(pos) * p.freqs[(c - (kHd - p.rd)) / 2], &sn, &co);
+        const double x0 = a, x1 = b;
+        a = static_cast<float>(x0 * co + x1 * sn);
+        b = static_cast<float>(-x0 * sn + x1 * co);
+      }
+      *reinterpret_cast<float2*>(out + c) = make_float2(a, b);
+    }
+  }
+#else
+  __trap();  // sm_90a only (wgmma); launch_sparse_attention takes this path only with use_wgmma.
+#endif
+}
+
+template <bool kSplit>
+void launch(const SparseAttentionParams& p, cudaStream_t stream) {
+  static const bool configured = [] {
+    MS_CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_wgmma_kernel<kSplit>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(Smem<kSplit>::kBytes)));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads / kHeads));
+  sparse_attention_wgmma_kernel<kSplit><<<grid, kThreads, Smem<kSplit>::kBytes, stream>>>(p);
+}
+
+}  // namespace attn_wg
+
+// Shapes and devices the kernel takes: 64-head CTAs, and a Hopper device (the kernel is compiled
+// for sm_90a only; the device of the first call is taken for all).
+bool sparse_attention_wgmma_fits(const SparseAttentionParams& p) {
+  static const bool hopper = [] {
+    int dev = 0, major = 0;
+    MS_CUDA_CHECK(cudaGetDevice(&dev));
+    MS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    return major == 9;
+  }();
+  return hopper && p.head_dim == attn_wg::kHd && p.heads % attn_wg::kHeads == 0 &&
+         p.swa_k + p.glob_k <= attn_wg::kMaxKeys;
+}
+
+void launch_sparse_attention_wgmma(const SparseAttentionParams& p, cudaStream_t stream) {
+  if (p.split_precision)
+    attn_wg::launch<true>(p, stream);
+  else
+    attn_wg::launch<false>(p, stream);
+  MS_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace moeserve::cuda
