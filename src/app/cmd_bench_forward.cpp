@@ -59,6 +59,7 @@ struct BenchForwardOptions {
   bool tf32 = true;
   bool fast_attention = false;
   bool indexer_wgmma = true;
+  bool attention_wgmma = true;
   bool fp8_wgmma = false;
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
@@ -208,6 +209,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.tf32_dense = opt.tf32;
   go.fast_attention = opt.fast_attention;
   go.indexer_wgmma = opt.indexer_wgmma;
+  go.attention_wgmma = opt.attention_wgmma;
   go.fp8_wgmma = opt.fp8_wgmma;
   go.cuda_graphs = decode && opt.cuda_graphs;
   go.dspark = decode && opt.dspark;
@@ -403,6 +405,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"tf32_fp32_linears", opt.tf32},
               {"fast_attention", opt.fast_attention},
               {"indexer_wgmma", opt.indexer_wgmma},
+              {"attention_wgmma", opt.attention_wgmma},
               {"fp8_wgmma", opt.fp8_wgmma},
               {"cuda_graphs", decode && opt.cuda_graphs},
               {"dspark", opt.dspark},
@@ -541,6 +544,10 @@ void register_bench_forward(CLI::App& bench) {
                  "cuda: sparse attention on single fp16 operands instead of hi + lo pairs");
   cmd->add_option("--indexer-wgmma", opt->indexer_wgmma,
                   "cuda: the indexer scores on the sm_90a wgmma kernel (false: mma.sync)")
+      ->capture_default_str();
+  cmd->add_option("--attention-wgmma", opt->attention_wgmma,
+                  "cuda: the sparse attention on the sm_90a wgmma kernel where it is faster "
+                  "(false: mma.sync)")
       ->capture_default_str();
   cmd->add_option("--fp8-wgmma", opt->fp8_wgmma,
                   "cuda: FP8-weight linears as FP8 x FP8 wgmma GEMMs on the MXFP8 codes (false: "

@@ -24,6 +24,9 @@ args_decode_s1_fast="$args_decode_s1 --fast-attention"
 # The indexer scores on mma.sync instead of wgmma; the dense FP8 linears on the FP8 wgmma GEMM
 # instead of cuBLASLt bf16 (not the default: slower).
 args_decode_s6_noidxw="$args_decode_s6 --indexer-wgmma false"
+# The sparse attention on mma.sync instead of wgmma (hi + lo and single fp16).
+args_decode_s6_noattw="$args_decode_s6 --attention-wgmma false"
+args_decode_s6_fast_noattw="$args_decode_s6_fast --attention-wgmma false"
 args_decode_s6_fp8w="$args_decode_s6 --fp8-wgmma true"
 # The same plus one DSpark draft cycle for the batch (the draft stages' rings committed from
 # random taps): draft time, its components and roofline, step + draft.

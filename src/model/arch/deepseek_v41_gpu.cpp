@@ -1467,12 +1467,7 @@ struct DeepseekV41Gpu::Impl {
     p.freqs = (info.rope == RopeKind::kMain ? freqs_main : freqs_compress).as<double>();
     p.rd = c.qk_rope_head_dim;
     p.out = o;
-    p.split_precision = !opt.fast_attention;
-    if (opt.f64_attention) {
-      cu::launch_sparse_attention_f64(p, stream);
-    } else {
-      cu::launch_sparse_attention(p, stream);
-    }
+    attend(p);
     const double keys = static_cast<double>(window + p.glob_k);
     cost.kv_bytes += static_cast<double>(n) *
                      (static_cast<double>(window * rec) + p.glob_k * c.main_entry_bytes());
@@ -1527,6 +1522,21 @@ struct DeepseekV41Gpu::Impl {
         linear(o + gi * gin, h * hd, n, L.wo_a, mid + gi * og, g * og, gi * og, og);
     }
     linear(mid, g * og, n, L.wo_b, y, d);
+  }
+
+  // The sparse attention core with the options' precision and kernel. The wgmma kernel (one
+  // block per row and 64 heads) runs when opt.attention_wgmma is set and, on the hi + lo path,
+  // when there are enough rows to fill the GPU: at 1 and 64 rows one of its blocks takes longer
+  // than the mma.sync kernel's two half-head blocks (H200: 107 vs 92 us), at 384 rows it is 1.43x
+  // faster (379 vs 541 us; docs/perf/forward-gpu-2026-11-30-r6.md).
+  void attend(cu::SparseAttentionParams& p) {
+    p.split_precision = !opt.fast_attention;
+    p.use_wgmma = opt.attention_wgmma && (!p.split_precision || p.rows >= opt.attention_wgmma_min_rows);
+    if (opt.f64_attention) {
+      cu::launch_sparse_attention_f64(p, stream);
+    } else {
+      cu::launch_sparse_attention(p, stream);
+    }
   }
 
   // y [n, D] = MoE of f [n, D] (model.md §5): routed over every expert, the hits on local experts
@@ -2399,12 +2409,7 @@ struct DeepseekV41Gpu::Impl {
       p.freqs = freqs_main.as<double>();
       p.rd = c.qk_rope_head_dim;
       p.out = o;
-      p.split_precision = !opt.fast_attention;
-      if (opt.f64_attention) {
-        cu::launch_sparse_attention_f64(p, stream);
-      } else {
-        cu::launch_sparse_attention(p, stream);
-      }
+      attend(p);
       cost.kv_bytes += static_cast<double>(n * nkeys) * static_cast<double>(rec);
       cost.flops += 4.0 * static_cast<double>(n) * h * hd * static_cast<double>(nkeys);
       float* y = buf<float>("ds_y", n * d);

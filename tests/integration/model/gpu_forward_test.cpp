@@ -59,6 +59,7 @@ std::string gpu_wide_config() {
   t["o_lora_rank"] = 128;
   t["index_n_heads"] = 32;
   t["moe_intermediate_size"] = 128;
+  t["num_attention_heads"] = 64;  // the wgmma sparse attention takes 64 heads per block
   return j.dump();
 }
 
@@ -319,7 +320,7 @@ TEST(GpuForward, WgmmaKernelsAgreeWithMmaSyncInTheForward) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   const std::filesystem::path dir = make_temp_dir("gpu_forward_wgmma");
   ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
-  const auto load = [&](bool idx, bool fp8) {
+  const auto load = [&](bool idx, bool fp8, bool att = false) {
     arch::GpuModelOptions opt;
     opt.max_seqs = 8;
     opt.max_context = 128;
@@ -327,6 +328,8 @@ TEST(GpuForward, WgmmaKernelsAgreeWithMmaSyncInTheForward) {
     opt.trace = true;
     opt.indexer_wgmma = idx;
     opt.fp8_wgmma = fp8;
+    opt.attention_wgmma = att;
+    opt.attention_wgmma_min_rows = 0;
     auto m = DeepseekV41Gpu::load(dir, opt);
     if (!m) throw std::runtime_error(m.error().to_string());
     return std::move(*m);
@@ -334,11 +337,12 @@ TEST(GpuForward, WgmmaKernelsAgreeWithMmaSyncInTheForward) {
   auto ref = load(false, false);
   auto idx = load(true, false);
   auto fp8 = load(false, true);
+  auto att = load(false, false, true);
   const int64_t v = ref->config().vocab_size;
   constexpr int64_t kRows = 20;
   int fp8_prompts_differing = 0, idx_rows_same_topk = 0, idx_rows = 0;
   double idx_worst = 0.0;
-  std::vector<double> fp8_row_diff;
+  std::vector<double> fp8_row_diff, att_row_diff;
   int64_t idx_scores_differing = 0;
   for (uint32_t seed = 3; seed < 9; ++seed) {
     const std::vector<int32_t> prompt =
@@ -356,6 +360,7 @@ TEST(GpuForward, WgmmaKernelsAgreeWithMmaSyncInTheForward) {
     run(*ref);
     run(*idx);
     run(*fp8);
+    run(*att);
     const auto& tr = ref->trace();
     // Indexer: the first index source.
     ASSERT_FALSE(tr.scores.empty());
@@ -405,6 +410,14 @@ TEST(GpuForward, WgmmaKernelsAgreeWithMmaSyncInTheForward) {
       fp8_row_diff.push_back(std::isnan(rd) ? 1e30 : rd);
     }
     fp8_prompts_differing += differs;
+    // Attention: layer 0's attention output (after wo_a, wo_b) with the wgmma kernel.
+    const auto& ye = att->trace().attn_out.at(l0);
+    ASSERT_EQ(ya.size(), ye.size());
+    for (int64_t r = 0; r < kRows; ++r) {
+      const std::vector<float> a(ya.begin() + r * d, ya.begin() + (r + 1) * d);
+      const double rd = rel_diff(a, ye.data() + r * d, d);
+      att_row_diff.push_back(std::isnan(rd) ? 1e30 : rd);
+    }
   }
   fmt::print("indexer wgmma vs mma.sync: worst relative score difference {:.2e} ({} scores not "
              "bit-identical), {}/{} rows with the same top-k\n",
@@ -415,6 +428,16 @@ TEST(GpuForward, WgmmaKernelsAgreeWithMmaSyncInTheForward) {
              "relative row difference median {:.2e}, 90th percentile {:.2e}, max {:.2e}\n",
              fp8_prompts_differing, fp8_median, fp8_row_diff[fp8_row_diff.size() * 9 / 10],
              fp8_row_diff.back());
+  std::sort(att_row_diff.begin(), att_row_diff.end());
+  fmt::print("attention wgmma vs mma.sync: layer-0 attention output relative row difference "
+             "median {:.2e}, 90th percentile {:.2e}, max {:.2e}\n",
+             att_row_diff[att_row_diff.size() / 2], att_row_diff[att_row_diff.size() * 9 / 10],
+             att_row_diff.back());
+  // The kernels agree to ~1e-6 (op tests); wo_a's MXFP8 rounding of the few values that sit
+  // that close to a rounding point moves a row by up to one e4m3 step of one input. A wrong
+  // head, key or channel mapping moves every row by O(1).
+  EXPECT_LE(att_row_diff[att_row_diff.size() / 2], 1e-3);
+  EXPECT_LE(att_row_diff.back(), 5e-2);
   EXPECT_LE(idx_worst, 1e-5);
   EXPECT_GE(idx_rows_same_topk, idx_rows * 9 / 10);
   EXPECT_EQ(fp8_prompts_differing, 6) << "the FP8 wgmma GEMM did not run";
