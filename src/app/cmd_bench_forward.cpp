@@ -60,6 +60,7 @@ struct BenchForwardOptions {
   bool fast_attention = false;
   bool indexer_wgmma = true;
   bool fp8_wgmma = false;
+  bool router_3xtf32 = false;
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
   bool host_logits = false;  // copy the logits rows to the host (a server samples on the device)
@@ -209,6 +210,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.fast_attention = opt.fast_attention;
   go.indexer_wgmma = opt.indexer_wgmma;
   go.fp8_wgmma = opt.fp8_wgmma;
+  go.router_3xtf32 = opt.router_3xtf32;
   go.cuda_graphs = decode && opt.cuda_graphs;
   go.dspark = decode && opt.dspark;
   if (go.dspark) go.max_context += config.dspark_block_size;  // the draft block after the steps
@@ -373,6 +375,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"fast_attention", opt.fast_attention},
               {"indexer_wgmma", opt.indexer_wgmma},
               {"fp8_wgmma", opt.fp8_wgmma},
+              {"router_3xtf32", opt.router_3xtf32},
               {"cuda_graphs", decode && opt.cuda_graphs},
               {"dspark", opt.dspark},
               {"host_logits", opt.host_logits},
@@ -505,6 +508,10 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--fp8-wgmma", opt->fp8_wgmma,
                   "cuda: FP8-weight linears as FP8 x FP8 wgmma GEMMs on the MXFP8 codes (false: "
                   "bf16 cuBLASLt on the same values)")
+      ->capture_default_str();
+  cmd->add_option("--router-3xtf32", opt->router_3xtf32,
+                  "cuda: MoE router logits on the 3xTF32 tensor-core GEMM (false: cuBLASLt fp32 "
+                  "SGEMM)")
       ->capture_default_str();
   cmd->add_flag("--dspark", opt->dspark,
                 "cuda decode: also time one DSpark draft cycle for the batch (rings committed "

@@ -148,6 +148,31 @@ void run_v41_ops(Bench& b, std::vector<Result>& results) {
                      pre.data_as<float>(), post.data_as<float>(), comb.data_as<float>()},
                     stream);
               }));
+    // The staged kernel's other tile heights at the decode step (the row above: the automatic
+    // pick, 3 rows per thread on 132 SMs).
+    for (int rpt : {1, 2, 4}) {
+      if (t != 384) break;
+      results.push_back(b.run(
+          "hc mixes (+sinkhorn), rows_per_thread " + std::to_string(rpt), dims({t, 24, 4 * d}),
+          4.0 * (t * 4 * d + 24 * 4 * d), 2.0 * t * 24 * 4 * d, Rate::kF32, [&](int i) {
+            cuda::HcMixesParams p{xs[static_cast<size_t>(i) % xs.size()].data_as<float>(),
+                                  4 * d,
+                                  t,
+                                  4,
+                                  d,
+                                  fns[static_cast<size_t>(i) % fns.size()].data_as<float>(),
+                                  base.data_as<float>(),
+                                  scale.data_as<float>(),
+                                  1e-20f,
+                                  1e-6f,
+                                  20,
+                                  pre.data_as<float>(),
+                                  post.data_as<float>(),
+                                  comb.data_as<float>()};
+            p.rows_per_thread = rpt;
+            cuda::launch_hc_mixes(p, stream);
+          }));
+    }
     results.push_back(
         b.run("hc collapse", dims({t, 4, d}), 4.0 * 5 * t * d, 0, Rate::kNone, [&](int) {
           cuda::launch_hc_collapse(
@@ -753,6 +778,49 @@ int run_bench(const std::string& out_dir) {
                                   stream);
                             }));
     b.release();
+  }
+  // The router logits z = f · Wg^T as the forward computes them (exact fp32: cuBLASLt SGEMM) and
+  // on the 3xTF32 tensor-core GEMM (launch_gemm_f32_3xtf32, GpuModelOptions::router_3xtf32):
+  // decode 384 rows, prefill 4096; hidden 4096 (V4.1-Flash) and 5120.
+  for (const int64_t h : {4096, 5120}) {
+    for (const int64_t t : {384, 4096}) {
+      const int64_t e = 384;
+      auto x = b.buffer(DType::kF32, {t, h});
+      auto ws = b.weights(DType::kF32, {e, h}, -0.05f, 0.05f);
+      auto z = b.buffer(DType::kF32, {t, e});
+      const double bytes = 4.0 * (t * h + e * h + t * e), flops = 2.0 * t * e * h;
+      cuda::CublasLtGemm lt(stream);
+      results.push_back(b.run("router logits fp32 (cuBLASLt)", dims({t, e, h}), bytes, flops,
+                              Rate::kF32, [&](int i) {
+                                cuda::LtGemmParams g;
+                                g.precision = cuda::GemmPrecision::kF32;
+                                g.a = x.data();
+                                g.lda = h;
+                                g.b = ws[static_cast<size_t>(i) % ws.size()].data();
+                                g.ldb = h;
+                                g.c = z.data();
+                                g.ldc = e;
+                                g.m = t;
+                                g.n = e;
+                                g.k = h;
+                                lt.run(g);
+                              }));
+      results.push_back(
+          b.run("router logits 3xtf32", dims({t, e, h}), bytes, flops, Rate::kF32, [&](int i) {
+            cuda::Gemm3xTf32Params g;
+            g.a = x.data_as<float>();
+            g.lda = h;
+            g.b = ws[static_cast<size_t>(i) % ws.size()].data_as<float>();
+            g.ldb = h;
+            g.c = z.data_as<float>();
+            g.ldc = e;
+            g.m = t;
+            g.n = e;
+            g.k = h;
+            cuda::launch_gemm_f32_3xtf32(g, stream);
+          }));
+      b.release();
+    }
   }
   // Greedy sampling.
   for (int64_t rows : {64, 384}) {

@@ -19,6 +19,7 @@
 #include "common/numeric.h"
 
 #ifdef MOESERVE_HAVE_CUDA
+#include "backend/cuda/cublaslt_gemm.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels.h"
 #endif
@@ -602,6 +603,120 @@ TEST_F(CudaOps, RouterTiesGoToTheLowestExpert) {
   EXPECT_FLOAT_EQ(wts[0], 0.75f);
   EXPECT_FLOAT_EQ(wts[1], 0.75f);
 }
+
+// ---- fp32-accurate GEMM on TF32 tensor cores (launch_gemm_f32_3xtf32) -----------------------
+
+struct Gemm3xTf32Case {
+  int64_t m, n, k;
+  int split_k;  // 0: the launcher's pick
+};
+
+class CudaGemm3xTf32 : public CudaOps, public ::testing::WithParamInterface<Gemm3xTf32Case> {};
+
+// x rounded to TF32 as cvt.rna does (10 mantissa bits, ties away from zero).
+float round_tf32(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  u = (u + 0x1000u) & ~0x1fffu;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// max |c - a · b^T| over the matrix, against double sums of the given operands.
+double max_abs_err(const std::vector<float>& c, const std::vector<double>& ref) {
+  double worst = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(c[i])) return std::numeric_limits<double>::infinity();
+    worst = std::max(worst, std::abs(static_cast<double>(c[i]) - ref[i]));
+  }
+  return worst;
+}
+
+// Against the double product of the same fp32 inputs (uniform [-1, 1), never zero): the max
+// absolute error must be within 8x that of cuBLASLt's exact fp32 SGEMM on the same inputs (or
+// 1e-6 of the largest |c| where the SGEMM is exact), and at least 100x below that of a plain
+// TF32 product (operands rounded to TF32, exact products and sums). A second launch gives the
+// same bits (cluster split-K added in rank order).
+TEST_P(CudaGemm3xTf32, MatchesDoubleLikeSgemm) {
+  const Gemm3xTf32Case c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.m * 31 + c.n * 7 + c.k));
+  const auto a = random_floats(c.m * c.k, rng, -1, 1);
+  const auto b = random_floats(c.n * c.k, rng, -1, 1);
+  std::vector<double> ref(static_cast<size_t>(c.m * c.n)), ref_tf32(ref.size());
+  double max_ref = 0.0;
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t j = 0; j < c.n; ++j) {
+      double s = 0.0, s1 = 0.0;
+      for (int64_t q = 0; q < c.k; ++q) {
+        const float x = a[static_cast<size_t>(i * c.k + q)],
+                    y = b[static_cast<size_t>(j * c.k + q)];
+        s += static_cast<double>(x) * y;
+        s1 += static_cast<double>(round_tf32(x)) * round_tf32(y);
+      }
+      ref[static_cast<size_t>(i * c.n + j)] = s;
+      ref_tf32[static_cast<size_t>(i * c.n + j)] = s1;
+      max_ref = std::max(max_ref, std::abs(s));
+    }
+  double tf32_err = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i)
+    tf32_err = std::max(tf32_err, std::abs(ref_tf32[i] - ref[i]));
+
+  auto da = upload(a);
+  auto db = upload(b);
+  auto dc = poisoned_floats(c.m * c.n);
+  auto ds = poisoned_floats(c.m * c.n);
+  cuda::Gemm3xTf32Params p;
+  p.a = da->view().data_as<float>();
+  p.lda = c.k;
+  p.b = db->view().data_as<float>();
+  p.ldb = c.k;
+  p.c = dc->view().data_as<float>();
+  p.ldc = c.n;
+  p.m = c.m;
+  p.n = c.n;
+  p.k = c.k;
+  p.split_k = c.split_k;
+  cuda::launch_gemm_f32_3xtf32(p, stream_);
+  const auto got = download<float>(*dc);
+  {
+    cuda::CublasLtGemm lt(stream_);
+    cuda::LtGemmParams g;
+    g.precision = cuda::GemmPrecision::kF32;
+    g.a = p.a;
+    g.lda = c.k;
+    g.b = p.b;
+    g.ldb = c.k;
+    g.c = ds->view().data_as<float>();
+    g.ldc = c.n;
+    g.m = c.m;
+    g.n = c.n;
+    g.k = c.k;
+    lt.run(g);
+  }
+  const double err = max_abs_err(got, ref);
+  const double sgemm_err = max_abs_err(download<float>(*ds), ref);
+  std::printf(
+      "3xtf32 %lldx%lldx%lld split %d: max err %.3g, sgemm %.3g, 1xtf32 %.3g, max|c| %.3g\n",
+      static_cast<long long>(c.m), static_cast<long long>(c.n), static_cast<long long>(c.k),
+      c.split_k, err, sgemm_err, tf32_err, max_ref);
+  EXPECT_LE(err, std::max(8.0 * sgemm_err, 1e-6 * max_ref));
+  EXPECT_LE(err * 100.0, tf32_err);
+  cuda::launch_gemm_f32_3xtf32(p, stream_);
+  EXPECT_EQ(std::memcmp(download<float>(*dc).data(), got.data(), got.size() * sizeof(float)), 0)
+      << "second launch differs";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaGemm3xTf32,
+    ::testing::Values(Gemm3xTf32Case{384, 384, 4096, 0}, Gemm3xTf32Case{1, 384, 4096, 0},
+                      Gemm3xTf32Case{64, 384, 4096, 0}, Gemm3xTf32Case{384, 256, 4096, 0},
+                      Gemm3xTf32Case{1000, 384, 512, 0}, Gemm3xTf32Case{77, 100, 1000, 3},
+                      Gemm3xTf32Case{130, 384, 4096, 1}, Gemm3xTf32Case{130, 384, 4096, 8},
+                      Gemm3xTf32Case{5, 16, 64, 0}, Gemm3xTf32Case{3, 40, 36, 2}),
+    [](const auto& info) {
+      return "m" + std::to_string(info.param.m) + "_n" + std::to_string(info.param.n) + "_k" +
+             std::to_string(info.param.k) + "_s" + std::to_string(info.param.split_k);
+    });
 
 struct ArgmaxCase {
   int64_t rows, cols, ld;

@@ -251,6 +251,26 @@ struct MoeRouterParams {
 };
 void launch_moe_router(const MoeRouterParams& p, Stream stream);
 
+// c[m, n] = a[m, k] · b[n, k]^T with fp32 accuracy on TF32 tensor cores (3xTF32: each operand
+// split into a TF32 high part and a TF32 remainder, hi·hi + hi·lo + lo·hi with fp32 accumulation;
+// the dropped lo·lo term is ~2^-22 of each product). Row-major, leading dimensions in elements;
+// b is given as rows (a weight [n, k]). Needs k % 4 == 0, lda % 4 == 0, ldb % 4 == 0 and 16-byte
+// aligned a and b; any m, n. Split-K over a thread-block cluster of up to 8, partial tiles added
+// in rank order: deterministic, no workspace. Used for the MoE router logits.
+struct Gemm3xTf32Params {
+  const float* a = nullptr;
+  int64_t lda = 0;
+  const float* b = nullptr;
+  int64_t ldb = 0;
+  float* c = nullptr;
+  int64_t ldc = 0;
+  int64_t m = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  int split_k = 0;  // k slices (1..8); 0 = as many as fill the SMs once
+};
+void launch_gemm_f32_3xtf32(const Gemm3xTf32Params& p, Stream stream);
+
 // Greedy sampling: out[r] = argmax_c logits[r, c] (ties -> lowest c; logits finite).
 // `scratch` holds `rows` uint64 (device) that the launcher overwrites.
 struct ArgmaxParams {
@@ -299,9 +319,10 @@ void launch_swiglu_clamped(const SwigluParams& p, Stream stream);
 
 // mHC mixes (model.md §3): x [rows, hc*dim] (pitch ldx), fn [(2+hc)*hc, hc*dim], base, scale [3]
 // -> pre [rows,hc], post [rows,hc], comb [rows,hc,hc]. hc <= 4. One launch: thread-block clusters
-// of 8 split hc*dim, each block a register-tiled fp32 dot over its slice (x read once), the
-// partials reduced through distributed shared memory in a fixed order (deterministic), then one
-// warp per row for the RMS scaling, sigmoids, softmax and Sinkhorn. fp32 FMA, no TF32.
+// of 8 split hc*dim, each block a register-tiled fp32 dot over its slice (x read once; with
+// 16-byte rows and hc*dim % 4 == 0 through a 4-deep cp.async ring), the partials reduced through
+// distributed shared memory in a fixed order (deterministic), then one warp per row for the RMS
+// scaling, sigmoids, softmax and Sinkhorn. fp32 FMA, no TF32.
 struct HcMixesParams {
   const float* x = nullptr;
   int64_t ldx = 0;
@@ -317,6 +338,9 @@ struct HcMixesParams {
   float* pre = nullptr;
   float* post = nullptr;
   float* comb = nullptr;
+  // Rows per thread of the staged (16-byte) path, 1..4 (tiles of 8 * that many rows); 0 = the
+  // fewest whose clusters fit in one wave on this GPU. Tests and the bench pin it.
+  int rows_per_thread = 0;
 };
 void launch_hc_mixes(const HcMixesParams& p, Stream stream);
 

@@ -1523,9 +1523,24 @@ struct DeepseekV41Gpu::Impl {
     rp.route_scale = static_cast<float>(c.routed_scaling_factor);
     rp.topk_ids = ids;
     rp.topk_weights = wts;
-    // z = f · Wg^T for the whole batch as one fp32 GEMM (no TF32: routing needs fp32).
+    // z = f · Wg^T for the whole batch as one fp32-accurate GEMM (no plain TF32: routing needs
+    // fp32): cuBLASLt SGEMM, or 3xTF32 on the tensor cores (opt.router_3xtf32).
     float* z = buf<float>("moe_logits", n * e);
-    lt_gemm(cu::GemmPrecision::kF32, f, d, L.gate.as<float>(), d, z, e, n, e, d);
+    if (opt.router_3xtf32) {
+      cu::Gemm3xTf32Params gp3;
+      gp3.a = f;
+      gp3.lda = d;
+      gp3.b = L.gate.as<float>();
+      gp3.ldb = d;
+      gp3.c = z;
+      gp3.ldc = e;
+      gp3.m = n;
+      gp3.n = e;
+      gp3.k = d;
+      cu::launch_gemm_f32_3xtf32(gp3, stream);
+    } else {
+      lt_gemm(cu::GemmPrecision::kF32, f, d, L.gate.as<float>(), d, z, e, n, e, d);
+    }
     rp.logits = z;
     cu::launch_moe_router(rp, stream);
     cost.flops += 2.0 * n * e * d;

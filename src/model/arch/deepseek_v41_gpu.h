@@ -78,6 +78,11 @@ struct GpuModelOptions {
   // is at ~20% of the FP8 rate and slower than cuBLASLt bf16 at decode shapes
   // (docs/perf/forward-gpu-2026-11-29-r5.md).
   bool fp8_wgmma = false;
+  // true: the MoE router logits z = f · Wg^T on the 3xTF32 tensor-core GEMM
+  // (launch_gemm_f32_3xtf32: fp32-accurate, split-K added in a fixed order); false: cuBLASLt's
+  // exact fp32 SGEMM. Off until it is measured faster on the device (cuda_ops_bench rows "router
+  // logits") and the GPU forward tests pass with it.
+  bool router_3xtf32 = false;
   // true (and the config has draft stages): load / fill the DSpark draft stages and heads, and
   // allocate their context rings (dspark_commit, dspark_draft).
   bool dspark = false;

@@ -422,6 +422,90 @@ TEST(GpuForward, WgmmaKernelsAgreeWithMmaSyncInTheForward) {
   std::filesystem::remove_all(dir);
 }
 
+// The router logits on the 3xTF32 GEMM (GpuModelOptions::router_3xtf32) against cuBLASLt's fp32
+// SGEMM, in the forward (oracle prefill of 20-token prompts, traced) at the first MoE layer, whose
+// input both compute with the same code: the logits differ by fp32 summation order only (the op
+// test: within 8x the SGEMM's own error), so the routed experts agree in all but near-tie rows
+// (>= 90% of rows), and the MoE output, whose routed weights scale the MXFP8-rounded w2 inputs,
+// moves by rounding flips only (median row within 1e-3 of the row's largest value). A wiring
+// error (wrong leading dimension or operand) reroutes nearly every row.
+TEST(GpuForward, Router3xTf32AgreesWithSgemmInTheForward) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_router3x");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  const auto load = [&](bool router_3xtf32) {
+    arch::GpuModelOptions opt;
+    opt.max_seqs = 8;
+    opt.max_context = 128;
+    opt.max_rows = 128;
+    opt.trace = true;
+    opt.router_3xtf32 = router_3xtf32;
+    auto m = DeepseekV41Gpu::load(dir, opt);
+    if (!m) throw std::runtime_error(m.error().to_string());
+    return std::move(*m);
+  };
+  auto ref = load(false);
+  auto fast = load(true);
+  const int64_t v = ref->config().vocab_size;
+  constexpr int64_t kRows = 20;
+  int rows_same = 0, rows = 0, prompts_differing = 0;
+  std::vector<double> row_diff;
+  for (uint32_t seed = 3; seed < 9; ++seed) {
+    const std::vector<int32_t> prompt =
+        test_prompt(static_cast<int32_t>(kRows), seed, static_cast<int32_t>(v));
+    const auto run = [&](DeepseekV41Gpu& m) {
+      auto seq = m.new_sequence();
+      if (!seq) throw std::runtime_error(seq.error().to_string());
+      GpuSequenceInput g;
+      g.seq = *seq;
+      g.tokens = prompt;
+      auto out = m.forward({&g, 1}, ForwardMode::kOracle);
+      if (!out) throw std::runtime_error(out.error().to_string());
+      m.release_sequence(*seq);
+    };
+    run(*ref);
+    run(*fast);
+    const auto& ta = ref->trace();
+    const auto& tb = fast->trace();
+    ASSERT_FALSE(ta.experts.empty());
+    const int32_t l = ta.experts.begin()->first;
+    const auto& ea = ta.experts.at(l);
+    const auto& eb = tb.experts.at(l);
+    ASSERT_EQ(ea.size(), eb.size());
+    const size_t k = ea.size() / kRows;
+    for (int64_t r = 0; r < kRows; ++r) {
+      std::vector<int32_t> x(ea.begin() + r * k, ea.begin() + (r + 1) * k);
+      std::vector<int32_t> y(eb.begin() + r * k, eb.begin() + (r + 1) * k);
+      std::sort(x.begin(), x.end());
+      std::sort(y.begin(), y.end());
+      rows_same += x == y;
+      ++rows;
+    }
+    const auto& ya = ta.ffn_out.at(l);
+    const auto& yb = tb.ffn_out.at(l);
+    ASSERT_EQ(ya.size(), yb.size());
+    const int64_t d = static_cast<int64_t>(ya.size()) / kRows;
+    bool differs = false;
+    for (int64_t r = 0; r < kRows; ++r) {
+      const std::vector<float> a(ya.begin() + r * d, ya.begin() + (r + 1) * d);
+      const double rd = rel_diff(a, yb.data() + r * d, d);
+      differs = differs || rd > 0.0;
+      row_diff.push_back(std::isnan(rd) ? 1e30 : rd);
+    }
+    prompts_differing += differs;
+  }
+  std::sort(row_diff.begin(), row_diff.end());
+  const double median = row_diff[row_diff.size() / 2];
+  fmt::print(
+      "router 3xtf32 vs fp32 SGEMM: {}/{} rows with the same experts; MoE output differs "
+      "in {}/6 prompts, relative row difference median {:.2e}, max {:.2e}\n",
+      rows_same, rows, prompts_differing, median, row_diff.back());
+  EXPECT_GE(rows_same, rows * 9 / 10);
+  EXPECT_LE(median, 1e-3);
+  EXPECT_GE(prompts_differing, 1) << "the 3xTF32 router GEMM did not run";
+  std::filesystem::remove_all(dir);
+}
+
 // The DSpark draft on the GPU (GpuModelOptions::dspark: dspark_commit, dspark_draft) against the
 // CPU's DSparkDraft on the same committed taps (the CPU prefill's main_hidden, oracle mode), for
 // 6 sequences in one batched draft, twice: after the prompt, then after 3 more committed
