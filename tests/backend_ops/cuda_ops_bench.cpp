@@ -148,6 +148,31 @@ void run_v41_ops(Bench& b, std::vector<Result>& results) {
                      pre.data_as<float>(), post.data_as<float>(), comb.data_as<float>()},
                     stream);
               }));
+    // The staged kernel's other tile heights at the decode step (the row above is the automatic
+    // pick: 4 rows per thread at 384 rows).
+    for (int rpt : {1, 2, 3}) {
+      if (t != 384) break;
+      results.push_back(b.run(
+          "hc mixes (+sinkhorn), rows_per_thread " + std::to_string(rpt), dims({t, 24, 4 * d}),
+          4.0 * (t * 4 * d + 24 * 4 * d), 2.0 * t * 24 * 4 * d, Rate::kF32, [&](int i) {
+            cuda::HcMixesParams p{xs[static_cast<size_t>(i) % xs.size()].data_as<float>(),
+                                  4 * d,
+                                  t,
+                                  4,
+                                  d,
+                                  fns[static_cast<size_t>(i) % fns.size()].data_as<float>(),
+                                  base.data_as<float>(),
+                                  scale.data_as<float>(),
+                                  1e-20f,
+                                  1e-6f,
+                                  20,
+                                  pre.data_as<float>(),
+                                  post.data_as<float>(),
+                                  comb.data_as<float>()};
+            p.rows_per_thread = rpt;
+            cuda::launch_hc_mixes(p, stream);
+          }));
+    }
     results.push_back(
         b.run("hc collapse", dims({t, 4, d}), 4.0 * 5 * t * d, 0, Rate::kNone, [&](int) {
           cuda::launch_hc_collapse(

@@ -391,6 +391,43 @@ TEST_F(CudaV41, HcMixesOddShapes) {
         }
 }
 
+// The staged (16-byte) mixes at every tile height (rows_per_thread 1..4 and the automatic pick)
+// for hc 1..4: V4.1-Flash width 4 x 4096 at the decode step's 384 rows, a width whose chunks do
+// not fill the cluster (4 x 72: 3 chunks of 128 columns for 8 blocks) and partial row tiles.
+// fp32 dots vs double: 1e-4 absolute on pre/post/comb; a second launch gives the same bits.
+TEST_F(CudaV41, HcMixesStagedTilesMatchCpu) {
+  std::mt19937 rng(42);
+  struct Shape {
+    int hc;
+    int64_t dim, rows;
+  };
+  for (const Shape& sh : {Shape{4, 4096, 384}, Shape{4, 72, 45}, Shape{3, 72, 301}, Shape{2, 72, 9},
+                          Shape{1, 132, 70}}) {
+    const int hc = sh.hc, m = (2 + hc) * hc;
+    const int64_t dim = sh.dim, t = sh.rows, width = hc * dim;
+    auto x = rnd(t * width, rng, -2, 2), fn = rnd(m * width, rng, -0.02f, 0.02f);
+    auto base = rnd(m, rng, -1, 1), scale = rnd(3, rng, 0.5f, 1.5f);
+    std::vector<float> pre(t * hc), post(t * hc), comb(t * hc * hc);
+    cpu::hc_mixes(x.data(), width, t, hc, dim, fn.data(), base.data(), scale.data(), 1e-20f, 1e-6f,
+                  20, pre.data(), post.data(), comb.data());
+    const float *dx = up(x), *dfn = up(fn), *dbase = up(base), *dscale = up(scale);
+    for (int rpt : {0, 1, 2, 3, 4}) {
+      float *dpre = nans(pre.size()), *dpost = nans(post.size()), *dcomb = nans(comb.size());
+      cuda::HcMixesParams p{dx,     width,  t,     hc, dim,  dfn,   dbase,
+                            dscale, 1e-20f, 1e-6f, 20, dpre, dpost, dcomb};
+      p.rows_per_thread = rpt;
+      cuda::launch_hc_mixes(p, stream_);
+      const auto gpre = down(dpre, pre.size()), gpost = down(dpost, post.size()),
+                 gcomb = down(dcomb, comb.size());
+      EXPECT_LE(mixes_worst(gpre, pre, gpost, post, gcomb, comb), 1e-4)
+          << "hc " << hc << " dim " << dim << " rows " << t << " rpt " << rpt;
+      cuda::launch_hc_mixes(p, stream_);
+      EXPECT_EQ(down(dcomb, comb.size()), gcomb) << "rerun differs, rpt " << rpt;
+      EXPECT_EQ(down(dpre, pre.size()), gpre) << "rerun differs, rpt " << rpt;
+    }
+  }
+}
+
 // The SWA source lists against the rule of kernels.h, stated here per key: chunks of 1..300 rows
 // at random positions (some starting at 0, some past a window), replay floors below, inside and
 // above the window, several sequence slots.

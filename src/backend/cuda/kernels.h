@@ -299,9 +299,10 @@ void launch_swiglu_clamped(const SwigluParams& p, Stream stream);
 
 // mHC mixes (model.md §3): x [rows, hc*dim] (pitch ldx), fn [(2+hc)*hc, hc*dim], base, scale [3]
 // -> pre [rows,hc], post [rows,hc], comb [rows,hc,hc]. hc <= 4. One launch: thread-block clusters
-// of 8 split hc*dim, each block a register-tiled fp32 dot over its slice (x read once), the
-// partials reduced through distributed shared memory in a fixed order (deterministic), then one
-// warp per row for the RMS scaling, sigmoids, softmax and Sinkhorn. fp32 FMA, no TF32.
+// of 8 split hc*dim, each block a register-tiled fp32 dot over its slice (x read once; with
+// 16-byte rows and hc*dim % 4 == 0 through a 4-deep cp.async ring), the partials reduced through
+// distributed shared memory in a fixed order (deterministic), then one warp per row for the RMS
+// scaling, sigmoids, softmax and Sinkhorn. fp32 FMA, no TF32.
 struct HcMixesParams {
   const float* x = nullptr;
   int64_t ldx = 0;
@@ -317,6 +318,9 @@ struct HcMixesParams {
   float* pre = nullptr;
   float* post = nullptr;
   float* comb = nullptr;
+  // Rows per thread of the staged (16-byte) path, 1..4 (tiles of 8 * that many rows); 0 = the
+  // fewest whose clusters fit in one wave on this GPU. Tests and the bench pin it.
+  int rows_per_thread = 0;
 };
 void launch_hc_mixes(const HcMixesParams& p, Stream stream);
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/cuda_util.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/v41_device.cuh"
@@ -58,7 +59,6 @@ constexpr int kMixWarps = kThreads / 32;
 constexpr int kMixKLanes = 8;     // lanes along k, a float4 each: 128 contiguous bytes of a row
 constexpr int kMixRLanes = 4;     // lanes along rows
 constexpr int kMixMinTiles = 24;  // row tiles (clusters) wanted before a tile grows
-constexpr int64_t kMixBigRows = 1024;
 
 __device__ __forceinline__ float4 zero4() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
 
@@ -78,6 +78,63 @@ __device__ __forceinline__ float4 load4(const float* row, int64_t k, int64_t wid
     if (k + 3 < width) v.w = row[k + 3];
     return v;
   }
+}
+
+// The end of mixes for one row, by a whole warp: the row's M + 1 sums (M mixes, then Σ f^2) from
+// `part` [tile rows][M + 1] of each block of the cluster, added in rank order; the RMS scale, the
+// sigmoids, the softmax and Sinkhorn on the hc x hc matrix held one element per lane. Lane roles:
+// lanes [0, 2*HC) pre/post (mix index = lane), lane 8 the Σ f^2, lanes 16 + 4*jr + kc comb[jr][kc]
+// (mix index 2*HC + jr*HC + kc; padding outside hc x hc).
+template <int HC>
+__device__ void hc_mixes_finish_row(const HcMixesParams& p,
+                                    cooperative_groups::cluster_group& cluster, float* part, int rr,
+                                    int64_t row) {
+  constexpr int M = (2 + HC) * HC;
+  constexpr int MA = M + 1;
+  const int lane = threadIdx.x & 31;
+  const int64_t width = static_cast<int64_t>(HC) * p.dim;
+  int idx = -1;
+  bool cv = false;
+  int jr = 0, kc = 0;
+  if (lane < 2 * HC) {
+    idx = lane;
+  } else if (lane == 8) {
+    idx = M;
+  } else if (lane >= 16) {
+    jr = (lane - 16) >> 2;
+    kc = (lane - 16) & 3;
+    cv = jr < HC && kc < HC;
+    if (cv) idx = 2 * HC + jr * HC + kc;
+  }
+  float val = 0.0f;
+  if (idx >= 0)
+    for (int b = 0; b < kMixCluster; ++b) val += cluster.map_shared_rank(part, b)[rr * MA + idx];
+  const float ss = __shfl_sync(0xffffffffu, val, 8);
+  const float mix = val * rsqrtf(ss / static_cast<float>(width) + p.rms_eps);
+  if (lane < HC) {
+    p.pre[row * HC + lane] = 1.0f / (1.0f + expf(-(mix * p.scale[0] + p.base[lane]))) + p.hc_eps;
+  } else if (lane < 2 * HC) {
+    p.post[row * HC + lane - HC] = 2.0f / (1.0f + expf(-(mix * p.scale[1] + p.base[lane])));
+  }
+  float c = cv ? mix * p.scale[2] + p.base[idx] : -INFINITY;
+  float mx = fmaxf(c, __shfl_xor_sync(0xffffffffu, c, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float e = cv ? expf(c - mx) : 0.0f;
+  float sum = e + __shfl_xor_sync(0xffffffffu, e, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  c = cv ? e / sum + p.hc_eps : 0.0f;
+#pragma unroll 1
+  for (int it = 0; it < p.sinkhorn_iters; ++it) {
+    if (it > 0) {  // rows: lanes xor 1, 2
+      float s = c + __shfl_xor_sync(0xffffffffu, c, 1);
+      s += __shfl_xor_sync(0xffffffffu, s, 2);
+      c = cv ? c / (s + p.hc_eps) : 0.0f;
+    }
+    float s = c + __shfl_xor_sync(0xffffffffu, c, 4);  // columns: lanes xor 4, 8
+    s += __shfl_xor_sync(0xffffffffu, s, 8);
+    c = cv ? c / (s + p.hc_eps) : 0.0f;
+  }
+  if (cv) p.comb[row * HC * HC + jr * HC + kc] = c;
 }
 
 // mHC mixes in one launch. Grid (kMixCluster, row tiles); a cluster owns a tile of
@@ -204,56 +261,157 @@ __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, 
   }
   cluster.sync();
 
-  // Lane roles: lanes [0, 2*HC) pre/post (mix index = lane), lane 8 the Σ f^2, lanes 16 + 4*jr + kc
-  // comb[jr][kc] (mix index 2*HC + jr*HC + kc; padding outside hc x hc).
-  int idx = -1;
-  bool cv = false;
-  int jr = 0, kc = 0;
-  if (lane < 2 * HC) {
-    idx = lane;
-  } else if (lane == 8) {
-    idx = M;
-  } else if (lane >= 16) {
-    jr = (lane - 16) >> 2;
-    kc = (lane - 16) & 3;
-    cv = jr < HC && kc < HC;
-    if (cv) idx = 2 * HC + jr * HC + kc;
-  }
   const int rank = static_cast<int>(cluster.block_rank());
-  for (int rr = rank + kMixCluster * warp; rr < rt; rr += kMixCluster * kMixWarps) {
-    const int64_t row = tile0 + rr;
-    if (row >= p.rows) continue;  // warp-uniform
-    float val = 0.0f;
-    if (idx >= 0)
-      for (int b = 0; b < kMixCluster; ++b)
-        val += cluster.map_shared_rank(&part[0][0], b)[rr * MA + idx];
-    const float ss = __shfl_sync(0xffffffffu, val, 8);
-    const float mix = val * rsqrtf(ss / static_cast<float>(width) + p.rms_eps);
-    if (lane < HC) {
-      p.pre[row * HC + lane] = 1.0f / (1.0f + expf(-(mix * p.scale[0] + p.base[lane]))) + p.hc_eps;
-    } else if (lane < 2 * HC) {
-      p.post[row * HC + lane - HC] = 2.0f / (1.0f + expf(-(mix * p.scale[1] + p.base[lane])));
+  for (int rr = rank + kMixCluster * warp; rr < rt; rr += kMixCluster * kMixWarps)
+    if (tile0 + rr < p.rows) hc_mixes_finish_row<HC>(p, cluster, &part[0][0], rr, tile0 + rr);
+  cluster.sync();  // keep this block's `part` alive until the cluster has read it
+}
+
+// ---- mHC mixes, staged (float4 path) --------------------------------------------------------
+// Same sums as hc_mixes_kernel, for 16-byte aligned rows with width % 4 == 0. A cluster of
+// kMixCluster blocks owns a tile of 8*RPT rows; block `rank` takes the kStageK-column chunks
+// rank, rank + kMixCluster, ... of the width. Each chunk (the tile's x columns and the M fn rows)
+// comes in through a kStages-deep cp.async ring, so that about 3 chunks per block are in flight
+// from HBM while one is multiplied. In a chunk, warp w takes columns [16w, 16w + 16); lane =
+// (r = lane % 8, kq = lane / 8) reads the float4 at column 16w + 4kq of rows r, r + 8, ... (RPT
+// rows: kXPitch pads rows so that the 8 lanes of a quarter warp hit distinct banks) and of each fn
+// row (4 distinct addresses per warp: broadcast), and keeps RPT x (M + 1) fp32 sums. Reduction,
+// all in a fixed order: the kq lanes by a butterfly, the warps through shared memory in warp
+// order, the cluster's blocks in rank order (hc_mixes_finish_row).
+// NOTE: the old kernel kept too few bytes in flight (a float4 per row per lane, prefetched one
+// step ahead, fn through L1): at 384 rows it ran at ~18% of HBM.
+constexpr int kStageK = 128;  // columns per chunk: kMixWarps warps x 16
+constexpr int kStages = 4;
+constexpr int kXPitch = kStageK + 4;
+static_assert(kStageK == kMixWarps * 16);
+
+template <int HC, int RPT>
+struct StagedMixes {
+  static constexpr int kM = (2 + HC) * HC;
+  static constexpr int kMA = kM + 1;
+  static constexpr int kRows = 8 * RPT;
+  static constexpr int kXFloats = kRows * kXPitch;
+  static constexpr int kStageFloats = kXFloats + kM * kStageK;
+  static constexpr int kRedFloats = kMixWarps * kRows * kMA;
+  static constexpr int kRingFloats = std::max(kStages * kStageFloats, kRedFloats);
+  static constexpr int kSmemBytes = (kRingFloats + kRows * kMA) * 4;
+};
+
+template <int HC, int RPT>
+__global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, RPT == 4 ? 1 : 2)
+    hc_mixes_staged_kernel(HcMixesParams p) {
+  using Cfg = StagedMixes<HC, RPT>;
+  constexpr int M = Cfg::kM, MA = Cfg::kMA, BR = Cfg::kRows;
+  constexpr int kVecs = kStageK / 4;  // float4 per chunk row: one per lane
+  extern __shared__ __align__(16) float smem[];
+  float* part = smem + Cfg::kRingFloats;  // [BR][MA]: this block's sums, read by the cluster
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.y) * BR;
+  const int64_t width = static_cast<int64_t>(HC) * p.dim;
+  const int64_t chunks = (width + kStageK - 1) / kStageK;
+  const int my_chunks =
+      rank < chunks ? static_cast<int>((chunks - rank + kMixCluster - 1) / kMixCluster) : 0;
+
+  // Chunk i of this block into ring slot `slot`; zeros past the width and past the last row. Warp
+  // w copies x rows w, w + 8, ... and fn rows w, w + 8, ...; lane l the float4 at column 4l.
+  static_assert(kVecs == 32);
+  const auto issue = [&](int i, int slot) {
+    const int64_t k = (rank + static_cast<int64_t>(i) * kMixCluster) * kStageK + lane * 4;
+    const bool k_ok = k < width;
+    float* xs = smem + slot * Cfg::kStageFloats;
+    float* fs = xs + Cfg::kXFloats;
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+      const int row = warp + 8 * r;
+      const bool ok = k_ok && tile0 + row < p.rows;
+      async::copy16(async::smem_addr(xs + row * kXPitch + lane * 4),
+                    p.x + (ok ? (tile0 + row) * p.ldx + k : 0), ok);
     }
-    float c = cv ? mix * p.scale[2] + p.base[idx] : -INFINITY;
-    float mx = fmaxf(c, __shfl_xor_sync(0xffffffffu, c, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float e = cv ? expf(c - mx) : 0.0f;
-    float sum = e + __shfl_xor_sync(0xffffffffu, e, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    c = cv ? e / sum + p.hc_eps : 0.0f;
-#pragma unroll 1
-    for (int it = 0; it < p.sinkhorn_iters; ++it) {
-      if (it > 0) {  // rows: lanes xor 1, 2
-        float s = c + __shfl_xor_sync(0xffffffffu, c, 1);
-        s += __shfl_xor_sync(0xffffffffu, s, 2);
-        c = cv ? c / (s + p.hc_eps) : 0.0f;
-      }
-      float s = c + __shfl_xor_sync(0xffffffffu, c, 4);  // columns: lanes xor 4, 8
-      s += __shfl_xor_sync(0xffffffffu, s, 8);
-      c = cv ? c / (s + p.hc_eps) : 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < (M + 7) / 8; ++jj) {
+      const int j = warp + 8 * jj;
+      if (M % 8 != 0 && j >= M) break;
+      async::copy16(async::smem_addr(fs + j * kStageK + lane * 4),
+                    p.fn + (k_ok ? j * width + k : 0), k_ok);
     }
-    if (cv) p.comb[row * HC * HC + jr * HC + kc] = c;
+  };
+
+  float acc[RPT][MA];
+#pragma unroll
+  for (int r = 0; r < RPT; ++r)
+#pragma unroll
+    for (int j = 0; j < MA; ++j) acc[r][j] = 0.0f;
+  const int r0 = lane & 7, col = warp * 16 + (lane >> 3) * 4;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < my_chunks) issue(s, s);
+    async::commit();
   }
+  for (int i = 0; i < my_chunks; ++i) {
+    async::wait<kStages - 2>();
+    __syncthreads();  // chunk i landed for all threads; slot (i - 1) % kStages is free again
+    if (i + kStages - 1 < my_chunks) issue(i + kStages - 1, (i + kStages - 1) % kStages);
+    async::commit();
+    const float* xs = smem + (i % kStages) * Cfg::kStageFloats;
+    const float* fs = xs + Cfg::kXFloats;
+    float4 xv[RPT];
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+      xv[r] = *reinterpret_cast<const float4*>(xs + (r0 + 8 * r) * kXPitch + col);
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+      const float4 w = *reinterpret_cast<const float4*>(fs + j * kStageK + col);
+#pragma unroll
+      for (int r = 0; r < RPT; ++r) {
+        float& a = acc[r][j];
+        a = fmaf(xv[r].x, w.x, a);
+        a = fmaf(xv[r].y, w.y, a);
+        a = fmaf(xv[r].z, w.z, a);
+        a = fmaf(xv[r].w, w.w, a);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+      float& a = acc[r][M];
+      a = fmaf(xv[r].x, xv[r].x, a);
+      a = fmaf(xv[r].y, xv[r].y, a);
+      a = fmaf(xv[r].z, xv[r].z, a);
+      a = fmaf(xv[r].w, xv[r].w, a);
+    }
+  }
+  async::wait<0>();
+  __syncthreads();  // the ring becomes `red`
+
+  // kq lanes (lane bits 3, 4), then warps in order, then (finish) blocks in rank order.
+#pragma unroll
+  for (int r = 0; r < RPT; ++r)
+#pragma unroll
+    for (int j = 0; j < MA; ++j) {
+      acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], 8);
+      acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], 16);
+    }
+  float* red = smem;  // [kMixWarps][BR][MA]
+  if (lane < 8) {
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+#pragma unroll
+      for (int j = 0; j < MA; ++j) red[(warp * BR + r0 + 8 * r) * MA + j] = acc[r][j];
+  }
+  __syncthreads();
+  for (int e = tid; e < BR * MA; e += kThreads) {
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kMixWarps; ++w) s += red[w * BR * MA + e];
+    part[e] = s;
+  }
+  cluster.sync();
+  for (int rr = rank + kMixCluster * warp; rr < BR; rr += kMixCluster * kMixWarps)
+    if (tile0 + rr < p.rows) hc_mixes_finish_row<HC>(p, cluster, part, rr, tile0 + rr);
   cluster.sync();  // keep this block's `part` alive until the cluster has read it
 }
 
@@ -425,6 +583,14 @@ void launch_mixes(const HcMixesParams& p, int wr, int64_t tiles, cudaStream_t s)
       <<<dim3(kMixCluster, static_cast<unsigned>(tiles)), kThreads, 0, s>>>(p, wr);
 }
 
+template <int HC, int RPT>
+void launch_staged_mixes(const HcMixesParams& p, int64_t tiles, cudaStream_t s) {
+  constexpr int kSmem = StagedMixes<HC, RPT>::kSmemBytes;
+  const auto kernel = hc_mixes_staged_kernel<HC, RPT>;
+  MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  kernel<<<dim3(kMixCluster, static_cast<unsigned>(tiles)), kThreads, kSmem, s>>>(p);
+}
+
 // Grid of the row-wise mHC kernels: (chunks per row, rows), both capped.
 dim3 hc_row_grid(int64_t rows, int64_t chunks) {
   return dim3(static_cast<unsigned>(std::clamp<int64_t>(ceil_div(chunks, kThreads), 1, 64)),
@@ -439,48 +605,72 @@ void launch_hc_mixes(const HcMixesParams& p, Stream stream) {
     detail::cuda_call_failed(__FILE__, __LINE__, "hc <= 4", "bad hc", "");
   const int64_t width = p.hc * p.dim;
   const bool vec = width % 4 == 0 && p.ldx % 4 == 0 && aligned16(p.x) && aligned16(p.fn);
-  // NOTE: 4 rows per thread (100 accumulators, one block per SM) pays off only when the fp32
-  // FMAs, not HBM, bound the kernel (prefill); decode shapes take 2 rows and two blocks per SM.
-  const int rpt = p.hc == 4 && vec && p.rows >= kMixBigRows ? 4 : 2;
-  const int warp_rows = kMixRLanes * rpt;
+  const cudaStream_t s = as_cuda_stream(stream);
+  if (vec) {
+    // One row per thread while its clusters fit in one wave of one block per SM; 4 (32-row
+    // tiles, fn read once per 32 rows) past that. Measured on the H200 at 384 rows x 4 x 5120:
+    // 1, 2, 3, 4 rows per thread take 45.8, 31.2, 38.3, 31.2 us (3 fills 128 of 132 SMs, and
+    // clusters placed per GPC leave some SMs with two blocks).
+    int rpt = p.rows_per_thread;
+    if (rpt == 0) {
+      int device = 0, sms = 0;
+      MS_CUDA_CHECK(cudaGetDevice(&device));
+      MS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+      rpt = ceil_div(p.rows, int64_t{8}) * kMixCluster <= sms ? 1 : 4;
+    }
+    if (rpt < 1 || rpt > 4)
+      detail::cuda_call_failed(__FILE__, __LINE__, "hc mixes rows_per_thread", "not 0..4", "");
+    const int64_t tiles = ceil_div(p.rows, int64_t{8} * rpt);
+    if (tiles > 65535)
+      detail::cuda_call_failed(__FILE__, __LINE__, "hc mixes rows", "too many rows", "");
+    switch (p.hc * 8 + rpt) {
+#define MS_HC_MIXES_CASE(HC, RPT)              \
+  case HC * 8 + RPT:                           \
+    launch_staged_mixes<HC, RPT>(p, tiles, s); \
+    break;
+      MS_HC_MIXES_CASE(4, 1)
+      MS_HC_MIXES_CASE(4, 2)
+      MS_HC_MIXES_CASE(4, 3)
+      MS_HC_MIXES_CASE(4, 4)
+      MS_HC_MIXES_CASE(3, 1)
+      MS_HC_MIXES_CASE(3, 2)
+      MS_HC_MIXES_CASE(3, 3)
+      MS_HC_MIXES_CASE(3, 4)
+      MS_HC_MIXES_CASE(2, 1)
+      MS_HC_MIXES_CASE(2, 2)
+      MS_HC_MIXES_CASE(2, 3)
+      MS_HC_MIXES_CASE(2, 4)
+      MS_HC_MIXES_CASE(1, 1)
+      MS_HC_MIXES_CASE(1, 2)
+      MS_HC_MIXES_CASE(1, 3)
+      MS_HC_MIXES_CASE(1, 4)
+#undef MS_HC_MIXES_CASE
+      default:
+        break;
+    }
+    MS_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  // Scalar loads (odd widths or pitches): 2 rows per thread.
+  const int warp_rows = kMixRLanes * 2;
   int wr = 1;  // warps of a block on different rows (the rest split k)
   while (wr < kMixWarps && ceil_div(p.rows, int64_t{warp_rows} * wr * 2) >= kMixMinTiles) wr *= 2;
   const int64_t tiles = ceil_div(p.rows, int64_t{warp_rows} * wr);
   if (tiles > 65535)
     detail::cuda_call_failed(__FILE__, __LINE__, "hc mixes rows", "too many rows", "");
-  const cudaStream_t s = as_cuda_stream(stream);
-  if (rpt == 4) {
-    launch_mixes<4, 4, true>(p, wr, tiles, s);
-  } else if (vec) {
-    switch (p.hc) {
-      case 4:
-        launch_mixes<4, 2, true>(p, wr, tiles, s);
-        break;
-      case 3:
-        launch_mixes<3, 2, true>(p, wr, tiles, s);
-        break;
-      case 2:
-        launch_mixes<2, 2, true>(p, wr, tiles, s);
-        break;
-      default:
-        launch_mixes<1, 2, true>(p, wr, tiles, s);
-        break;
-    }
-  } else {
-    switch (p.hc) {
-      case 4:
-        launch_mixes<4, 2, false>(p, wr, tiles, s);
-        break;
-      case 3:
-        launch_mixes<3, 2, false>(p, wr, tiles, s);
-        break;
-      case 2:
-        launch_mixes<2, 2, false>(p, wr, tiles, s);
-        break;
-      default:
-        launch_mixes<1, 2, false>(p, wr, tiles, s);
-        break;
-    }
+  switch (p.hc) {
+    case 4:
+      launch_mixes<4, 2, false>(p, wr, tiles, s);
+      break;
+    case 3:
+      launch_mixes<3, 2, false>(p, wr, tiles, s);
+      break;
+    case 2:
+      launch_mixes<2, 2, false>(p, wr, tiles, s);
+      break;
+    default:
+      launch_mixes<1, 2, false>(p, wr, tiles, s);
+      break;
   }
   MS_CUDA_CHECK_LAUNCH();
 }
