@@ -1224,6 +1224,67 @@ TEST_F(CudaV41, SparseAttentionWgmma) {
   }
 }
 
+// Short key lists through the wgmma kernel: 0 to 4 tiles of 32 keys (the fp16 instantiation keeps
+// two tiles dequantised ahead and issues S one tile ahead, so the first and last tiles take
+// separate paths), SWA and FP4 keys mixed inside one tile.
+TEST_F(CudaV41, SparseAttentionWgmmaShortLists) {
+  if (cuda::device_info(0).compute_major != 9)
+    GTEST_SKIP() << "the wgmma kernel needs sm_90a (Hopper)";
+  std::mt19937 rng(31);
+  const int hd = 512, heads = 64, sk = 128, gk = 64;
+  const int64_t nglob = 300;
+  const std::vector<int> nswa = {0, 1, 31, 32, 33, 64, 65, 96, 97, 20};
+  const std::vector<int> nfp4 = {0, 0, 0, 0, 0, 0, 0, 0, 0, 45};  // last row: 65 keys, mixed
+  const int64_t t = static_cast<int64_t>(nswa.size());
+  auto ring = swa_records(sk, rng);
+  auto glob = fp4_records(nglob, hd, cpu::Fp4Record::kMainBlock16E4m3, rng, 0);
+  std::vector<int32_t> sidx(static_cast<size_t>(t * sk), -1), gidx(static_cast<size_t>(t * gk), -1);
+  std::vector<int32_t> pos(static_cast<size_t>(t));
+  for (int64_t r = 0; r < t; ++r) {
+    pos[static_cast<size_t>(r)] = 1000 + static_cast<int32_t>(r);
+    for (int i = 0; i < nswa[static_cast<size_t>(r)]; ++i)
+      sidx[static_cast<size_t>(r * sk + i)] = static_cast<int32_t>((7 * i + r) % sk);
+    for (int i = 0; i < nfp4[static_cast<size_t>(r)]; ++i)
+      gidx[static_cast<size_t>(r * gk + i)] = static_cast<int32_t>(rng() % nglob);
+  }
+  const auto f = compress_freqs();
+  auto q = rnd(t * heads * hd, rng, -1, 1);
+  auto sink = rnd(heads, rng, -2, 2);
+  std::vector<float> ref(q.size());
+  cpu::sparse_attention(q.data(), t, heads, hd, ring.data(), sidx.data(), sk, glob.data(),
+                        gidx.data(), gk, sink.data(), 0.04419417382415922f, pos.data(), f.data(),
+                        64, ref.data());
+  cuda::SparseAttentionParams p;
+  p.q = up(q);
+  p.rows = t;
+  p.heads = heads;
+  p.swa = up(ring);
+  p.swa_idx = up(sidx);
+  p.glob = up(glob);
+  p.glob_idx = up(gidx);
+  p.glob_k = gk;
+  p.sink = up(sink);
+  p.pos = up(pos);
+  p.freqs = up(f);
+  for (bool split : {true, false}) {
+    SCOPED_TRACE(testing::Message() << "split " << split);
+    p.split_precision = split;
+    float* o_wg = nans(ref.size());
+    p.out = o_wg;
+    p.use_wgmma = true;
+    cuda::launch_sparse_attention(p, stream_);
+    float* o_old = nans(ref.size());
+    p.out = o_old;
+    p.use_wgmma = false;
+    cuda::launch_sparse_attention(p, stream_);
+    const auto wg = down(o_wg, ref.size()), old = down(o_old, ref.size());
+    EXPECT_LE(rel_err(wg, ref), split ? 1e-5 : 1e-3);
+    EXPECT_LE(rel_err(wg, old), split ? 2e-5 : 5e-4);
+    std::printf("sparse attention wgmma short lists, split %d: rel err %.3g, vs mma.sync %.3g\n",
+                split, rel_err(wg, ref), rel_err(wg, old));
+  }
+}
+
 TEST_F(CudaV41, EngramGatherFromPinnedHostAndGate) {
   std::mt19937 rng(20);
   const int64_t rows = 10000, dim = 256, n = 48;

@@ -1,8 +1,11 @@
 // Device probe (not part of the build): times launch_sparse_attention on random caches, the
-// mma.sync kernel and the warpgroup-MMA one (use_wgmma), prints where an mma.sync block spends its
-// cycles (thread 0's clock64 between the kernel's ATTN_MARK points, averaged per block), the
-// largest difference between the two kernels' outputs (relative to the largest |output|), and a
-// table of both kernels' times. Build and run on the device:
+// mma.sync kernel and the warpgroup-MMA one (use_wgmma), prints where an mma.sync block and a
+// wgmma CTA spend their cycles (thread 0's clock64 between the kernels' ATTN_MARK / WG_MARK
+// points, averaged per block / CTA), the largest difference between the kernels' outputs
+// (relative to the largest |output|), and a table of the times. The wgmma kernel is timed in
+// its instantiations: hi+lo with 2 key buffers (what use_wgmma takes), fp16 with 3 (what
+// use_wgmma takes) and fp16 with 2 (the earlier structure, for comparison). Build and run on
+// the device:
 //   nvcc -O3 -std=c++20 -arch=sm_90a -I src -DMOESERVE_ATTN_CLOCKS tools/device/attn_probe.cu -o /tmp/attn_probe && /tmp/attn_probe
 #include <algorithm>
 #include <cmath>
@@ -19,9 +22,14 @@ using namespace moeserve::cuda;
 
 struct Row {
   int rows;
-  bool split;
+  const char* precision;
+  const char* variant;
   double us_old, us_wg, diff;
 };
+
+// Per-CTA phases of the wgmma kernel (slots of WG_MARK in v41_attention_wgmma.cu).
+const char* const kWgNames[10] = {"list",     "prologue", "S wait", "exchange", "softmax",
+                                  "mma issue", "stage wait", "decode", "stage issue", "epilogue"};
 
 int main() {
   std::mt19937 rng(7);
@@ -87,39 +95,66 @@ int main() {
       std::printf(" | total %.0f\n", total);
       const double us_old = 1000.0 * ms / iters;
 
-      // The same launch with use_wgmma, and the difference of the outputs.
+      // The wgmma kernel (use_wgmma's instantiation, and for fp16 also the 2-buffer one): one
+      // launch for the phase clocks and the difference of the outputs, then the timing.
       std::vector<float> o_old(q.size()), o_wg(q.size());
       MS_CUDA_CHECK(cudaMemcpy(o_old.data(), out, q.size() * 4, cudaMemcpyDeviceToHost));
-      MS_CUDA_CHECK(cudaMemset(out, 0xFF, q.size() * 4));  // NaN: unwritten outputs show
-      p.use_wgmma = true;
-      launch_sparse_attention(p, nullptr);
-      MS_CUDA_CHECK(cudaMemcpy(o_wg.data(), out, q.size() * 4, cudaMemcpyDeviceToHost));
-      double num = 0, den = 1e-30;
-      for (size_t i = 0; i < q.size(); ++i) {
-        const double d = std::abs(static_cast<double>(o_wg[i]) - o_old[i]);
-        num = std::isnan(d) ? INFINITY : std::max(num, d);
-        den = std::max(den, std::abs(static_cast<double>(o_old[i])));
+      struct Variant {
+        const char* name;
+        void (*fn)(const SparseAttentionParams&, cudaStream_t);
+      };
+      std::vector<Variant> variants;
+      if (split) {
+        variants.push_back({"2 bufs", attn_wg::launch<true, attn_wg::kNBSplit>});
+      } else {
+        variants.push_back({"3 bufs", attn_wg::launch<false, attn_wg::kNBHalf>});
+        variants.push_back({"2 bufs", attn_wg::launch<false, 2>});
       }
-      for (int i = 0; i < 3; ++i) launch_sparse_attention(p, nullptr);
-      cudaEventRecord(e0);
-      for (int i = 0; i < iters; ++i) launch_sparse_attention(p, nullptr);
-      cudaEventRecord(e1);
-      MS_CUDA_CHECK(cudaEventSynchronize(e1));
-      cudaEventElapsedTime(&ms, e0, e1);
-      const double us_wg = 1000.0 * ms / iters;
-      std::printf(
-          "rows %4d split %d: wgmma %8.1f us/launch, max |wgmma - mma.sync| / max |out| %.3g\n",
-          rows, split, us_wg, num / den);
-      table.push_back({rows, split, us_old, us_wg, num / den});
+      p.use_wgmma = true;
+      for (const Variant& v : variants) {
+        MS_CUDA_CHECK(cudaMemset(out, 0xFF, q.size() * 4));  // NaN: unwritten outputs show
+        unsigned long long wclk[16] = {};
+#ifdef MOESERVE_ATTN_CLOCKS
+        MS_CUDA_CHECK(cudaMemcpyToSymbol(attn_wg::g_wg_clocks, wclk, sizeof(wclk)));
+#endif
+        v.fn(p, nullptr);
+        MS_CUDA_CHECK(cudaGetLastError());
+#ifdef MOESERVE_ATTN_CLOCKS
+        MS_CUDA_CHECK(cudaMemcpyFromSymbol(wclk, attn_wg::g_wg_clocks, sizeof(wclk)));
+#endif
+        MS_CUDA_CHECK(cudaMemcpy(o_wg.data(), out, q.size() * 4, cudaMemcpyDeviceToHost));
+        double num = 0, den = 1e-30;
+        for (size_t i = 0; i < q.size(); ++i) {
+          const double d = std::abs(static_cast<double>(o_wg[i]) - o_old[i]);
+          num = std::isnan(d) ? INFINITY : std::max(num, d);
+          den = std::max(den, std::abs(static_cast<double>(o_old[i])));
+        }
+        for (int i = 0; i < 3; ++i) v.fn(p, nullptr);
+        cudaEventRecord(e0);
+        for (int i = 0; i < iters; ++i) v.fn(p, nullptr);
+        cudaEventRecord(e1);
+        MS_CUDA_CHECK(cudaEventSynchronize(e1));
+        cudaEventElapsedTime(&ms, e0, e1);
+        const double us_wg = 1000.0 * ms / iters;
+        const double ctas = rows * (heads / 64.0);
+        std::printf("rows %4d split %d: wgmma %s %8.1f us/launch, max |wgmma - mma.sync| / max "
+                    "|out| %.3g | cycles per CTA:",
+                    rows, split, v.name, us_wg, num / den);
+        double wtotal = 0;
+        for (int i = 0; i < 10; ++i) wtotal += wclk[i] / ctas;
+        for (int i = 0; i < 10; ++i) std::printf(" %s %.0f", kWgNames[i], wclk[i] / ctas);
+        std::printf(" | total %.0f\n", wtotal);
+        table.push_back({rows, split ? "hi+lo" : "fp16", v.name, us_old, us_wg, num / den});
+      }
       cudaEventDestroy(e0);
       cudaEventDestroy(e1);
     }
     MS_CUDA_CHECK(cudaFree(out));
   }
-  std::printf("\n| rows | precision | mma.sync us | wgmma us | speed-up | rel diff |\n");
-  std::printf("|---:|---|---:|---:|---:|---:|\n");
+  std::printf("\n| rows | precision | wgmma | mma.sync us | wgmma us | speed-up | rel diff |\n");
+  std::printf("|---:|---|---|---:|---:|---:|---:|\n");
   for (const Row& r : table)
-    std::printf("| %d | %s | %.1f | %.1f | %.2fx | %.2g |\n", r.rows, r.split ? "hi+lo" : "fp16",
+    std::printf("| %d | %s | %s | %.1f | %.1f | %.2fx | %.2g |\n", r.rows, r.precision, r.variant,
                 r.us_old, r.us_wg, r.us_old / r.us_wg, r.diff);
   return 0;
 }

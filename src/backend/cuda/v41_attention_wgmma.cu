@@ -23,26 +23,39 @@
 // Shared memory (1024-aligned base; every wgmma operand in 128-byte-swizzle atoms: rows of 64
 // fp16 = 128 B, 8 rows = 1024 B, the 16-byte chunk c of row r stored at chunk c ^ (r % 8)):
 //   q      fp16 [1 or 2 parts (hi, lo)][8 panels][64 heads][64 channels]   64 KB per part
-//   kt     fp16 [2 buffers][8 panels][32 keys][64 channels]                 32 KB per buffer
 //          panel c holds channels [64 c, 64 c + 64): for S a K-major B (rows = keys, SBO 1024 B,
 //          k-step = +32 B), for P . V an MN-major B (K = keys: 8-key groups at SBO 1024 B;
 //          N = channels: 64-channel blocks at LBO = one panel, 4096 B).
-//   stage  raw records of one tile (cp.async; 528 B per key, FP4 records use 288)  16.5 KB
+//   kt     fp16 [kNB buffers][8 panels][32 keys][64 channels]               32 KB per buffer
+//   stage  raw records of kStages tiles (cp.async; 528 B per key, FP4 use 288) 16.5 KB per slot
+//   xch    (kNB == 3) fp32 partial S of both warpgroups                      16 KB
 //   list   int32 [1024] compacted key ids
-// Split precision: 217 KB + 1 KB alignment slack; single fp16: 153 KB. One CTA per SM.
+// hi + lo (kNB 2, 1 slot): 212.5 KiB; fp16 (kNB 3, 2 slots, xch): 213 KiB; + 1 KiB alignment slack.
+// One CTA per SM (the 128 fp32 O accumulators per thread rule out two in any mode).
 //
-// Pipeline per tile t (buffer b = t & 1; all 256 threads):
-//   1. wgmma.fence; issue S_t on kt[b]; commit.            (P . V of t - 1 may still be running)
-//   2. wait_group 0: S_t and P . V_{t-1} done.
-//   3. store the partial S into this warpgroup's half of kt[b ^ 1] (its own earlier wgmma on that
-//      buffer are complete; the other warpgroup never reads that half); __syncthreads.
-//   4. add the other half's partial; online softmax; rescale O; P fragments.
-//   5. wgmma.fence; issue P . V_t on kt[b]; commit (not waited: it overlaps 6).
-//   6. cp.async.wait (raw tile t + 1); __syncthreads (raw visible; every thread past 4, so kt[b^1]
-//      is free); dequantise tile t + 1 into kt[b ^ 1]; fence.proxy.async (generic stores ->
-//      async proxy reads); __syncthreads; cp.async of raw tile t + 2 into the stage.
-// Tile 0 is dequantised before the loop. The tensor pipe runs P . V_t and then S_{t+1} back to
-// back; the dequantisation (CUDA cores) runs under P . V_t; the exchange and softmax are exposed.
+// Pipeline, kNB == 2 (hi + lo; buffer b = t & 1; all 256 threads):
+//   1. wgmma.fence; issue S_t on kt[b]; commit; wait_group 0 (S_t and P . V_{t-1} done).
+//   2. store the partial S into this warpgroup's half of kt[b ^ 1] (its own earlier wgmma on that
+//      buffer are complete; the other warpgroup never reads that half); __syncthreads; add the
+//      other half's partial.
+//   3. online softmax; rescale O; P fragments.
+//   4. wgmma.fence; issue P . V_t on kt[b]; commit (not waited: it overlaps 5).
+//   5. cp.async.wait (raw tile t + 1); __syncthreads; dequantise tile t + 1 into kt[b ^ 1];
+//      fence.proxy.async (generic stores -> async proxy reads); __syncthreads; cp.async of raw
+//      tile t + 2 into the stage.
+//   The dequantisation runs under P . V_t; S, the exchange and the softmax are exposed.
+// Pipeline, kNB == 3 (fp16; tile u in kt[u % 3], raw tile u in slot u % 2):
+//   1. wait_group 0: S_t and P . V_{t-1} (issued together in the previous iteration) done.
+//   2. exchange through xch; the __syncthreads also publishes the tile decoded in the previous
+//      iteration (t + 1).
+//   3. online softmax; rescale O; P fragments.
+//   4. wgmma.fence; issue S_{t+1} on kt[(t+1) % 3], commit; issue P . V_t on kt[t % 3], commit.
+//   5. cp.async.wait (raw t + 2); __syncthreads (raw visible; kt[(t+2) % 3] = kt[(t-1) % 3] and
+//      the other slot are no longer read; the exchange reads are done); cp.async of raw t + 3;
+//      dequantise t + 2 into kt[(t+2) % 3]; fence.proxy.async.
+//   Two barriers per tile; S_{t+1} and P . V_t both run under the dequantisation; each raw tile
+//   has a whole iteration to land; the exchange, softmax and dequantisation are the chain.
+// Tiles 0 .. kNB - 2 are dequantised before the loop (kNB == 3 also issues S_0 there).
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -74,18 +87,46 @@ constexpr uint32_t kHalfPanels = 4;                   // panels per warpgroup (2
 constexpr uint32_t kStageBytes = kTile * kSlot;       // 16,896
 constexpr int kItems = kTile * (kHd / 8) / kThreads;  // 8-channel items per thread per tile
 
-template <bool kSplit>
+constexpr uint32_t kXchBytes = 2 * kHeads * kTile * 4;  // 16 KB: both warpgroups' partial S
+
+// kNB key-tile buffers: 2 (hi + lo; the exchange lives in the idle buffer) or 3 (fp16; the tile
+// two ahead is dequantised while the tensor pipe runs S_{t+1} and P . V_t, own exchange buffer,
+// two raw-record stage slots).
+template <bool kSplit, int kNB>
 struct Smem {
+  static_assert(kNB == 2 || kNB == 3, "two or three key-tile buffers");
+  static constexpr int kStages = kNB == 3 ? 2 : 1;
   static constexpr uint32_t kQ = 0;
   static constexpr uint32_t kKt = kQ + (kSplit ? 2 : 1) * kQPart;
-  static constexpr uint32_t kStage = kKt + 2 * kKtBuf;
-  static constexpr uint32_t kList = kStage + kStageBytes;
+  static constexpr uint32_t kStage = kKt + kNB * kKtBuf;
+  static constexpr uint32_t kXch = kStage + kStages * kStageBytes;
+  static constexpr uint32_t kList = kXch + (kNB == 3 ? kXchBytes : 0);
   static constexpr uint32_t kEnd = kList + sizeof(int32_t) * kMaxKeys;
   static constexpr uint32_t kBytes = kEnd + 1024;  // + slack to align the base to 1024
+  static_assert(kBytes <= 227 * 1024, "shared memory budget");
+  static_assert(kKt % 1024 == 0 && kStage % 16 == 0 && kXch % 16 == 0, "alignment");
 };
-static_assert(Smem<true>::kBytes <= 227 * 1024, "shared memory budget (split precision)");
-static_assert(Smem<true>::kKt % 1024 == 0 && Smem<true>::kStage % 16 == 0, "atom alignment");
-static_assert(Smem<false>::kKt % 1024 == 0 && Smem<false>::kStage % 16 == 0, "atom alignment");
+// The instantiations launch_sparse_attention_wgmma takes (the probe also times <false, 2>).
+constexpr int kNBSplit = 2;
+constexpr int kNBHalf = 3;
+
+// Phase clocks for tools/device/attn_probe.cu (compiled out unless MOESERVE_ATTN_CLOCKS): thread
+// 0 of each CTA adds the cycles since the previous mark to slot i (names in the probe).
+#ifdef MOESERVE_ATTN_CLOCKS
+__device__ unsigned long long g_wg_clocks[16];
+#define WG_MARK(i)                                                                \
+  do {                                                                            \
+    if (threadIdx.x == 0) {                                                       \
+      const long long now_ = clock64();                                           \
+      atomicAdd(&g_wg_clocks[i], static_cast<unsigned long long>(now_ - clk_));   \
+      clk_ = now_;                                                                \
+    }                                                                             \
+  } while (0)
+#else
+#define WG_MARK(i) \
+  do {             \
+  } while (0)
+#endif
 
 __device__ __forceinline__ uint32_t h2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 
@@ -192,20 +233,50 @@ __device__ __forceinline__ void decode_tile(const int32_t* list, int nk, int t0,
   }
 }
 
-template <bool kSplit>
+// Issues S = Q . K^T over this warpgroup's 256 channels into s (16 k-steps x kParts; commits
+// nothing): k-step ks reads panel ks / 4, 16-channel slice ks % 4 (32 B into each 128-B row).
+template <int kParts>
+__device__ __forceinline__ void issue_s(float (&s)[16], uint32_t q_half, uint32_t kt_half) {
+#pragma unroll
+  for (int ks = 0; ks < 16; ++ks) {
+    const uint32_t koff = static_cast<uint32_t>(ks >> 2) * kKtPanel + 32u * (ks & 3);
+    const uint32_t qoff = static_cast<uint32_t>(ks >> 2) * kQPanel + 32u * (ks & 3);
+    const uint64_t db = wgmma::desc_k_sw128_addr(kt_half + koff);
+#pragma unroll
+    for (int part = 0; part < kParts; ++part) {
+      const uint64_t da = wgmma::desc_k_sw128_addr(q_half + part * kQPart + qoff);
+      if (ks == 0 && part == 0) {
+        wgmma::f16_ss_n32_zero(s, da, db);
+      } else {
+        wgmma::f16_ss_n32(s, da, db, 1);
+      }
+    }
+  }
+}
+
+template <bool kSplit, int kNB>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_attention_wgmma_kernel(SparseAttentionParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using L = Smem<kSplit>;
+  using L = Smem<kSplit, kNB>;
   constexpr int kParts = kSplit ? 2 : 1;
   extern __shared__ unsigned char smem_raw[];
   __shared__ int32_t warp_count[kThreads / 32];
+#ifdef MOESERVE_ATTN_CLOCKS
+  long long clk_ = clock64();
+#endif
   // 1024-aligned base: the swizzle atoms' XOR pattern is taken from address bits 7-9.
   uint8_t* const smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                                    ~static_cast<uintptr_t>(1023));
   const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   int32_t* const list = reinterpret_cast<int32_t*>(smem + L::kList);
-  const uint8_t* const stage = smem + L::kStage;
+  // Raw records of tile u: stage slot u % kStages.
+  const auto slot_off = [](int u) -> uint32_t {
+    return L::kStage + static_cast<uint32_t>(u % L::kStages) * kStageBytes;
+  };
+  const auto kt_off = [](int u) -> uint32_t {
+    return L::kKt + static_cast<uint32_t>(u % kNB) * kKtBuf;
+  };
 
   const int64_t t = blockIdx.x;
   const int h0 = static_cast<int>(blockIdx.y) * kHeads;
@@ -247,8 +318,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   const int nk = base;
   const int ntiles = (nk + kTile - 1) / kTile;
+  WG_MARK(0);
 
-  if (ntiles > 0) stage_tile(p, list, nk, 0, sbase + L::kStage);
+  // Raw tiles 0 .. kStages - 1 in flight while q is converted.
+#pragma unroll
+  for (int u = 0; u < L::kStages; ++u)
+    if (u < ntiles) stage_tile(p, list, nk, u * kTile, sbase + slot_off(u));
 
   float o[128];  // O (this warpgroup's 256 channels), zeroed before any wgmma is issued
 #pragma unroll
@@ -283,13 +358,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
 
-  // Tile 0.
+  // Tiles 0 .. kNB - 2 dequantised (the loop then keeps kNB - 1 tiles ahead of P . V).
   cp_async_wait_all();
-  __syncthreads();  // everyone's raw tile 0 landed
-  if (ntiles > 0) decode_tile(list, nk, 0, stage, smem + L::kKt);
-  wgmma::fence_proxy_async_smem();  // q and kt[0]: generic stores read by the async proxy
-  __syncthreads();
-  if (ntiles > 1) stage_tile(p, list, nk, kTile, sbase + L::kStage);
+  __syncthreads();  // everyone's raw tiles landed
+#pragma unroll
+  for (int u = 0; u < kNB - 1; ++u)
+    if (u < ntiles) decode_tile(list, nk, u * kTile, smem + slot_off(u), smem + kt_off(u));
+  wgmma::fence_proxy_async_smem();  // q and kt: generic stores read by the async proxy
+  __syncthreads();                  // kt complete; stage slots free
+  if (kNB - 1 < ntiles)
+    stage_tile(p, list, nk, (kNB - 1) * kTile, sbase + slot_off(kNB - 1));
 
   float m_run[2], l_run[2];
 #pragma unroll
@@ -302,48 +380,50 @@ __global__ void __launch_bounds__(kThreads, 1)
   // P . V: B = kt[b] panels 4 wg.., MN-major (LBO = one panel: the next 64 channels; SBO = 1024
   // B: the next 8 keys); k-step ks (keys 16 ks..) starts 16 rows = 2048 B further.
   const uint32_t q_half = sbase + L::kQ + static_cast<uint32_t>(wg) * kHalfPanels * kQPanel;
-  const uint32_t kt_half = sbase + L::kKt + static_cast<uint32_t>(wg) * kHalfPanels * kKtPanel;
+  const uint32_t kt_half = sbase + static_cast<uint32_t>(wg) * kHalfPanels * kKtPanel;
+
+  float s[16];  // S partial of the current tile
+  if constexpr (kNB == 3) {
+    // S_0 issued ahead (the loop issues S_{t+1} with P . V_t). Unconditional, as S_{t+1} in the
+    // last iteration (a product of a stale buffer, never read): on every path into the loop s is
+    // defined by a wgmma, which keeps ptxas from serialising the wgmma pipeline.
+    wgmma::fence();
+    issue_s<kParts>(s, q_half, kt_half + kt_off(0));
+    wgmma::commit_group();
+  }
+  WG_MARK(1);
 
   for (int ti = 0; ti < ntiles; ++ti) {
     const int t0 = ti * kTile;
-    const uint32_t buf = static_cast<uint32_t>(ti & 1) * kKtBuf;
 
-    // 1. S_t partial over this warpgroup's 256 channels: 16 k-steps (x 2 parts).
-    float s[16];
-    wgmma::fence();
-#pragma unroll
-    for (int ks = 0; ks < 16; ++ks) {
-      // k-step ks: panel ks / 4, 16-channel slice ks % 4 (32 B into each 128-B row).
-      const uint32_t koff = static_cast<uint32_t>(ks >> 2) * kKtPanel + 32u * (ks & 3);
-      const uint32_t qoff = static_cast<uint32_t>(ks >> 2) * kQPanel + 32u * (ks & 3);
-      const uint64_t db = wgmma::desc_k_sw128_addr(kt_half + buf + koff);
-#pragma unroll
-      for (int part = 0; part < kParts; ++part) {
-        const uint64_t da = wgmma::desc_k_sw128_addr(q_half + part * kQPart + qoff);
-        if (ks == 0 && part == 0) {
-          wgmma::f16_ss_n32_zero(s, da, db);
-        } else {
-          wgmma::f16_ss_n32(s, da, db, 1);
-        }
-      }
+    // 1. S_t partial over this warpgroup's 256 channels. kNB == 2: issued here (kt[t % 2] was
+    // completed at the end of the previous iteration). kNB == 3: issued with P . V_{t-1} in the
+    // previous iteration, both ran under the dequantisation (waiting for S_t alone, wait_group 1,
+    // makes ptxas serialise the wgmma pipeline). Either way S_t and P . V_{t-1} are waited here.
+    if constexpr (kNB == 2) {
+      wgmma::fence();
+      issue_s<kParts>(s, q_half, kt_half + kt_off(ti));
+      wgmma::commit_group();
     }
-    wgmma::commit_group();
-    // 2.
     wgmma::wait_group<0>();
-    wgmma::fence_operands(s);
     wgmma::fence_operands(o);
+    wgmma::fence_operands(s);
+    WG_MARK(2);
 
-    // 3. Exchange the partials through this warpgroup's half of the other key buffer
-    // (thread-major float4s: a warp stores 512 contiguous bytes).
+    // 2. Exchange the partials (thread-major float4s: a warp stores 512 contiguous bytes).
+    // kNB == 2: through this warpgroup's half of the other key buffer (its own earlier wgmma on
+    // it are complete; the other warpgroup never reads that half). kNB == 3: own buffer, whose
+    // previous reads all precede the unconditional barrier of step 5.
     {
-      float4* mine = reinterpret_cast<float4*>(smem + L::kKt + (kKtBuf - buf) +
-                                               static_cast<uint32_t>(wg) * kHalfPanels * kKtPanel);
-      float4* theirs = reinterpret_cast<float4*>(
-          smem + L::kKt + (kKtBuf - buf) + static_cast<uint32_t>(wg ^ 1) * kHalfPanels * kKtPanel);
+      const uint32_t xbase = kNB == 2 ? kt_off(ti + 1) : L::kXch;
+      const uint32_t xhalf = kNB == 2 ? kHalfPanels * kKtPanel : kXchBytes / 2;
+      float4* mine = reinterpret_cast<float4*>(smem + xbase + static_cast<uint32_t>(wg) * xhalf);
+      const float4* theirs =
+          reinterpret_cast<const float4*>(smem + xbase + static_cast<uint32_t>(wg ^ 1) * xhalf);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
         mine[j * 128 + wtid] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
-      __syncthreads();
+      __syncthreads();  // kNB == 3: also makes the tile decoded in the previous iteration visible
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float4 x = theirs[j * 128 + wtid];
@@ -353,8 +433,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         s[4 * j + 3] += x.w;
       }
     }
+    WG_MARK(3);
 
-    // 4. Online softmax. s[4 i + 2 h + v]: head r0 + 8 h, key t0 + 8 i + 2 tq + v.
+    // 3. Online softmax. s[4 i + 2 h + v]: head r0 + 8 h, key t0 + 8 i + 2 tq + v.
     uint32_t ph[2][4], pl[2][4];
     {
       float mx[2] = {-INFINITY, -INFINITY};
@@ -415,10 +496,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
       }
     }
+    WG_MARK(4);
 
-    // 5. O += P . V_t over this warpgroup's 256 channels (not waited here). The rescaled O and
+    // 4. kNB == 3: S_{t+1} (its tile was completed before the exchange barrier) into s, then
+    // O += P . V_t over this warpgroup's 256 channels (neither waited here). The rescaled O and
     // the P fragments are pinned before wgmma.fence (no register write may sink past it).
     wgmma::fence_operands(o);
+    wgmma::fence_operands(s);
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
@@ -428,22 +512,48 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     wgmma::fence();
+    if constexpr (kNB == 3) {
+      issue_s<kParts>(s, q_half, kt_half + kt_off(ti + 1));  // unconditional: see S_0
+      wgmma::commit_group();
+    }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const uint64_t dv = wgmma::desc_mn_sw128(kt_half + buf + 2048u * j, kKtPanel, 1024u);
+      const uint64_t dv =
+          wgmma::desc_mn_sw128(kt_half + kt_off(ti) + 2048u * j, kKtPanel, 1024u);
       wgmma::f16_rs_n256_tb(o, ph[j], dv, 1);
       if constexpr (kSplit) wgmma::f16_rs_n256_tb(o, pl[j], dv, 1);
     }
     wgmma::commit_group();
+    WG_MARK(5);
 
-    // 6. Tile t + 1 into the other buffer while P . V_t runs.
-    if (ti + 1 < ntiles) {
-      cp_async_wait_all();
-      __syncthreads();  // raw tile t + 1 visible; the exchange reads of kt[b ^ 1] are done
-      decode_tile(list, nk, t0 + kTile, stage, smem + L::kKt + (kKtBuf - buf));
-      wgmma::fence_proxy_async_smem();
-      __syncthreads();  // kt[b ^ 1] complete for S_{t+1}; the stage is free
-      if (ti + 2 < ntiles) stage_tile(p, list, nk, t0 + 2 * kTile, sbase + L::kStage);
+    // 5. Tile u = t + kNB - 1 into its buffer while the tensor pipe runs.
+    const int u = ti + kNB - 1;
+    if constexpr (kNB == 2) {
+      if (u < ntiles) {
+        cp_async_wait_all();
+        __syncthreads();  // raw tile u visible; the exchange reads of kt[u % 2] are done
+        WG_MARK(6);
+        decode_tile(list, nk, u * kTile, smem + slot_off(u), smem + kt_off(u));
+        wgmma::fence_proxy_async_smem();
+        WG_MARK(7);
+        __syncthreads();  // kt[u % 2] complete for S_u; the stage is free
+        if (u + 1 < ntiles) stage_tile(p, list, nk, (u + 1) * kTile, sbase + slot_off(u + 1));
+        WG_MARK(8);
+      }
+    } else {
+      cp_async_wait_all();  // raw tile u (the only group in flight)
+      // Raw tile u visible; every thread's wgmma on kt[u % 3] (S_{t-1}, P . V_{t-1}) are
+      // complete (waited in step 3); the exchange reads are done; slot (u + 1) % 2 was decoded
+      // (tile u - 1) in the previous iteration. Unconditional: it also guards the exchange buffer.
+      __syncthreads();
+      WG_MARK(6);
+      if (u + 1 < ntiles) stage_tile(p, list, nk, (u + 1) * kTile, sbase + slot_off(u + 1));
+      WG_MARK(8);
+      if (u < ntiles) {
+        decode_tile(list, nk, u * kTile, smem + slot_off(u), smem + kt_off(u));
+        wgmma::fence_proxy_async_smem();  // made visible by the next exchange barrier
+      }
+      WG_MARK(7);
     }
   }
   wgmma::wait_group<0>();
@@ -469,24 +579,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       *reinterpret_cast<float2*>(out + c) = make_float2(a, b);
     }
   }
+  WG_MARK(9);
 #else
   __trap();  // sm_90a only (wgmma); launch_sparse_attention takes this path only with use_wgmma.
 #endif
 }
 
-template <bool kSplit>
+template <bool kSplit, int kNB>
 void launch(const SparseAttentionParams& p, cudaStream_t stream) {
   static const bool configured = [] {
-    MS_CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_wgmma_kernel<kSplit>,
+    MS_CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_wgmma_kernel<kSplit, kNB>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(Smem<kSplit>::kBytes)));
+                                       static_cast<int>(Smem<kSplit, kNB>::kBytes)));
     return true;
   }();
   (void)configured;
   const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads / kHeads));
-  sparse_attention_wgmma_kernel<kSplit><<<grid, kThreads, Smem<kSplit>::kBytes, stream>>>(p);
+  sparse_attention_wgmma_kernel<kSplit, kNB>
+      <<<grid, kThreads, Smem<kSplit, kNB>::kBytes, stream>>>(p);
 }
-
 }  // namespace attn_wg
 
 // Shapes and devices the kernel takes: 64-head CTAs, and a Hopper device (the kernel is compiled
@@ -504,9 +615,9 @@ bool sparse_attention_wgmma_fits(const SparseAttentionParams& p) {
 
 void launch_sparse_attention_wgmma(const SparseAttentionParams& p, cudaStream_t stream) {
   if (p.split_precision)
-    attn_wg::launch<true>(p, stream);
+    attn_wg::launch<true, attn_wg::kNBSplit>(p, stream);
   else
-    attn_wg::launch<false>(p, stream);
+    attn_wg::launch<false, attn_wg::kNBHalf>(p, stream);
   MS_CUDA_CHECK_LAUNCH();
 }
 
