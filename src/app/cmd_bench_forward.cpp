@@ -342,6 +342,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
         g.seq = seqs[static_cast<size_t>(i)];
         g.tokens = tokens[static_cast<size_t>(i)];
         g.want_main_hidden = true;
+        g.main_hidden_to_host = false;  // committed from the device
         commits.push_back({i, model->num_tokens(g.seq), rows_per_seq});
       }
       const auto t0 = Clock::now();

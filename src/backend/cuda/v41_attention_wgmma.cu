@@ -106,9 +106,14 @@ struct Smem {
   static_assert(kBytes <= 227 * 1024, "shared memory budget");
   static_assert(kKt % 1024 == 0 && kStage % 16 == 0 && kXch % 16 == 0, "alignment");
 };
-// The instantiations launch_sparse_attention_wgmma takes (the probe also times <false, 2>).
+// The instantiations launch_sparse_attention_wgmma takes: two key buffers in both modes. The
+// three-buffer fp16 pipeline (S_{t+1} and P . V_t under one dequantisation, 2 barriers per tile)
+// measured slower on the H200 (attn_probe, 64 heads, 640 keys: 384 rows 360.7 vs 342.8 us, 512
+// rows 483.7 vs 457.5 us; docs/perf/forward-gpu-2026-11-30-r6.md); the probe still times it as
+// the starting point for the next pipelining attempt.
 constexpr int kNBSplit = 2;
-constexpr int kNBHalf = 3;
+constexpr int kNBHalf = 2;
+constexpr int kNBHalfPipelined = 3;
 
 // Phase clocks for tools/device/attn_probe.cu (compiled out unless MOESERVE_ATTN_CLOCKS): thread
 // 0 of each CTA adds the cycles since the previous mark to slot i (names in the probe).

@@ -1862,10 +1862,11 @@ struct DeepseekV41Gpu::Impl {
       for (size_t i = 0; i < inputs.size(); ++i) {
         if (!inputs[i].want_main_hidden) continue;
         const int64_t rows = ts.rows[i];
-        out.main_hidden[i].resize(static_cast<size_t>(rows * width));
-        if (rows > 0)
+        if (inputs[i].main_hidden_to_host && rows > 0) {
+          out.main_hidden[i].resize(static_cast<size_t>(rows * width));
           cu::copy_d2h(out.main_hidden[i].data(), taps + ts.begin[i] * width,
                        static_cast<size_t>(rows * width) * 4, stream);
+        }
         for (int64_t r = 0; r < rows; ++r)
           out.main_hidden_positions[i].push_back(ts.first_pos[i] + static_cast<int32_t>(r));
       }

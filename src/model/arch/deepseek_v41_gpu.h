@@ -135,6 +135,9 @@ struct GpuSequenceInput {
   // rows after the bounded-replay floor in kProduction), as SequenceOutput::main_hidden: the
   // residual stream entering each dspark_target_layer_ids layer, averaged over the streams.
   bool want_main_hidden = false;
+  // With want_main_hidden: false keeps the taps on the device only (for dspark_commit_taps):
+  // main_hidden_positions is filled, main_hidden stays empty, no device-to-host copy.
+  bool main_hidden_to_host = true;
 };
 
 struct GpuForwardOutput {
