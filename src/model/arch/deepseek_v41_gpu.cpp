@@ -2442,8 +2442,7 @@ struct DeepseekV41Gpu::Impl {
             head.as<float>(), d, base, v, n, v, d);
     cost.weight_bytes += static_cast<double>(head.bytes());
     cost.flops += 2.0 * static_cast<double>(n) * v * d;
-    float* lg = buf<float>("ds_logits", n * v);
-    cu::copy_d2d(lg, base, static_cast<size_t>(n * v) * 4, stream);
+    float* lg = buf<float>("ds_logits", n * v);  // every row written by its Markov step
     // Markov steps: l_j = U_j + markov_head · markov_embed[prev]; d_j = argmax; z_j = conf ·
     // [hb_j; m_j] (the two dot products come back, the sigmoid is taken on the host).
     int32_t* dtokens = buf<int32_t>("ds_tokens", n);
@@ -2453,11 +2452,12 @@ struct DeepseekV41Gpu::Impl {
     const int32_t* prev = dprev;
     for (int64_t j = 0; j < bsz; ++j) {
       cu::launch_gather_rows(ds_markov_embed.as<float>(), rank, prev, k, rank, m, rank, stream);
-      lt_gemm(cu::GemmPrecision::kF32, m, rank, ds_markov_head.as<float>(), rank, bias, v, k, v,
-              rank);
+      // The Markov head is a BF16-checkpoint fp32 linear like the head: TF32 with tf32_dense.
+      lt_gemm(opt.tf32_dense ? cu::GemmPrecision::kTf32 : cu::GemmPrecision::kF32, m, rank,
+              ds_markov_head.as<float>(), rank, bias, v, k, v, rank);
       cu::BinaryParams bp;
       bp.op = cu::BinaryFn::kAdd;
-      bp.a = lg + j * k * v;
+      bp.a = base + j * k * v;
       bp.b = bias;
       bp.out = lg + j * k * v;
       bp.n = k * v;

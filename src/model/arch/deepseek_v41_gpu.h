@@ -35,8 +35,8 @@ struct GpuModelOptions {
   int32_t max_seqs = 8;        // sequence slots (device cache pools)
   int32_t max_context = 4096;  // positions per sequence
   int32_t max_rows = 4096;     // rows per forward (sum over sequences)
-  // true: the fp32 linears (BF16 checkpoint tensors: compressor, indexer wk/weights_proj, head)
-  // run on TF32 tensor cores; false: exact fp32 (the test).
+  // true: the fp32 linears (BF16 checkpoint tensors: compressor, indexer wk/weights_proj, head,
+  // the DSpark Markov head) run on TF32 tensor cores; false: exact fp32 (the test).
   bool tf32_dense = false;
   // Backbone layers to run, ascending (empty: all). Each kept layer's KV / index / candidate
   // owner must be kept too (see subsample_layers).
