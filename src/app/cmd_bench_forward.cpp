@@ -50,6 +50,7 @@ struct BenchForwardOptions {
   std::string config;          // config.json for --random-weights
   int32_t layers = 0;          // 0: all
   int32_t local_experts = -1;  // -1: all
+  int32_t ep_ranks = 1;        // > 1: local experts also compute the other DEP ranks' tokens
   int32_t batch = 0;           // decode: requests
   int32_t context = 0;         // decode: context length L
   int32_t tokens_per_seq = 1;  // decode: S
@@ -220,8 +221,14 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
     return make_error(ErrorCode::kInvalidArgument,
                       "--dspark needs a decode run (--batch, --context) and a config with draft "
                       "stages");
+  if (opt.ep_ranks < 1 || opt.ep_ranks > 256 || (opt.ep_ranks > 1 && !decode))
+    return make_error(ErrorCode::kInvalidArgument,
+                      "--ep-ranks {}: 1..256, and > 1 only for decode runs (the grouped-row "
+                      "scratch grows with rows x top-k x ranks)",
+                      opt.ep_ranks);
   go.host_logits = opt.host_logits;
   go.local_experts = opt.local_experts;
+  go.moe_ep_ranks = opt.ep_ranks;
   if (opt.layers > 0) go.layers = arch::subsample_layers(config, opt.layers);
   const auto t_load = Clock::now();
   std::unique_ptr<arch::DeepseekV41Gpu> model;
@@ -397,6 +404,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"layers", model->layers()},
               {"num_layers", model->layers().size()},
               {"local_experts", opt.local_experts},
+              {"ep_ranks", opt.ep_ranks},
               {"batch", nseq},
               {"context", context},
               {"tokens_per_seq", rows_per_seq},
@@ -528,6 +536,11 @@ void register_bench_forward(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--local-experts", opt->local_experts,
                   "cuda: routed experts held per layer (one DEP rank's share); -1 = all")
+      ->capture_default_str();
+  cmd->add_option("--ep-ranks", opt->ep_ranks,
+                  "cuda decode: expert-parallel ranks whose tokens the local experts receive "
+                  "(every local hit computed this many times; with --local-experts, one DEP "
+                  "rank's MoE work; the all-to-all is not modelled)")
       ->capture_default_str();
   cmd->add_option("--batch", opt->batch, "cuda decode: requests")->capture_default_str();
   cmd->add_option("--context", opt->context, "cuda decode: context length per request")

@@ -1646,6 +1646,60 @@ struct GroupedCase {
 // Device grouping of random top-k hits (with bias_vl rows) against the host's bookkeeping, then
 // the grouped MXFP4 GEMM of every grouped row against cpu::mxfp4_gemm with that row's expert.
 // Products are exact (bf16 x e2m1 * 2^k); fp32 vs double accumulation: 2e-5.
+// Replicas (one DEP rank's bench): every local hit is grouped `replicas` times with the same
+// token and weight, its copies consecutive inside its expert; inv names the first copy; hits on
+// other experts stay -1. Checked against the hits counted on the host.
+TEST_F(CudaV41, MoeGroupReplicas) {
+  const int topk = 6, experts = 24, local = 5, tokens = 37, reps = 3;
+  std::mt19937 rng(77);
+  const int64_t hits = tokens * topk;
+  std::vector<int32_t> ids(static_cast<size_t>(hits));
+  for (int64_t r = 0; r < tokens; ++r) {
+    std::vector<int32_t> perm(experts);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::copy_n(perm.begin(), topk, ids.begin() + r * topk);
+  }
+  const auto wts = rnd(hits, rng, 0.05f, 1.5f);
+  cuda::MoeGroupParams gp;
+  gp.ids = up(ids);
+  gp.weights = up(wts);
+  gp.rows = tokens;
+  gp.k = topk;
+  gp.local = local;
+  gp.replicas = reps;
+  gp.offsets = up(std::vector<int32_t>(local + 1, -7));
+  gp.perm_row = up(std::vector<int32_t>(static_cast<size_t>(hits * reps), -7));
+  gp.perm_weight = nans(static_cast<size_t>(hits * reps));
+  gp.inv = up(std::vector<int32_t>(static_cast<size_t>(hits), -7));
+  cuda::launch_moe_group(gp, stream_);
+  const auto off = down(gp.offsets, local + 1);
+  const auto perm = down(gp.perm_row, static_cast<size_t>(hits * reps));
+  const auto pw = down(gp.perm_weight, static_cast<size_t>(hits * reps));
+  const auto inv = down(gp.inv, static_cast<size_t>(hits));
+  std::vector<int32_t> counts(local, 0);
+  for (const int32_t id : ids)
+    if (id < local) ++counts[static_cast<size_t>(id)];
+  ASSERT_EQ(off[0], 0);
+  for (int e = 0; e < local; ++e) ASSERT_EQ(off[e + 1] - off[e], reps * counts[e]) << e;
+  std::vector<int32_t> seen(static_cast<size_t>(off[local]), 0);
+  for (int64_t i = 0; i < hits; ++i) {
+    const int32_t id = ids[static_cast<size_t>(i)];
+    if (id >= local) {
+      EXPECT_EQ(inv[i], -1);
+      continue;
+    }
+    ASSERT_GE(inv[i], off[id]);
+    ASSERT_LE(inv[i] + reps, off[id + 1]);
+    for (int c = 0; c < reps; ++c) {
+      EXPECT_EQ(perm[inv[i] + c], i / topk);
+      EXPECT_EQ(pw[inv[i] + c], wts[static_cast<size_t>(i)]);
+      ++seen[static_cast<size_t>(inv[i] + c)];
+    }
+  }
+  for (const int32_t v : seen) EXPECT_EQ(v, 1);
+}
+
 TEST_F(CudaV41, MoeGroupAndGroupedMxfp4Gemm) {
   const int topk = 6;
   // Hints <= 24 with K % 128 == 0 take the skinny kernel (split-K over a cluster; 16 tokens per

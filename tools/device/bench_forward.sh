@@ -16,8 +16,12 @@ runs=${FWD_RUNS:-decode_s6 decode_s1 prefill8k_prod prefill8k_oracle prefill32k_
 mkdir -p "$out"
 
 # DEP32 rank share: 40 layers, 12 of 384 experts per layer, 64 requests at 128K context.
-args_decode_s6="--batch 64 --context 131072 --tokens-per-seq 6 --local-experts 12"
-args_decode_s1="--batch 64 --context 131072 --tokens-per-seq 1 --local-experts 12"
+# --ep-ranks 32: the local experts compute the tokens all 32 ranks send them (~192 rows per
+# expert at 64 x 6), as a DEP32 rank does; the *_own rows keep only this rank's hits (~6 rows per
+# expert: the rows of rounds 1-6).
+args_decode_s6="--batch 64 --context 131072 --tokens-per-seq 6 --local-experts 12 --ep-ranks 32"
+args_decode_s1="--batch 64 --context 131072 --tokens-per-seq 1 --local-experts 12 --ep-ranks 32"
+args_decode_s6_own="--batch 64 --context 131072 --tokens-per-seq 6 --local-experts 12"
 # The same with the sparse attention on single fp16 operands (not in the default set).
 args_decode_s6_fast="$args_decode_s6 --fast-attention"
 args_decode_s1_fast="$args_decode_s1 --fast-attention"

@@ -184,7 +184,10 @@ void launch_swiglu_quant_mxfp8(const SwigluQuantParams& p, Stream stream);
 // per-expert counts; offsets[local] = kept hits), perm_row[p] = token of grouped hit p,
 // perm_weight[p] its routing weight, inv[r * k + j] = grouped position of hit (r, j) or -1.
 // The order inside one expert is unspecified (each row's GEMM result does not depend on it).
-// local <= 4096.
+// replicas > 1 (a bench of one expert-parallel rank): every hit is grouped `replicas` times, the
+// copies standing in for the tokens the other ranks would send (same perm_row and weight); inv
+// points at copy 0, so a combine over inv adds this rank's own hits once. offsets and perm_row /
+// perm_weight then hold replicas * rows * k entries at most. local <= 4096.
 struct MoeGroupParams {
   const int32_t* ids = nullptr;  // [rows, k]
   const float* weights = nullptr;
@@ -198,6 +201,7 @@ struct MoeGroupParams {
   int32_t* perm_row = nullptr;
   float* perm_weight = nullptr;
   int32_t* inv = nullptr;
+  int replicas = 1;
 };
 void launch_moe_group(const MoeGroupParams& p, Stream stream);
 

@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeGroupParams
     int32_t id;
     float w;
     pick(i, &id, &w);
-    if (id >= 0 && id < p.local) atomicAdd(&count[id], 1);
+    if (id >= 0 && id < p.local) atomicAdd(&count[id], p.replicas);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -241,9 +241,12 @@ __global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeGroupParams
     float w;
     pick(i, &id, &w);
     if (id >= 0 && id < p.local) {
-      const int32_t pos = atomicAdd(&cursor[id], 1);
-      p.perm_row[pos] = static_cast<int32_t>(i / p.k);
-      p.perm_weight[pos] = w;
+      // The hit's replicas take consecutive positions; inv names the first (this rank's own).
+      const int32_t pos = atomicAdd(&cursor[id], p.replicas);
+      for (int c = 0; c < p.replicas; ++c) {
+        p.perm_row[pos + c] = static_cast<int32_t>(i / p.k);
+        p.perm_weight[pos + c] = w;
+      }
       p.inv[i] = pos;
     } else {
       p.inv[i] = -1;
@@ -880,8 +883,9 @@ void launch_swiglu_quant_mxfp8(const SwigluQuantParams& p, Stream stream) {
 }
 
 void launch_moe_group(const MoeGroupParams& p, Stream stream) {
-  if (p.local <= 0 || p.local > 4096 || p.k <= 0)
-    bad_args("launch_moe_group", "0 < local <= 4096, k > 0");
+  if (p.local <= 0 || p.local > 4096 || p.k <= 0 || p.replicas < 1 ||
+      p.rows * p.k * p.replicas > int64_t{1} << 30)
+    bad_args("launch_moe_group", "0 < local <= 4096, k > 0, 1 <= replicas, rows * k * replicas <= 2^30");
   const size_t smem = sizeof(int32_t) * 2 * static_cast<size_t>(p.local);
   moe_group_kernel<<<1, kGroupThreads, smem, as_cuda_stream(stream)>>>(p);
   MS_CUDA_CHECK_LAUNCH();

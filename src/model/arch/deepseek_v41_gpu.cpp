@@ -1602,19 +1602,23 @@ struct DeepseekV41Gpu::Impl {
     // Group the local hits by expert on the device (no host sync).
     if (L.moe_offsets.bytes() == 0) L.moe_offsets = DeviceMemory(static_cast<size_t>(local + 1) * 4);
     int32_t* offsets = L.moe_offsets.as<int32_t>();
-    int32_t* perm = buf<int32_t>("moe_perm", n * k);
-    float* pw = buf<float>("moe_pw", n * k);
+    // moe_ep_ranks R > 1: the local experts also compute R - 1 copies of every local hit, the
+    // tokens the other ranks of an expert-parallel group would send (bench of one DEP rank).
+    const int64_t reps = std::max(opt.moe_ep_ranks, 1);
+    int32_t* perm = buf<int32_t>("moe_perm", n * k * reps);
+    float* pw = buf<float>("moe_pw", n * k * reps);
     int32_t* inv = buf<int32_t>("moe_inv", n * k);
     gp.rows = n;
     gp.k = k;
     gp.local = local;
+    gp.replicas = static_cast<int>(reps);
     gp.offsets = offsets;
     gp.perm_row = perm;
     gp.perm_weight = pw;
     gp.inv = inv;
     cu::launch_moe_group(gp, stream);
     moe_layers_run.push_back(l);
-    const int64_t cap = n * k;  // grouped rows, upper bound
+    const int64_t cap = n * k * reps;  // grouped rows, upper bound
     const bool exact = L.experts.front().w1.kind == Linear::Kind::kF32;
     const cu::ActivationType qt = exact ? cu::ActivationType::kF32 : cu::ActivationType::kBF16;
     const size_t qsize = exact ? 4 : 2;
@@ -1689,9 +1693,9 @@ struct DeepseekV41Gpu::Impl {
       cu::GroupedMxfp4GemmParams gg;
       gg.offsets = offsets;
       gg.num_experts = local;
-      gg.max_rows = n;  // a token hits one expert at most once
-      // Expected hits per expert: n * k spread over every routed expert (not just the local).
-      gg.rows_hint = (n * k + e - 1) / e;
+      gg.max_rows = n * reps;  // a token hits one expert at most once (per replica)
+      // Expected hits per expert: n * k (times the replicas) spread over every routed expert.
+      gg.rows_hint = (n * k * reps + e - 1) / e;
       gg.a = xe;
       gg.lda = d;
       gg.n = inter;

@@ -44,6 +44,12 @@ struct GpuModelOptions {
   // Routed experts held per layer (ids [0, local_experts)); -1: all. Routing is over every
   // expert; hits on experts not held are dropped (one DEP rank's share).
   int32_t local_experts = -1;
+  // Bench of one expert-parallel rank: > 1 makes the local experts compute every local hit this
+  // many times, the copies standing in for the tokens the other ranks of a DEP group send (so
+  // the grouped GEMMs see a DEP rank's rows per expert: 64 x 6 rows per rank, 12 of 384 experts,
+  // 32 ranks -> ~192 rows per expert); only this rank's own copy is combined into the output.
+  // The all-to-all dispatch and combine themselves are not modelled. Scratch grows with it.
+  int32_t moe_ep_ranks = 1;
   // Random-weight models: rows of each Engram table kept in pinned host memory (hash ids are
   // drawn uniformly over them).
   int64_t random_engram_rows = int64_t{1} << 20;

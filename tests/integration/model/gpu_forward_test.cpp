@@ -832,6 +832,50 @@ TEST(GpuForward, DSparkTapsMatchCpu) {
   std::filesystem::remove_all(dir);
 }
 
+// moe_ep_ranks (a DEP rank's bench): the local experts compute every local hit R times, but
+// only this rank's own copy is combined, so the MoE output is the R = 1 output (to the grouped
+// GEMM's rounding: more rows per expert may take another tile kernel) while the counted expert
+// FLOPs grow R times.
+TEST(GpuForward, MoeEpRanksComputeReplicasButCombineOwnTokens) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_ep_ranks");
+  ASSERT_TRUE(write_generated_model(dir, gpu_tiny_config(), 0));
+  const auto run = [&](int32_t ranks, arch::GpuForwardCost* cost) {
+    arch::GpuModelOptions opt;
+    opt.max_seqs = 2;
+    opt.max_context = 64;
+    opt.max_rows = 64;
+    opt.trace = true;
+    opt.moe_ep_ranks = ranks;
+    auto m = DeepseekV41Gpu::load(dir, opt);
+    if (!m) throw std::runtime_error(m.error().to_string());
+    const std::vector<int32_t> prompt =
+        test_prompt(20, 5, static_cast<int32_t>((*m)->config().vocab_size));
+    GpuSequenceInput g;
+    g.seq = *(*m)->new_sequence();
+    g.tokens = prompt;
+    auto out = (*m)->forward({&g, 1}, ForwardMode::kOracle);
+    if (!out) throw std::runtime_error(out.error().to_string());
+    *cost = (*m)->last_cost();
+    return (*m)->trace();
+  };
+  arch::GpuForwardCost c1, c3;
+  const auto t1 = run(1, &c1);
+  const auto t3 = run(3, &c3);
+  ASSERT_FALSE(t1.ffn_out.empty());
+  const int32_t l = t1.ffn_out.begin()->first;
+  const auto& a = t1.ffn_out.at(l);
+  const auto& b = t3.ffn_out.at(l);
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(t1.ffn_in.at(l), t3.ffn_in.at(l));  // nothing before the first MoE changed
+  EXPECT_EQ(rows_differing(a, b, 20, 1e-5), 0);
+  fmt::print("moe_ep_ranks 3 vs 1: expert FLOPs {:.3e} vs {:.3e}, total FLOPs {:.3e} vs {:.3e}\n",
+             c3.fp8_flops, c1.fp8_flops, c3.flops, c1.flops);
+  EXPECT_GT(c3.fp8_flops, c1.fp8_flops);
+  // A bad value is refused at the bench: see cmd_bench_forward (--ep-ranks 1..256).
+  std::filesystem::remove_all(dir);
+}
+
 // Rows of [rows, width] whose relative difference (to the row's max) exceeds tol.
 int rows_differing(const std::vector<float>& ref, const std::vector<float>& got, int64_t rows,
                    double tol) {
