@@ -1285,6 +1285,89 @@ TEST_F(CudaV41, SparseAttentionWgmmaShortLists) {
   }
 }
 
+// The persistent wgmma grid (one CTA per SM, each looping over work items (row, 64 heads)): more
+// rows than SMs, 64 and 128 heads, rows with 0 keys, 1 SWA key, 1 FP4 key and many keys of both
+// kinds interleaved, so a CTA's item follows items of other lengths (list, O, m, l, the RoPE
+// table and the staged tiles reset per item). Against the mma.sync kernel on every row and the
+// CPU on every 16th row and the first rows of each kind.
+TEST_F(CudaV41, SparseAttentionWgmmaPersistent) {
+  if (cuda::device_info(0).compute_major != 9)
+    GTEST_SKIP() << "the wgmma kernel needs sm_90a (Hopper)";
+  std::mt19937 rng(37);
+  const int hd = 512, sk = 128, gk = 256;
+  const int64_t nglob = 1000;
+  const int64_t t = 2 * cuda::device_info(0).sm_count + 5;
+  auto ring = swa_records(sk, rng);
+  auto glob = fp4_records(nglob, hd, cpu::Fp4Record::kMainBlock16E4m3, rng, 0);
+  std::vector<int32_t> sidx(static_cast<size_t>(t * sk), -1), gidx(static_cast<size_t>(t * gk), -1);
+  std::vector<int32_t> pos(static_cast<size_t>(t));
+  for (int64_t r = 0; r < t; ++r) {
+    pos[static_cast<size_t>(r)] = 1000 + static_cast<int32_t>(r);
+    int nswa = static_cast<int>((r * 37) % (sk + 1)), nfp4 = static_cast<int>((r * 53) % (gk + 1));
+    if (r % 11 == 0) nswa = nfp4 = 0;
+    if (r % 11 == 1) nswa = 1, nfp4 = 0;
+    if (r % 11 == 2) nswa = 0, nfp4 = 1;
+    for (int i = 0; i < nswa; ++i)
+      sidx[static_cast<size_t>(r * sk + i)] = static_cast<int32_t>((7 * i + r) % sk);
+    for (int j = 0, n = 0; j < gk && n < nfp4; ++j) {  // every third slot -1: the list compacts
+      if (j % 3 == 2) continue;
+      gidx[static_cast<size_t>(r * gk + j)] = static_cast<int32_t>(rng() % nglob);
+      ++n;
+    }
+  }
+  const auto f = compress_freqs();
+  for (int heads : {64, 128}) {
+    auto q = rnd(t * heads * hd, rng, -1, 1);
+    auto sink = rnd(heads, rng, -2, 2);
+    cuda::SparseAttentionParams p;
+    p.q = up(q);
+    p.rows = t;
+    p.heads = heads;
+    p.swa = up(ring);
+    p.swa_idx = up(sidx);
+    p.glob = up(glob);
+    p.glob_idx = up(gidx);
+    p.glob_k = gk;
+    p.sink = up(sink);
+    p.pos = up(pos);
+    p.freqs = up(f);
+    for (bool split : {true, false}) {
+      SCOPED_TRACE(testing::Message() << heads << " heads, split " << split);
+      p.split_precision = split;
+      float* o_wg = nans(q.size());
+      p.out = o_wg;
+      p.use_wgmma = true;
+      cuda::launch_sparse_attention(p, stream_);
+      float* o_old = nans(q.size());
+      p.out = o_old;
+      p.use_wgmma = false;
+      cuda::launch_sparse_attention(p, stream_);
+      const auto wg = down(o_wg, q.size()), old = down(o_old, q.size());
+      EXPECT_LE(rel_err(wg, old), split ? 2e-5 : 5e-4);
+      // The CPU on a subset of rows (one row at a time).
+      const size_t rsz = static_cast<size_t>(heads) * hd;
+      std::vector<float> ref(rsz), got(rsz);
+      double worst = 0;
+      for (int64_t r = 0; r < t; ++r) {
+        if (r % 16 != 0 && r > 3) continue;
+        const auto ru = static_cast<size_t>(r);
+        cpu::sparse_attention(q.data() + ru * rsz, 1, heads, hd, ring.data(), sidx.data() + ru * sk,
+                              sk, glob.data(), gidx.data() + ru * gk, gk, sink.data(),
+                              0.04419417382415922f, pos.data() + ru, f.data(), 64, ref.data());
+        std::copy(wg.begin() + static_cast<std::ptrdiff_t>(ru * rsz),
+                  wg.begin() + static_cast<std::ptrdiff_t>((ru + 1) * rsz), got.begin());
+        const double e = rel_err(got, ref);
+        worst = std::max(worst, e);
+        EXPECT_LE(e, split ? 1e-5 : 1e-3) << "row " << r;
+      }
+      std::printf(
+          "sparse attention wgmma persistent, %lld rows, %d heads, split %d: vs mma.sync "
+          "%.3g, worst sampled row vs CPU %.3g\n",
+          static_cast<long long>(t), heads, split, rel_err(wg, old), worst);
+    }
+  }
+}
+
 TEST_F(CudaV41, EngramGatherFromPinnedHostAndGate) {
   std::mt19937 rng(20);
   const int64_t rows = 10000, dim = 256, n = 48;

@@ -1,11 +1,12 @@
 // Device probe (not part of the build): times launch_sparse_attention on random caches, the
 // mma.sync kernel and the warpgroup-MMA one (use_wgmma), prints where an mma.sync block and a
-// wgmma CTA spend their cycles (thread 0's clock64 between the kernels' ATTN_MARK / WG_MARK
-// points, averaged per block / CTA), the largest difference between the kernels' outputs
-// (relative to the largest |output|), and a table of the times. The wgmma kernel is timed in
-// its instantiations: hi+lo with 2 key buffers (what use_wgmma takes), fp16 with 3 (what
-// use_wgmma takes) and fp16 with 2 (the earlier structure, for comparison). Build and run on
-// the device:
+// wgmma work item spend their cycles (thread 0's clock64 between the kernels' ATTN_MARK / WG_MARK
+// points, averaged per block / per work item: the wgmma grid is persistent, one CTA per SM
+// looping over (row, 64 heads) items, so "list" of an item also holds the gap after the previous
+// item's epilogue), the largest difference between the kernels' outputs (relative to the largest
+// |output|), and a table of the times. The wgmma kernel is timed in its instantiations: hi+lo
+// with 2 key buffers and fp16 with 2 (what use_wgmma takes), and fp16 with 3 (the pipelined
+// variant, for comparison). Build and run on the device:
 //   nvcc -O3 -std=c++20 -arch=sm_90a -I src -DMOESERVE_ATTN_CLOCKS tools/device/attn_probe.cu -o /tmp/attn_probe && /tmp/attn_probe
 #include <algorithm>
 #include <cmath>
@@ -136,10 +137,11 @@ int main() {
         MS_CUDA_CHECK(cudaEventSynchronize(e1));
         cudaEventElapsedTime(&ms, e0, e1);
         const double us_wg = 1000.0 * ms / iters;
-        const double ctas = rows * (heads / 64.0);
-        std::printf("rows %4d split %d: wgmma %s %8.1f us/launch, max |wgmma - mma.sync| / max "
-                    "|out| %.3g | cycles per CTA:",
-                    rows, split, v.name, us_wg, num / den);
+        const double ctas = rows * (heads / 64.0);  // work items (row, 64 heads)
+        std::printf(
+            "rows %4d split %d: wgmma %s %8.1f us/launch, max |wgmma - mma.sync| / max "
+            "|out| %.3g | cycles per item:",
+            rows, split, v.name, us_wg, num / den);
         double wtotal = 0;
         for (int i = 0; i < 10; ++i) wtotal += wclk[i] / ctas;
         for (int i = 0; i < 10; ++i) std::printf(" %s %.0f", kWgNames[i], wclk[i] / ctas);

@@ -1,8 +1,21 @@
 // V4.1 sparse attention core (model.md §2.5) on Hopper warpgroup MMA (sm_90a wgmma.mma_async):
 // the use_wgmma path of launch_sparse_attention. Same results as the mma.sync kernel in
 // v41_attention.cu (same key list, sink-initialised online softmax, hi + lo split precision,
-// inverse RoPE), a different structure: one CTA per (query row, 64 heads), two warpgroups, and
-// each 32-key tile dequantised ONCE per row (the mma.sync kernel decodes it once per 32 heads).
+// inverse RoPE), a different structure: one work item per (query row, 64 heads), two warpgroups,
+// and each 32-key tile dequantised ONCE per row (the mma.sync kernel decodes it once per 32 heads).
+// The grid is persistent: at most one CTA per SM, each looping over items blockIdx.x + k gridDim.x.
+// Halfway through an item's tiles the CTA prefetches the next item's q (128 KB) and key
+// selections into L2, so the next prologue reads L2 and the q traffic of all CTAs spreads over
+// the loops instead of bursting at wave starts; the epilogue's stores are never waited for (the
+// next item's list compaction runs under them).
+//
+// Per item: list compaction (each thread loads its selections first, 2 barriers in all); the
+// (cos, sin) table of the inverse RoPE (rd / 2 double sincos, once per row, not per element);
+// q -> fp16 (16 float4 loads in flight per thread); the tile loop below; the epilogue: O / l into
+// an fp32 staging tile in shared memory (over q, kt and the stage), then each warp stores 512
+// contiguous bytes per instruction with the RoPE pairs rotated from the table. The epilogue's
+// code is a short loop: the old per-element inline sincos made it ~100 KB of straight-line SASS,
+// fetched from L2 once per CTA.
 //
 // Per tile of 32 keys (K = V: one fp16 copy serves both products):
 //   S = Q . K^T   m64n32k16, A = q * scale * 2^8 (fp16; hi and lo parts in split precision) and
@@ -30,7 +43,10 @@
 //   stage  raw records of kStages tiles (cp.async; 528 B per key, FP4 use 288) 16.5 KB per slot
 //   xch    (kNB == 3) fp32 partial S of both warpgroups                      16 KB
 //   list   int32 [1024] compacted key ids
-// hi + lo (kNB 2, 1 slot): 212.5 KiB; fp16 (kNB 3, 2 slots, xch): 213 KiB; + 1 KiB alignment slack.
+//   rope   double2 [256] (cos, sin) of the row's inverse RoPE angles                4 KB
+//   O      (epilogue) fp32 [64 heads][520] staging tile at offset 0, over q, kt, the stage, xch
+// hi + lo (kNB 2, 1 slot): 216.5 KiB; fp16 (kNB 2): 152.5 KiB; fp16 (kNB 3, 2 slots, xch):
+// 217 KiB; + 1 KiB alignment slack.
 // One CTA per SM (the 128 fp32 O accumulators per thread rule out two in any mode).
 //
 // Pipeline, kNB == 2 (hi + lo; buffer b = t & 1; all 256 threads):
@@ -56,6 +72,8 @@
 //   Two barriers per tile; S_{t+1} and P . V_t both run under the dequantisation; each raw tile
 //   has a whole iteration to land; the exchange, softmax and dequantisation are the chain.
 // Tiles 0 .. kNB - 2 are dequantised before the loop (kNB == 3 also issues S_0 there).
+#include <algorithm>
+
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -92,6 +110,17 @@ constexpr uint32_t kXchBytes = 2 * kHeads * kTile * 4;  // 16 KB: both warpgroup
 // kNB key-tile buffers: 2 (hi + lo; the exchange lives in the idle buffer) or 3 (fp16; the tile
 // two ahead is dequantised while the tensor pipe runs S_{t+1} and P . V_t, own exchange buffer,
 // two raw-record stage slots).
+// Epilogue staging of O: fp32 [64 heads][kOStride] over q, kt and the stage (all idle once the
+// last P . V is waited); the row pitch of 520 floats puts the 8 heads of one warp store (rows g and
+// g + 4 on the same banks) in 2 wavefronts, the minimum for 256 bytes.
+constexpr int kOStride = kHd + 8;
+constexpr uint32_t kOBytes = kHeads * kOStride * 4;  // 130 KB
+constexpr int kMaxRope = kHd / 2;                    // (cos, sin) pairs of the inverse RoPE
+constexpr int kListRounds = kMaxKeys / kThreads;     // key-list entries per thread
+
+// kNB key-tile buffers: 2 (hi + lo; the exchange lives in the idle buffer) or 3 (fp16; the tile
+// two ahead is dequantised while the tensor pipe runs S_{t+1} and P . V_t, own exchange buffer,
+// two raw-record stage slots).
 template <bool kSplit, int kNB>
 struct Smem {
   static_assert(kNB == 2 || kNB == 3, "two or three key-tile buffers");
@@ -101,10 +130,13 @@ struct Smem {
   static constexpr uint32_t kStage = kKt + kNB * kKtBuf;
   static constexpr uint32_t kXch = kStage + kStages * kStageBytes;
   static constexpr uint32_t kList = kXch + (kNB == 3 ? kXchBytes : 0);
-  static constexpr uint32_t kEnd = kList + sizeof(int32_t) * kMaxKeys;
+  static constexpr uint32_t kRope = kList + sizeof(int32_t) * kMaxKeys;  // double2 [kMaxRope]
+  static constexpr uint32_t kEnd = kRope + 16 * kMaxRope;
   static constexpr uint32_t kBytes = kEnd + 1024;  // + slack to align the base to 1024
   static_assert(kBytes <= 227 * 1024, "shared memory budget");
-  static_assert(kKt % 1024 == 0 && kStage % 16 == 0 && kXch % 16 == 0, "alignment");
+  static_assert(kKt % 1024 == 0 && kStage % 16 == 0 && kXch % 16 == 0 && kRope % 16 == 0,
+                "alignment");
+  static_assert(kOBytes <= kList, "the O staging tile lies below the key list and RoPE table");
 };
 // The instantiations launch_sparse_attention_wgmma takes: two key buffers in both modes. The
 // three-buffer fp16 pipeline (S_{t+1} and P . V_t under one dequantisation, 2 barriers per tile)
@@ -119,13 +151,13 @@ constexpr int kNBHalfPipelined = 3;
 // 0 of each CTA adds the cycles since the previous mark to slot i (names in the probe).
 #ifdef MOESERVE_ATTN_CLOCKS
 __device__ unsigned long long g_wg_clocks[16];
-#define WG_MARK(i)                                                                \
-  do {                                                                            \
-    if (threadIdx.x == 0) {                                                       \
-      const long long now_ = clock64();                                           \
-      atomicAdd(&g_wg_clocks[i], static_cast<unsigned long long>(now_ - clk_));   \
-      clk_ = now_;                                                                \
-    }                                                                             \
+#define WG_MARK(i)                                                              \
+  do {                                                                          \
+    if (threadIdx.x == 0) {                                                     \
+      const long long now_ = clock64();                                         \
+      atomicAdd(&g_wg_clocks[i], static_cast<unsigned long long>(now_ - clk_)); \
+      clk_ = now_;                                                              \
+    }                                                                           \
   } while (0)
 #else
 #define WG_MARK(i) \
@@ -159,21 +191,47 @@ __device__ __forceinline__ uint32_t swz(uint32_t panel, int row, int oct) {
 }
 
 // Issues the copies of keys [t0, t0 + kTile) of the list into the stage (commits a group): warp
-// w copies keys w, w + 8, ..., its lanes the record's 16-byte chunks.
+// w copies keys w, w + 8, w + 16, w + 24, its lanes the record's 16-byte chunks (FP4: 18, SWA:
+// 33, lane 0 taking the last). The four list entries are read before any copy is issued (one
+// shared-memory latency per tile, not one per key).
 __device__ __forceinline__ void stage_tile(const SparseAttentionParams& p, const int32_t* list,
                                            int nk, int t0, uint32_t stage) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  for (int key = static_cast<int>(threadIdx.x) >> 5; key < kTile && t0 + key < nk;
-       key += kThreads / 32) {
-    const int id = list[t0 + key];
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  constexpr int kPerWarp = kTile / (kThreads / 32);
+  int ids[kPerWarp];
+#pragma unroll
+  for (int k = 0; k < kPerWarp; ++k) {
+    const int key = warp + 8 * k;
+    ids[k] = t0 + key < nk ? list[t0 + key] : -1;
+  }
+#pragma unroll
+  for (int k = 0; k < kPerWarp; ++k) {
+    if (ids[k] < 0) continue;  // past the list (warp-uniform)
+    const int id = ids[k];
     const bool glob = (id & kGlobFlag) != 0;
     const uint8_t* rec = glob ? p.glob + static_cast<int64_t>(id & ~kGlobFlag) * kGlobRec
                               : p.swa + static_cast<int64_t>(id) * kSwaRec;
     const int chunks = glob ? kGlobRec / 16 : kSwaRec / 16;
-    for (int part = lane; part < chunks; part += 32)
-      cp_async16(stage + static_cast<uint32_t>(key * kSlot + 16 * part), rec + 16 * part);
+    const uint32_t dst = stage + static_cast<uint32_t>((warp + 8 * k) * kSlot);
+    if (lane < chunks) cp_async16(dst + 16u * lane, rec + 16 * lane);
+    if (lane + 32 < chunks) cp_async16(dst + 16u * (lane + 32), rec + 16 * (lane + 32));
   }
   cp_async_commit();
+}
+
+// One 16-byte global store (kept whole: the compiler splits a float4 assembled from selects).
+__device__ __forceinline__ void st_global_v4(float* ptr, float4 v) {
+  asm volatile("st.global.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "f"(v.x), "f"(v.y),
+               "f"(v.z), "f"(v.w)
+               : "memory");
+}
+
+// Global-memory lines of [ptr, ptr + bytes) into L2 (fire and forget), spread over the CTA.
+__device__ __forceinline__ void prefetch_l2(const void* ptr, int64_t bytes) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(ptr) & ~static_cast<uintptr_t>(127);
+  const uintptr_t end = reinterpret_cast<uintptr_t>(ptr) + static_cast<uintptr_t>(bytes);
+  for (uintptr_t a = first + 128u * threadIdx.x; a < end; a += 128u * kThreads)
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a));
 }
 
 // e2m1 -> fp16 (exact), as in v41_attention.cu: one PRMT converts 4 nibbles' magnitude bits to the
@@ -194,47 +252,67 @@ __device__ __forceinline__ void e2m1x8_to_f16(uint32_t x, __half2 s2, uint32_t (
   }
 }
 
-// Dequantises the staged tile into kt (fp16, swizzled; zeros for keys past nk), exactly as
-// decode_tile of v41_attention.cu: item it of this thread is key (tid + 256 it) / 64, channels
-// 8 ((tid + 256 it) % 64) ..+8 (a warp stores 4 rows of 128 B: no bank conflicts).
+// Dequantises the staged tile into kt (fp16, swizzled; zeros for keys past nk), with the values
+// of decode_tile of v41_attention.cu. Item it of this thread is key 4 it + tid / 64, channels
+// 8 (tid % 64) ..+8 (a warp stores 4 rows of 128 B: no bank conflicts; one key per warp, so the
+// SWA / FP4 choice is warp-uniform). The shared-memory reads are issued before any conversion:
+// the 8 list entries, then per group of kGroup items (8 = the whole tile; the three-buffer
+// pipeline takes 4, its registers being short) the records' words and scales at addresses
+// selected without branches. A thread thus waits a few shared-memory latencies per tile, not two
+// per item (the old per-item branches serialised them: ~2,900 cycles per tile on the H200).
+//   FP4: 8 e2m1 codes (4 bytes at 4 oct) times the e4m3 block scale (byte 256 + oct / 2), fp16.
+//   SWA: 8 e4m3 codes (8 bytes at 8 oct) times the ue8m0 scale (byte 512 + oct / 4), through
+//        fp32: code * 2^k is exact there, so one rounding to fp16 as the mma.sync kernel (whose
+//        fp16 multiply also rounds the exact product once), for every scale (no range branch).
+template <int kGroup>
 __device__ __forceinline__ void decode_tile(const int32_t* list, int nk, int t0,
                                             const uint8_t* stage, uint8_t* kt) {
-#pragma unroll 4
+  static_assert(kItems % kGroup == 0, "whole groups of items");
+  const int kq = static_cast<int>(threadIdx.x) >> 6, oct = static_cast<int>(threadIdx.x) & 63;
+  int ids[kItems];
+#pragma unroll
   for (int it = 0; it < kItems; ++it) {
-    const int i = static_cast<int>(threadIdx.x) + it * kThreads;
-    const int key = i / (kHd / 8), oct = i % (kHd / 8);
-    uint32_t w[4] = {0, 0, 0, 0};
-    if (t0 + key < nk) {
-      const uint8_t* rec = stage + key * kSlot;
-      if (list[t0 + key] & kGlobFlag) {
-        const uint32_t x = *reinterpret_cast<const uint32_t*>(rec + 4 * oct);
-        const __half_raw sr = __nv_cvt_fp8_to_halfraw(
-            static_cast<__nv_fp8_storage_t>(rec[kHd / 2 + oct / 2]), __NV_E4M3);
-        e2m1x8_to_f16(x, __half2half2(__half(sr)), w);
+    const int key = 4 * it + kq;
+    ids[it] = t0 + key < nk ? list[t0 + key] : -1;
+  }
+#pragma unroll
+  for (int g0 = 0; g0 < kItems; g0 += kGroup) {
+    uint2 raw[kGroup];
+    uint32_t sb[kGroup];
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      const int it = g0 + j;
+      const uint8_t* rec = stage + (4 * it + kq) * kSlot;
+      const bool glob = (ids[it] & kGlobFlag) != 0;  // -1 (past the list): any record, zeroed
+      raw[j] = *reinterpret_cast<const uint2*>(rec + 8 * (glob ? oct >> 1 : oct));
+      sb[j] = rec[glob ? kHd / 2 + oct / 2 : kHd + oct / 4];
+    }
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) asm volatile("" : "+r"(raw[j].x), "+r"(raw[j].y), "+r"(sb[j]));
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) {
+      const int it = g0 + j, key = 4 * it + kq;
+      uint32_t w[4];
+      if (ids[it] < 0) {
+#pragma unroll
+        for (int b = 0; b < 4; ++b) w[b] = 0;
+      } else if (ids[it] & kGlobFlag) {
+        const __half_raw sr =
+            __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(sb[j]), __NV_E4M3);
+        e2m1x8_to_f16((oct & 1) != 0 ? raw[j].y : raw[j].x, __half2half2(__half(sr)), w);
       } else {
-        const uint2 xy = *reinterpret_cast<const uint2*>(rec + 8 * oct);
-        const float sc = v41::ue8m0_decode(rec[kHd + oct / 4]);
-        if (sc >= 0x1p-14f && sc <= 0x1p15f) {
-          const __half2 s2 = __float2half2_rn(sc);
+        const float sc = v41::ue8m0_decode(sb[j]);
 #pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            const uint32_t word = b < 2 ? xy.x : xy.y;
-            const __half2_raw pr = __nv_cvt_fp8x2_to_halfraw2(
-                static_cast<__nv_fp8x2_storage_t>((word >> (16 * (b & 1))) & 0xFFFFu), __NV_E4M3);
-            w[b] = h2_bits(__hmul2(__half2(pr), s2));
-          }
-        } else {
-#pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            const uint32_t word = b < 2 ? xy.x : xy.y;
-            const int sh = 16 * (b & 1);
-            w[b] = h2_bits(__floats2half2_rn(v41::e4m3_decode((word >> sh) & 0xFFu) * sc,
-                                             v41::e4m3_decode((word >> (sh + 8)) & 0xFFu) * sc));
-          }
+        for (int b = 0; b < 4; ++b) {
+          const uint32_t word = b < 2 ? raw[j].x : raw[j].y;
+          const __half2_raw pr = __nv_cvt_fp8x2_to_halfraw2(
+              static_cast<__nv_fp8x2_storage_t>((word >> (16 * (b & 1))) & 0xFFFFu), __NV_E4M3);
+          const float2 f = __half22float2(__half2(pr));
+          w[b] = h2_bits(__floats2half2_rn(f.x * sc, f.y * sc));
         }
       }
+      *reinterpret_cast<uint4*>(kt + swz(kKtPanel, key, oct)) = make_uint4(w[0], w[1], w[2], w[3]);
     }
-    *reinterpret_cast<uint4*>(kt + swz(kKtPanel, key, oct)) = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 
@@ -265,16 +343,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Smem<kSplit, kNB>;
   constexpr int kParts = kSplit ? 2 : 1;
+  constexpr int kDecodeGroup = kNB == 2 ? kItems : kItems / 2;
   extern __shared__ unsigned char smem_raw[];
-  __shared__ int32_t warp_count[kThreads / 32];
+  __shared__ int32_t warp_count[kListRounds][kThreads / 32];
 #ifdef MOESERVE_ATTN_CLOCKS
   long long clk_ = clock64();
 #endif
-  // 1024-aligned base: the swizzle atoms' XOR pattern is taken from address bits 7-9.
-  uint8_t* const smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
-                                                   ~static_cast<uintptr_t>(1023));
-  const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  // 1024-aligned base: the swizzle atoms' XOR pattern is taken from address bits 7-9. Offsetting
+  // smem_raw itself (not an integer round trip) keeps every pointer derived from smem known to
+  // address shared memory: LDS / STS instead of generic loads and stores.
+  const uint32_t raw_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t pad = (1024u - (raw_base & 1023u)) & 1023u;
+  uint8_t* const smem = smem_raw + pad;
+  const uint32_t sbase = raw_base + pad;
   int32_t* const list = reinterpret_cast<int32_t*>(smem + L::kList);
+  double2* const rope = reinterpret_cast<double2*>(smem + L::kRope);
   // Raw records of tile u: stage slot u % kStages.
   const auto slot_off = [](int u) -> uint32_t {
     return L::kStage + static_cast<uint32_t>(u % L::kStages) * kStageBytes;
@@ -283,103 +366,26 @@ __global__ void __launch_bounds__(kThreads, 1)
     return L::kKt + static_cast<uint32_t>(u % kNB) * kKtBuf;
   };
 
-  const int64_t t = blockIdx.x;
-  const int h0 = static_cast<int>(blockIdx.y) * kHeads;
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int wg = tid >> 7;     // warpgroup: channel half
   const int wtid = tid & 127;  // thread within the warpgroup
   const int g = lane >> 2, tq = lane & 3;
   const int r0 = 16 * (warp & 3) + g;  // heads r0 and r0 + 8 of the CTA (accumulator rows)
-  const int pos = p.pos[t];
 
-  // Ordered compaction of the valid key ids (as the mma.sync kernel).
-  const int nlist = p.swa_k + p.glob_k;
-  int base = 0;
-  for (int start = 0; start < nlist; start += kThreads) {
-    const int i = start + tid;
-    int id = -1;
-    if (i < p.swa_k) {
-      if (p.swa_idx) {
-        id = p.swa_idx[t * p.swa_k + i];
-      } else {
-        const int64_t kp = static_cast<int64_t>(pos) - i;
-        id = kp >= (p.swa_floor > 0 ? p.swa_floor : 0) ? static_cast<int>(kp % p.ring_size) : -1;
-      }
-    } else if (i < nlist) {
-      const int gi = p.glob_idx[t * p.glob_k + (i - p.swa_k)];
-      id = gi >= 0 ? (gi | kGlobFlag) : -1;
-    }
-    const bool valid = id >= 0;
-    const uint32_t mask = __ballot_sync(0xffffffffu, valid);
-    if (lane == 0) warp_count[warp] = __popc(mask);
-    __syncthreads();
-    int off = base;
-    for (int w = 0; w < warp; ++w) off += warp_count[w];
-    if (valid) list[off + __popc(mask & ((1u << lane) - 1u))] = id;
-    int sum = 0;
-    for (int w = 0; w < kThreads / 32; ++w) sum += warp_count[w];
-    base += sum;
-    __syncthreads();
-  }
-  const int nk = base;
-  const int ntiles = (nk + kTile - 1) / kTile;
-  WG_MARK(0);
-
-  // Raw tiles 0 .. kStages - 1 in flight while q is converted.
-#pragma unroll
-  for (int u = 0; u < L::kStages; ++u)
-    if (u < ntiles) stage_tile(p, list, nk, u * kTile, sbase + slot_off(u));
-
-  float o[128];  // O (this warpgroup's 256 channels), zeroed before any wgmma is issued
-#pragma unroll
-  for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-  wgmma::fence_operands(o);
-
-  // q * scale (fp32, as the CPU) * 2^8 -> fp16 (hi, lo) into the swizzled A panels. Item i of
-  // the CTA: head i / 64, channels 8 (i % 64) ..+8 (a warp reads 1 KB of one head).
-  {
-    const float* qrow = p.q + (t * p.heads + h0) * kHd;
-#pragma unroll 4
-    for (int it = 0; it < kHeads * (kHd / 8) / kThreads; ++it) {
-      const int i = tid + it * kThreads;
-      const int head = i >> 6, oct = i & 63;
-      const float4* src = reinterpret_cast<const float4*>(qrow + head * kHd + 8 * oct);
-      const float4 x0 = src[0], x1 = src[1];
-      const float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-      uint32_t hi[4], lo[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float a = v[2 * j] * p.scale * kPow, b = v[2 * j + 1] * p.scale * kPow;
-        if constexpr (kSplit) {
-          split_pair(a, b, &hi[j], &lo[j]);
-        } else {
-          hi[j] = h2_bits(__floats2half2_rn(a, b));
-        }
-      }
-      const uint32_t o = L::kQ + swz(kQPanel, head, oct);
-      *reinterpret_cast<uint4*>(smem + o) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-      if constexpr (kSplit)
-        *reinterpret_cast<uint4*>(smem + o + kQPart) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-    }
-  }
-
-  // Tiles 0 .. kNB - 2 dequantised (the loop then keeps kNB - 1 tiles ahead of P . V).
-  cp_async_wait_all();
-  __syncthreads();  // everyone's raw tiles landed
-#pragma unroll
-  for (int u = 0; u < kNB - 1; ++u)
-    if (u < ntiles) decode_tile(list, nk, u * kTile, smem + slot_off(u), smem + kt_off(u));
-  wgmma::fence_proxy_async_smem();  // q and kt: generic stores read by the async proxy
-  __syncthreads();                  // kt complete; stage slots free
-  if (kNB - 1 < ntiles)
-    stage_tile(p, list, nk, (kNB - 1) * kTile, sbase + slot_off(kNB - 1));
-
-  float m_run[2], l_run[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    m_run[h] = p.sink[h0 + r0 + 8 * h];
-    l_run[h] = 1.0f;  // exp(sink - m)
-  }
+  // Work item w: row w / nhg, heads [64 (w % nhg), +64). This CTA takes items blockIdx.x,
+  // blockIdx.x + gridDim.x, ... (grid: at most one CTA per SM).
+  const int nhg = p.heads / kHeads;
+  const int nwork = static_cast<int>(p.rows) * nhg;  // < 2^31 (sparse_attention_wgmma_fits)
+  const auto prefetch_item = [&](int wi) {
+    if (wi >= nwork) return;
+    const int64_t tr = wi / nhg;
+    prefetch_l2(p.q + (tr * p.heads + (wi % nhg) * kHeads) * kHd,
+                static_cast<int64_t>(kHeads) * kHd * sizeof(float));
+    if (p.glob_k > 0) prefetch_l2(p.glob_idx + tr * p.glob_k, sizeof(int32_t) * p.glob_k);
+    if (p.swa_idx != nullptr) prefetch_l2(p.swa_idx + tr * p.swa_k, sizeof(int32_t) * p.swa_k);
+  };
+  // The first item's q streams into L2 under its list compaction.
+  prefetch_item(static_cast<int>(blockIdx.x));
 
   // Descriptor bases. S: A = q part, this warpgroup's panels 4 wg..; B = kt[b], same panels.
   // P . V: B = kt[b] panels 4 wg.., MN-major (LBO = one panel: the next 64 channels; SBO = 1024
@@ -387,219 +393,386 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t q_half = sbase + L::kQ + static_cast<uint32_t>(wg) * kHalfPanels * kQPanel;
   const uint32_t kt_half = sbase + static_cast<uint32_t>(wg) * kHalfPanels * kKtPanel;
 
-  float s[16];  // S partial of the current tile
-  if constexpr (kNB == 3) {
-    // S_0 issued ahead (the loop issues S_{t+1} with P . V_t). Unconditional, as S_{t+1} in the
-    // last iteration (a product of a stale buffer, never read): on every path into the loop s is
-    // defined by a wgmma, which keeps ptxas from serialising the wgmma pipeline.
-    wgmma::fence();
-    issue_s<kParts>(s, q_half, kt_half + kt_off(0));
-    wgmma::commit_group();
-  }
-  WG_MARK(1);
+  for (int w = static_cast<int>(blockIdx.x); w < nwork; w += static_cast<int>(gridDim.x)) {
+    const int64_t t = w / nhg;
+    const int h0 = static_cast<int>(w % nhg) * kHeads;
+    const int pos = p.pos[t];
 
-  for (int ti = 0; ti < ntiles; ++ti) {
-    const int t0 = ti * kTile;
-
-    // 1. S_t partial over this warpgroup's 256 channels. kNB == 2: issued here (kt[t % 2] was
-    // completed at the end of the previous iteration). kNB == 3: issued with P . V_{t-1} in the
-    // previous iteration, both ran under the dequantisation (waiting for S_t alone, wait_group 1,
-    // makes ptxas serialise the wgmma pipeline). Either way S_t and P . V_{t-1} are waited here.
-    if constexpr (kNB == 2) {
-      wgmma::fence();
-      issue_s<kParts>(s, q_half, kt_half + kt_off(ti));
-      wgmma::commit_group();
+    // Ordered compaction of the valid key ids (as the mma.sync kernel): every thread loads its (up
+    // to 4) selections first, then one barrier for the per-warp counts of all rounds. The first
+    // barrier also orders the previous item's epilogue reads of the O staging (which overlays q,
+    // kt and the stage) before this item's writes there.
+    const int nlist = p.swa_k + p.glob_k;
+    int ids[kListRounds];
+#pragma unroll
+    for (int k = 0; k < kListRounds; ++k) {
+      const int i = tid + k * kThreads;
+      int id = -1;
+      if (i < p.swa_k) {
+        if (p.swa_idx) {
+          id = p.swa_idx[t * p.swa_k + i];
+        } else {
+          // kp in [pos - 1023, pos]: 32-bit remainder once kp >= 0 (no 64-bit division call).
+          const int64_t kp = static_cast<int64_t>(pos) - i;
+          id = kp >= (p.swa_floor > 0 ? p.swa_floor : 0) ? static_cast<int>(kp) % p.ring_size : -1;
+        }
+      } else if (i < nlist) {
+        const int gi = p.glob_idx[t * p.glob_k + (i - p.swa_k)];
+        id = gi >= 0 ? (gi | kGlobFlag) : -1;
+      }
+      ids[k] = id;
     }
-    wgmma::wait_group<0>();
-    wgmma::fence_operands(o);
-    wgmma::fence_operands(s);
-    WG_MARK(2);
+    uint32_t masks[kListRounds];
+#pragma unroll
+    for (int k = 0; k < kListRounds; ++k) {
+      masks[k] = __ballot_sync(0xffffffffu, ids[k] >= 0);
+      if (lane == 0) warp_count[k][warp] = __popc(masks[k]);
+    }
+    __syncthreads();
+    int nk = 0;
+#pragma unroll
+    for (int k = 0; k < kListRounds; ++k) {
+      int before = 0, sum = 0;
+#pragma unroll
+      for (int v = 0; v < kThreads / 32; ++v) {
+        const int c = warp_count[k][v];
+        before += v < warp ? c : 0;
+        sum += c;
+      }
+      if (ids[k] >= 0) list[nk + before + __popc(masks[k] & ((1u << lane) - 1u))] = ids[k];
+      nk += sum;
+    }
+    __syncthreads();  // the list is complete
+    const int ntiles = (nk + kTile - 1) / kTile;
+    WG_MARK(0);
 
-    // 2. Exchange the partials (thread-major float4s: a warp stores 512 contiguous bytes).
-    // kNB == 2: through this warpgroup's half of the other key buffer (its own earlier wgmma on
-    // it are complete; the other warpgroup never reads that half). kNB == 3: own buffer, whose
-    // previous reads all precede the unconditional barrier of step 5.
-    {
-      const uint32_t xbase = kNB == 2 ? kt_off(ti + 1) : L::kXch;
-      const uint32_t xhalf = kNB == 2 ? kHalfPanels * kKtPanel : kXchBytes / 2;
-      float4* mine = reinterpret_cast<float4*>(smem + xbase + static_cast<uint32_t>(wg) * xhalf);
-      const float4* theirs =
-          reinterpret_cast<const float4*>(smem + xbase + static_cast<uint32_t>(wg ^ 1) * xhalf);
+    // Raw tiles 0 .. kStages - 1 in flight while q is converted.
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        mine[j * 128 + wtid] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
-      __syncthreads();  // kNB == 3: also makes the tile decoded in the previous iteration visible
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float4 x = theirs[j * 128 + wtid];
-        s[4 * j] += x.x;
-        s[4 * j + 1] += x.y;
-        s[4 * j + 2] += x.z;
-        s[4 * j + 3] += x.w;
+    for (int u = 0; u < L::kStages; ++u)
+      if (u < ntiles) stage_tile(p, list, nk, u * kTile, sbase + slot_off(u));
+
+    // (cos, sin) of pos * freqs[j] for the epilogue's inverse RoPE, once per row (read after the
+    // barriers below).
+    if (p.freqs != nullptr) {
+      for (int j = tid; j < p.rd / 2; j += kThreads) {
+        double sn, co;
+        sincos(static_cast<double>(pos) * p.freqs[j], &sn, &co);
+        rope[j] = make_double2(co, sn);
       }
     }
-    WG_MARK(3);
 
-    // 3. Online softmax. s[4 i + 2 h + v]: head r0 + 8 h, key t0 + 8 i + 2 tq + v.
-    uint32_t ph[2][4], pl[2][4];
+    // q * scale (fp32, as the CPU) * 2^8 -> fp16 (hi, lo) into the swizzled A panels. Item i of
+    // the CTA: head i / 64, channels 8 (i % 64) ..+8 (a warp reads 1 KB of one head); 16 items per
+    // thread in two batches of 8, each batch's 16 float4 loads issued before any is converted.
     {
-      float mx[2] = {-INFINITY, -INFINITY};
+      const float* qrow = p.q + (t * p.heads + h0) * kHd;
+      constexpr int kQItems = kHeads * (kHd / 8) / kThreads;
+      constexpr int kBatch = 8;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
+      for (int b0 = 0; b0 < kQItems; b0 += kBatch) {
+        float4 x[2 * kBatch];
 #pragma unroll
-        for (int v = 0; v < 2; ++v) {
-          const bool valid = t0 + 8 * i + 2 * tq + v < nk;
+        for (int j = 0; j < kBatch; ++j) {
+          const int i = tid + (b0 + j) * kThreads;
+          const float4* src = reinterpret_cast<const float4*>(qrow + (i >> 6) * kHd + 8 * (i & 63));
+          x[2 * j] = __ldg(src);
+          x[2 * j + 1] = __ldg(src + 1);
+        }
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            float& x = s[4 * i + 2 * h + v];
-            x = valid ? x * (1.0f / kPow) : -INFINITY;
-            mx[h] = fmaxf(mx[h], x);
+        for (int j = 0; j < kBatch; ++j) {
+          const int i = tid + (b0 + j) * kThreads;
+          const int head = i >> 6, oct = i & 63;
+          const float v[8] = {x[2 * j].x,     x[2 * j].y,     x[2 * j].z,     x[2 * j].w,
+                              x[2 * j + 1].x, x[2 * j + 1].y, x[2 * j + 1].z, x[2 * j + 1].w};
+          uint32_t hi[4], lo[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float a = v[2 * e] * p.scale * kPow, bb = v[2 * e + 1] * p.scale * kPow;
+            if constexpr (kSplit) {
+              split_pair(a, bb, &hi[e], &lo[e]);
+            } else {
+              hi[e] = h2_bits(__floats2half2_rn(a, bb));
+            }
           }
+          const uint32_t o = L::kQ + swz(kQPanel, head, oct);
+          *reinterpret_cast<uint4*>(smem + o) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+          if constexpr (kSplit)
+            *reinterpret_cast<uint4*>(smem + o + kQPart) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
         }
       }
-      float alpha[2], sum[2];
+    }
+
+    float o[128];  // O (this warpgroup's 256 channels), zeroed before any wgmma is issued
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        const float m_new = fmaxf(m_run[h], mx[h]);
-        alpha[h] = expf(m_run[h] - m_new);
-        m_run[h] = m_new;
-        sum[h] = 0.0f;
-      }
+    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+    wgmma::fence_operands(o);
+
+    // Tiles 0 .. kNB - 2 dequantised (the loop then keeps kNB - 1 tiles ahead of P . V).
+    cp_async_wait_all();
+    __syncthreads();  // everyone's raw tiles landed
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const int h = (i >> 1) & 1;
-        s[i] = expf(s[i] - m_run[h]);  // 0 for missing keys (-inf)
-        sum[h] += s[i];
-      }
+    for (int u = 0; u < kNB - 1; ++u)
+      if (u < ntiles)
+        decode_tile<kDecodeGroup>(list, nk, u * kTile, smem + slot_off(u), smem + kt_off(u));
+    wgmma::fence_proxy_async_smem();  // q and kt: generic stores read by the async proxy
+    __syncthreads();                  // kt complete; stage slots free
+    if (kNB - 1 < ntiles) stage_tile(p, list, nk, (kNB - 1) * kTile, sbase + slot_off(kNB - 1));
+
+    float m_run[2], l_run[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
-        sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
-        l_run[h] = l_run[h] * alpha[h] + sum[h];
+    for (int h = 0; h < 2; ++h) {
+      m_run[h] = p.sink[h0 + r0 + 8 * h];
+      l_run[h] = 1.0f;  // exp(sink - m)
+    }
+
+    float s[16];  // S partial of the current tile
+    if constexpr (kNB == 3) {
+      // S_0 issued ahead (the loop issues S_{t+1} with P . V_t). Unconditional, as S_{t+1} in the
+      // last iteration (a product of a stale buffer, never read): on every path into the loop s is
+      // defined by a wgmma, which keeps ptxas from serialising the wgmma pipeline.
+      wgmma::fence();
+      issue_s<kParts>(s, q_half, kt_half + kt_off(0));
+      wgmma::commit_group();
+    }
+    if (ntiles == 0) prefetch_item(w + static_cast<int>(gridDim.x));
+    WG_MARK(1);
+
+    for (int ti = 0; ti < ntiles; ++ti) {
+      const int t0 = ti * kTile;
+
+      // 1. S_t partial over this warpgroup's 256 channels. kNB == 2: issued here (kt[t % 2] was
+      // completed at the end of the previous iteration). kNB == 3: issued with P . V_{t-1} in the
+      // previous iteration, both ran under the dequantisation (waiting for S_t alone, wait_group 1,
+      // makes ptxas serialise the wgmma pipeline). Either way S_t and P . V_{t-1} are waited here.
+      if constexpr (kNB == 2) {
+        wgmma::fence();
+        issue_s<kParts>(s, q_half, kt_half + kt_off(ti));
+        wgmma::commit_group();
       }
-      // A fragments of k-step j (keys 16 j..): a[0] = (head r0, keys 16 j + 2 tq, +1) = s[8 j],
-      // s[8 j + 1]; a[1] = head r0 + 8; a[2], a[3] the keys + 8.
+      wgmma::wait_group<0>();
+      wgmma::fence_operands(o);
+      wgmma::fence_operands(s);
+      WG_MARK(2);
+
+      // 2. Exchange the partials (thread-major float4s: a warp stores 512 contiguous bytes).
+      // kNB == 2: through this warpgroup's half of the other key buffer (its own earlier wgmma on
+      // it are complete; the other warpgroup never reads that half). kNB == 3: own buffer, whose
+      // previous reads all precede the unconditional barrier of step 5.
+      {
+        const uint32_t xbase = kNB == 2 ? kt_off(ti + 1) : L::kXch;
+        const uint32_t xhalf = kNB == 2 ? kHalfPanels * kKtPanel : kXchBytes / 2;
+        float4* mine = reinterpret_cast<float4*>(smem + xbase + static_cast<uint32_t>(wg) * xhalf);
+        const float4* theirs =
+            reinterpret_cast<const float4*>(smem + xbase + static_cast<uint32_t>(wg ^ 1) * xhalf);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          mine[j * 128 + wtid] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+        __syncthreads();  // kNB == 3: also makes the tile decoded in the previous iteration visible
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float4 x = theirs[j * 128 + wtid];
+          s[4 * j] += x.x;
+          s[4 * j + 1] += x.y;
+          s[4 * j + 2] += x.z;
+          s[4 * j + 3] += x.w;
+        }
+      }
+      WG_MARK(3);
+
+      // 3. Online softmax. s[4 i + 2 h + v]: head r0 + 8 h, key t0 + 8 i + 2 tq + v.
+      uint32_t ph[2][4], pl[2][4];
+      {
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+          for (int v = 0; v < 2; ++v) {
+            const bool valid = t0 + 8 * i + 2 * tq + v < nk;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              float& x = s[4 * i + 2 * h + v];
+              x = valid ? x * (1.0f / kPow) : -INFINITY;
+              mx[h] = fmaxf(mx[h], x);
+            }
+          }
+        }
+        float alpha[2], sum[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+          const float m_new = fmaxf(m_run[h], mx[h]);
+          alpha[h] = expf(m_run[h] - m_new);
+          m_run[h] = m_new;
+          sum[h] = 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+          const int h = (i >> 1) & 1;
+          s[i] = expf(s[i] - m_run[h]);  // 0 for missing keys (-inf)
+          sum[h] += s[i];
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
+          sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
+          l_run[h] = l_run[h] * alpha[h] + sum[h];
+        }
+        // A fragments of k-step j (keys 16 j..): a[0] = (head r0, keys 16 j + 2 tq, +1) = s[8 j],
+        // s[8 j + 1]; a[1] = head r0 + 8; a[2], a[3] the keys + 8.
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const float a = s[8 * j + 2 * r] * kPow, b = s[8 * j + 2 * r + 1] * kPow;
+            if constexpr (kSplit) {
+              split_pair(a, b, &ph[j][r], &pl[j][r]);
+            } else {
+              ph[j][r] = h2_bits(__floats2half2_rn(a, b));
+              pl[j][r] = 0;
+            }
+          }
+        }
+        // Once the running maxima settle, alpha is exactly 1 for every row of the warp: skip the
+        // multiplications by 1 (bit-identical).
+        if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
+#pragma unroll
+          for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+        }
+      }
+      WG_MARK(4);
+
+      // 4. kNB == 3: S_{t+1} (its tile was completed before the exchange barrier) into s, then
+      // O += P . V_t over this warpgroup's 256 channels (neither waited here). The rescaled O and
+      // the P fragments are pinned before wgmma.fence (no register write may sink past it).
+      wgmma::fence_operands(o);
+      wgmma::fence_operands(s);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const float a = s[8 * j + 2 * r] * kPow, b = s[8 * j + 2 * r + 1] * kPow;
-          if constexpr (kSplit) {
-            split_pair(a, b, &ph[j][r], &pl[j][r]);
-          } else {
-            ph[j][r] = h2_bits(__floats2half2_rn(a, b));
-            pl[j][r] = 0;
-          }
+          asm volatile("" : "+r"(ph[j][r])::"memory");
+          if constexpr (kSplit) asm volatile("" : "+r"(pl[j][r])::"memory");
         }
       }
-      // Once the running maxima settle, alpha is exactly 1 for every row of the warp: skip the
-      // multiplications by 1 (bit-identical).
-      if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
-#pragma unroll
-        for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+      wgmma::fence();
+      if constexpr (kNB == 3) {
+        issue_s<kParts>(s, q_half, kt_half + kt_off(ti + 1));  // unconditional: see S_0
+        wgmma::commit_group();
       }
-    }
-    WG_MARK(4);
-
-    // 4. kNB == 3: S_{t+1} (its tile was completed before the exchange barrier) into s, then
-    // O += P . V_t over this warpgroup's 256 channels (neither waited here). The rescaled O and
-    // the P fragments are pinned before wgmma.fence (no register write may sink past it).
-    wgmma::fence_operands(o);
-    wgmma::fence_operands(s);
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        asm volatile("" : "+r"(ph[j][r])::"memory");
-        if constexpr (kSplit) asm volatile("" : "+r"(pl[j][r])::"memory");
+      for (int j = 0; j < 2; ++j) {
+        const uint64_t dv = wgmma::desc_mn_sw128(kt_half + kt_off(ti) + 2048u * j, kKtPanel, 1024u);
+        wgmma::f16_rs_n256_tb(o, ph[j], dv, 1);
+        if constexpr (kSplit) wgmma::f16_rs_n256_tb(o, pl[j], dv, 1);
       }
-    }
-    wgmma::fence();
-    if constexpr (kNB == 3) {
-      issue_s<kParts>(s, q_half, kt_half + kt_off(ti + 1));  // unconditional: see S_0
       wgmma::commit_group();
-    }
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const uint64_t dv =
-          wgmma::desc_mn_sw128(kt_half + kt_off(ti) + 2048u * j, kKtPanel, 1024u);
-      wgmma::f16_rs_n256_tb(o, ph[j], dv, 1);
-      if constexpr (kSplit) wgmma::f16_rs_n256_tb(o, pl[j], dv, 1);
-    }
-    wgmma::commit_group();
-    WG_MARK(5);
+      WG_MARK(5);
+      // The next work item's q (and key selections) into L2 halfway through this row's tiles: its
+      // prologue then reads L2, not HBM, and the q traffic of all CTAs spreads over the loop.
+      if (ti == (ntiles >> 1)) prefetch_item(w + static_cast<int>(gridDim.x));
 
-    // 5. Tile u = t + kNB - 1 into its buffer while the tensor pipe runs.
-    const int u = ti + kNB - 1;
-    if constexpr (kNB == 2) {
-      if (u < ntiles) {
-        cp_async_wait_all();
-        __syncthreads();  // raw tile u visible; the exchange reads of kt[u % 2] are done
+      // 5. Tile u = t + kNB - 1 into its buffer while the tensor pipe runs.
+      const int u = ti + kNB - 1;
+      if constexpr (kNB == 2) {
+        if (u < ntiles) {
+          cp_async_wait_all();
+          __syncthreads();  // raw tile u visible; the exchange reads of kt[u % 2] are done
+          WG_MARK(6);
+          decode_tile<kDecodeGroup>(list, nk, u * kTile, smem + slot_off(u), smem + kt_off(u));
+          wgmma::fence_proxy_async_smem();
+          WG_MARK(7);
+          __syncthreads();  // kt[u % 2] complete for S_u; the stage is free
+          if (u + 1 < ntiles) stage_tile(p, list, nk, (u + 1) * kTile, sbase + slot_off(u + 1));
+          WG_MARK(8);
+        }
+      } else {
+        cp_async_wait_all();  // raw tile u (the only group in flight)
+        // Raw tile u visible; every thread's wgmma on kt[u % 3] (S_{t-1}, P . V_{t-1}) are
+        // complete (waited in step 3); the exchange reads are done; slot (u + 1) % 2 was decoded
+        // (tile u - 1) in the previous iteration. Unconditional: it also guards the exchange
+        // buffer.
+        __syncthreads();
         WG_MARK(6);
-        decode_tile(list, nk, u * kTile, smem + slot_off(u), smem + kt_off(u));
-        wgmma::fence_proxy_async_smem();
-        WG_MARK(7);
-        __syncthreads();  // kt[u % 2] complete for S_u; the stage is free
         if (u + 1 < ntiles) stage_tile(p, list, nk, (u + 1) * kTile, sbase + slot_off(u + 1));
         WG_MARK(8);
+        if (u < ntiles) {
+          decode_tile<kDecodeGroup>(list, nk, u * kTile, smem + slot_off(u), smem + kt_off(u));
+          wgmma::fence_proxy_async_smem();  // made visible by the next exchange barrier
+        }
+        WG_MARK(7);
       }
-    } else {
-      cp_async_wait_all();  // raw tile u (the only group in flight)
-      // Raw tile u visible; every thread's wgmma on kt[u % 3] (S_{t-1}, P . V_{t-1}) are
-      // complete (waited in step 3); the exchange reads are done; slot (u + 1) % 2 was decoded
-      // (tile u - 1) in the previous iteration. Unconditional: it also guards the exchange buffer.
-      __syncthreads();
-      WG_MARK(6);
-      if (u + 1 < ntiles) stage_tile(p, list, nk, (u + 1) * kTile, sbase + slot_off(u + 1));
-      WG_MARK(8);
-      if (u < ntiles) {
-        decode_tile(list, nk, u * kTile, smem + slot_off(u), smem + kt_off(u));
-        wgmma::fence_proxy_async_smem();  // made visible by the next exchange barrier
-      }
-      WG_MARK(7);
     }
-  }
-  wgmma::wait_group<0>();
-  wgmma::fence_operands(o);
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(o);
 
-  // out = O / (l 2^8), inverse RoPE on the trailing rd channels. o[4 i + 2 h + v]: head
-  // r0 + 8 h, channel 256 wg + 8 i + 2 tq + v.
+    // Epilogue. out = O / (l 2^8), inverse RoPE on the trailing rd channels, through the O staging
+    // tile: o[4 i + 2 h + v] is head r0 + 8 h, channel 256 wg + 8 i + 2 tq + v; then each warp
+    // stores 512 contiguous bytes of one head per instruction (float4s), the RoPE pairs from the
+    // table. The stores are not waited for: the next item starts under them.
+    __syncthreads();  // both warpgroups' wgmma are complete: q, kt and the stage are free
+    {
+      float* const ot = reinterpret_cast<float*>(smem);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float inv = 1.0f / (l_run[h] * kPow);
-    float* out = p.out + (t * p.heads + h0 + r0 + 8 * h) * kHd;
+      for (int h = 0; h < 2; ++h) {
+        const float inv = 1.0f / (l_run[h] * kPow);
+        float* const orow = ot + (r0 + 8 * h) * kOStride + 256 * wg + 2 * tq;
 #pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      const int c = 256 * wg + 8 * i + 2 * tq;
-      float a = o[4 * i + 2 * h] * inv, b = o[4 * i + 2 * h + 1] * inv;
-      if (p.freqs != nullptr && c >= kHd - p.rd) {
-        double sn, co;
-        sincos(static_cast<double>(pos) * p.freqs[(c - (kHd - p.rd)) / 2], &sn, &co);
-        const double x0 = a, x1 = b;
-        a = static_cast<float>(x0 * co + x1 * sn);
-        b = static_cast<float>(-x0 * sn + x1 * co);
+        for (int i = 0; i < 32; ++i)
+          *reinterpret_cast<float2*>(orow + 8 * i) =
+              make_float2(o[4 * i + 2 * h] * inv, o[4 * i + 2 * h + 1] * inv);
       }
-      *reinterpret_cast<float2*>(out + c) = make_float2(a, b);
     }
-  }
-  WG_MARK(9);
+    __syncthreads();  // the staging tile is complete (and the RoPE table)
+    {
+      const float* const ot = reinterpret_cast<const float*>(smem);
+      float* const out = p.out + (t * p.heads + h0) * kHd;
+      const int rope0 = p.freqs != nullptr ? kHd - p.rd : kHd;  // first rotated channel
+      const auto rotate = [&](float& a, float& b, int c) {
+        if (c >= rope0) {
+          const double2 cs = rope[(c - rope0) >> 1];
+          const double x0 = a, x1 = b;
+          a = static_cast<float>(x0 * cs.x + x1 * cs.y);
+          b = static_cast<float>(-x0 * cs.y + x1 * cs.x);
+        }
+      };
+#pragma unroll 4
+      for (int k = 0; k < kHeads * kHd / 4 / kThreads; ++k) {
+        const int j = tid + k * kThreads;
+        const int head = j >> 7, c = 4 * (j & 127);
+        float4 v = *reinterpret_cast<const float4*>(ot + head * kOStride + c);
+        if (c + 4 > rope0) {
+          rotate(v.x, v.y, c);
+          rotate(v.z, v.w, c + 2);
+        }
+        st_global_v4(out + head * kHd + c, v);
+      }
+    }
+    // No barrier: the next item's first list barrier orders these staging reads before its writes.
+    WG_MARK(9);
+  }  // work items
 #else
   __trap();  // sm_90a only (wgmma); launch_sparse_attention takes this path only with use_wgmma.
 #endif
 }
 
+// Persistent grid: one CTA per SM at most (218 KB of shared memory and 256 x ~200 registers allow
+// one), each looping over work items (row, 64 heads), so a CTA's prologue and epilogue run under
+// the memory traffic of its neighbouring items (q prefetched into L2, stores not waited for).
 template <bool kSplit, int kNB>
 void launch(const SparseAttentionParams& p, cudaStream_t stream) {
-  static const bool configured = [] {
+  static const int sms = [] {
     MS_CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_wgmma_kernel<kSplit, kNB>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(Smem<kSplit, kNB>::kBytes)));
-    return true;
+    int dev = 0, n = 0;
+    MS_CUDA_CHECK(cudaGetDevice(&dev));
+    MS_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
   }();
-  (void)configured;
-  const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads / kHeads));
+  const int64_t items = p.rows * (p.heads / kHeads);
+  if (items <= 0) return;
+  const auto grid = static_cast<unsigned>(std::min<int64_t>(items, sms));
   sparse_attention_wgmma_kernel<kSplit, kNB>
       <<<grid, kThreads, Smem<kSplit, kNB>::kBytes, stream>>>(p);
 }
@@ -615,7 +788,9 @@ bool sparse_attention_wgmma_fits(const SparseAttentionParams& p) {
     return major == 9;
   }();
   return hopper && p.head_dim == attn_wg::kHd && p.heads % attn_wg::kHeads == 0 &&
-         p.swa_k + p.glob_k <= attn_wg::kMaxKeys;
+         p.swa_k + p.glob_k <= attn_wg::kMaxKeys &&
+         p.rows * (p.heads / attn_wg::kHeads) < (int64_t{1} << 31) &&
+         (p.freqs == nullptr || (p.rd >= 0 && p.rd <= attn_wg::kHd && p.rd % 2 == 0));
 }
 
 void launch_sparse_attention_wgmma(const SparseAttentionParams& p, cudaStream_t stream) {
