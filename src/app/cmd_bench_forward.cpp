@@ -560,8 +560,7 @@ void register_bench_forward(CLI::App& bench) {
                   "cuda: the indexer scores on the sm_90a wgmma kernel (false: mma.sync)")
       ->capture_default_str();
   cmd->add_option("--attention-wgmma", opt->attention_wgmma,
-                  "cuda: the sparse attention on the sm_90a wgmma kernel where it is faster "
-                  "(false: mma.sync)")
+                  "cuda: the sparse attention on the sm_90a wgmma kernel (false: mma.sync)")
       ->capture_default_str();
   cmd->add_option("--fp8-wgmma", opt->fp8_wgmma,
                   "cuda: FP8-weight linears as FP8 x FP8 wgmma GEMMs on the MXFP8 codes (false: "

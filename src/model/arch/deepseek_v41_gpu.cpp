@@ -1524,14 +1524,12 @@ struct DeepseekV41Gpu::Impl {
     linear(mid, g * og, n, L.wo_b, y, d);
   }
 
-  // The sparse attention core with the options' precision and kernel. The wgmma kernel (one
-  // block per row and 64 heads) runs when opt.attention_wgmma is set and, on the hi + lo path,
-  // when there are enough rows to fill the GPU: at 1 and 64 rows one of its blocks takes longer
-  // than the mma.sync kernel's two half-head blocks (H200: 107 vs 92 us), at 384 rows it is 1.43x
-  // faster (379 vs 541 us; docs/perf/forward-gpu-2026-11-30-r6.md).
+  // The sparse attention core with the options' precision and kernel (the wgmma kernel, one
+  // persistent block per SM over (row, 64 heads) items, is faster at every row count measured:
+  // H200, hi + lo, 1 row 83 vs 103 us, 512 rows 322 vs 871 us; docs/perf/forward-gpu-2026-11-30-r6.md).
   void attend(cu::SparseAttentionParams& p) {
     p.split_precision = !opt.fast_attention;
-    p.use_wgmma = opt.attention_wgmma && (!p.split_precision || p.rows >= opt.attention_wgmma_min_rows);
+    p.use_wgmma = opt.attention_wgmma;
     if (opt.f64_attention) {
       cu::launch_sparse_attention_f64(p, stream);
     } else {

@@ -80,12 +80,11 @@ struct GpuModelOptions {
   // (IndexerScoreParams::use_wgmma); false: the mma.sync kernel. Same products (exact bf16 q,
   // exact bf16 keys), fp32 sums in a different order.
   bool indexer_wgmma = true;
-  // true: the sparse attention on the sm_90a wgmma kernel (SparseAttentionParams::use_wgmma: one
-  // block per row and 64 heads, each key tile dequantised once per row) where it takes the shape
-  // (heads % 64 == 0, sm_90) and is faster (hi + lo: >= 128 rows); false: the mma.sync kernel.
-  // The same products; fp32 sums in another order (1e-6 of the output apart in the op tests).
+  // true: the sparse attention on the sm_90a wgmma kernel (SparseAttentionParams::use_wgmma:
+  // persistent blocks over (row, 64 heads) items, each key tile dequantised once per row) where
+  // it takes the shape (heads % 64 == 0, sm_90); false: the mma.sync kernel. The same products;
+  // fp32 sums in another order (1e-6 of the output apart in the op tests).
   bool attention_wgmma = true;
-  int32_t attention_wgmma_min_rows = 128;  // hi + lo path: fewer rows take the mma.sync kernel
   // true: FP8-weight linears whose shape fits (out % 128, in % 128) run as FP8 x FP8 block-scaled
   // wgmma GEMMs on the e4m3 codes of the MXFP8 inputs (launch_fp8_wgmma_gemm: the tensor core's
   // FP8 accumulation over each 32-wide block, then fp32); false: the bf16 cuBLASLt GEMM on the

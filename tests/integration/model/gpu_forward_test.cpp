@@ -329,7 +329,6 @@ TEST(GpuForward, WgmmaKernelsAgreeWithMmaSyncInTheForward) {
     opt.indexer_wgmma = idx;
     opt.fp8_wgmma = fp8;
     opt.attention_wgmma = att;
-    opt.attention_wgmma_min_rows = 0;
     auto m = DeepseekV41Gpu::load(dir, opt);
     if (!m) throw std::runtime_error(m.error().to_string());
     return std::move(*m);
