@@ -22,6 +22,7 @@ mkdir -p "$out"
 args_decode_s6="--batch 64 --context 131072 --tokens-per-seq 6 --local-experts 12 --ep-ranks 32"
 args_decode_s1="--batch 64 --context 131072 --tokens-per-seq 1 --local-experts 12 --ep-ranks 32"
 args_decode_s6_own="--batch 64 --context 131072 --tokens-per-seq 6 --local-experts 12"
+args_decode_s1_own="--batch 64 --context 131072 --tokens-per-seq 1 --local-experts 12"
 # The same with the sparse attention on single fp16 operands (not in the default set).
 args_decode_s6_fast="$args_decode_s6 --fast-attention"
 args_decode_s1_fast="$args_decode_s1 --fast-attention"
