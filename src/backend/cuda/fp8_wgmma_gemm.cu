@@ -41,6 +41,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/cuda_util.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -73,27 +74,12 @@ struct TileConfig {
 
 // ---- PTX wrappers ------------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared through L2 only; valid == false zero-fills (rows past M).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
-}
+// 4 bytes global -> shared through L1; valid == false zero-fills (the scale rows past M). The
+// 16-byte copies, commit and wait are backend/cuda/cp_async.cuh's.
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 4 : 0)
                : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 // Makes this thread's generic-proxy shared writes (cp.async) visible to the async proxy (wgmma).
 __device__ __forceinline__ void fence_proxy_async_shared() {
@@ -183,7 +169,7 @@ __global__ void __launch_bounds__(TileConfig<kWarpGroups>::kThreads, 1)
   using Cfg = TileConfig<kWarpGroups>;
   constexpr int kBlockM = Cfg::kBlockM;
   extern __shared__ uint8_t smem_raw[];
-  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t raw = async::smem_addr(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;  // stage ring of A/W tiles
   uint8_t* const smem = smem_raw + (base - raw);
   const uint32_t scale_base = base + kStages * Cfg::kStageBytes;  // ring of sa/sw
@@ -216,13 +202,13 @@ __global__ void __launch_bounds__(TileConfig<kWarpGroups>::kThreads, 1)
       const int r = e >> 3, c = e & 7;  // 8 threads per 128-byte row: coalesced, conflict-free
       const bool ok = m0 + r < p.m;
       const uint8_t* src = p.a + (ok ? m0 + r : 0) * p.lda + k0 + c * 16;
-      cp_async16(a_dst + r * 128 + ((c ^ (r & 7)) << 4), src, ok);
+      async::copy16(a_dst + r * 128 + ((c ^ (r & 7)) << 4), src, ok);
     }
 #pragma unroll 1
     for (int i = 0; i < kBlockN * 8 / Cfg::kThreads; ++i) {
       const int e = tid + i * Cfg::kThreads;
       const int r = e >> 3, c = e & 7;
-      cp_async16(w_dst + r * 128 + ((c ^ (r & 7)) << 4), p.w + (n0 + r) * p.k + k0 + c * 16, true);
+      async::copy16(w_dst + r * 128 + ((c ^ (r & 7)) << 4), p.w + (n0 + r) * p.k + k0 + c * 16, true);
     }
     const uint32_t s_dst = scale_base + stage * Cfg::kScaleStageBytes;
     if (tid < kBlockM) {
@@ -241,7 +227,7 @@ __global__ void __launch_bounds__(TileConfig<kWarpGroups>::kThreads, 1)
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
     if (s < num_k_tiles) load_tile(s, s);
-    cp_async_commit();
+    async::commit();
   }
 
   const int wg = tid / kWarpGroupThreads;
@@ -258,7 +244,7 @@ __global__ void __launch_bounds__(TileConfig<kWarpGroups>::kThreads, 1)
   for (int kt = 0; kt < num_k_tiles; ++kt) {
     // Committed groups: kStages - 1 + kt (group g holds tile g; one commit per iteration, at
     // step 0); tile kt's is done when at most kStages - 2 are pending.
-    cp_async_wait<kStages - 2>();
+    async::wait<kStages - 2>();
     fence_proxy_async_shared();
     __syncthreads();  // everyone's copies of tile kt; every warpgroup done with tile kt - 1
     const int stage = kt % kStages;
@@ -292,7 +278,7 @@ __global__ void __launch_bounds__(TileConfig<kWarpGroups>::kThreads, 1)
         // the tensor cores run.
         const int next = kt + kStages - 1;
         if (next < num_k_tiles) load_tile(next, next % kStages);
-        cp_async_commit();
+        async::commit();
       }
       // Scale products of this step (exact: powers of two well inside the fp32 range), used
       // when it is promoted.
@@ -325,7 +311,7 @@ __global__ void __launch_bounds__(TileConfig<kWarpGroups>::kThreads, 1)
   if (split > 1) {
     // Partial tiles in the (now idle) stage ring, [64][kThreads] floats: thread-major, so the
     // stores and rank 0's remote loads are coalesced and conflict-free.
-    cp_async_wait<0>();
+    async::wait<0>();
     __syncthreads();  // every warp is past its last read of the ring
     float* staging = reinterpret_cast<float*>(smem);
     if (rank != 0) {
