@@ -62,6 +62,7 @@ struct BenchForwardOptions {
   bool indexer_wgmma = true;
   bool attention_wgmma = true;
   bool fp8_wgmma = false;
+  bool moe_grouped_wgmma = false;
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
   bool host_logits = false;  // copy the logits rows to the host (a server samples on the device)
@@ -212,6 +213,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.indexer_wgmma = opt.indexer_wgmma;
   go.attention_wgmma = opt.attention_wgmma;
   go.fp8_wgmma = opt.fp8_wgmma;
+  go.moe_grouped_wgmma = opt.moe_grouped_wgmma;
   go.cuda_graphs = decode && opt.cuda_graphs;
   go.dspark = decode && opt.dspark;
   // The draft block after the steps, and the whole cycles' verification steps.
@@ -416,6 +418,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"indexer_wgmma", opt.indexer_wgmma},
               {"attention_wgmma", opt.attention_wgmma},
               {"fp8_wgmma", opt.fp8_wgmma},
+              {"moe_grouped_wgmma", opt.moe_grouped_wgmma},
               {"cuda_graphs", decode && opt.cuda_graphs},
               {"dspark", opt.dspark},
               {"host_logits", opt.host_logits},
@@ -565,6 +568,10 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--fp8-wgmma", opt->fp8_wgmma,
                   "cuda: FP8-weight linears as FP8 x FP8 wgmma GEMMs on the MXFP8 codes (false: "
                   "bf16 cuBLASLt on the same values)")
+      ->capture_default_str();
+  cmd->add_option("--moe-grouped-wgmma", opt->moe_grouped_wgmma,
+                  "cuda: the MoE's grouped MXFP4 GEMMs (> 24 rows per expert) on the sm_90a "
+                  "wgmma kernel (false: the WMMA table kernel)")
       ->capture_default_str();
   cmd->add_flag("--dspark", opt->dspark,
                 "cuda decode: also time one DSpark draft cycle for the batch (rings committed "

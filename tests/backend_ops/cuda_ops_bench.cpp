@@ -684,6 +684,58 @@ int run_bench(const std::string& out_dir) {
                             }));
     b.release();
   }
+  // The same grouped GEMM at the DEP decode share of a 64 x 6 step over 32 ranks (~192 rows per
+  // local expert; w1 / w3 and w2) and 128 rows, on the sm_90a wgmma kernel (use_wgmma; the row
+  // is skipped off Hopper, where the flag falls back to the table kernel). Compare with the
+  // table kernel's rows "grouped mxfp4 gemm (12 experts)" at the same dims.
+  for (const auto& [per, n, k] : {std::tuple{int64_t{192}, int64_t{2304}, int64_t{5120}},
+                                  std::tuple{int64_t{192}, int64_t{5120}, int64_t{2304}},
+                                  std::tuple{int64_t{128}, int64_t{2304}, int64_t{5120}}}) {
+    const int64_t local = 12, m = per * local;
+    auto x = b.buffer(DType::kBF16, {m, k});
+    std::vector<int32_t> off(static_cast<size_t>(local + 1));
+    for (int64_t e = 0; e <= local; ++e) off[static_cast<size_t>(e)] = static_cast<int32_t>(e * per);
+    auto doff = b.buffer(DType::kI32, {local + 1}, 0, 0);
+    b.backend().copy_from_host(doff, TensorView(off.data(), DType::kI32, {local + 1}));
+    std::vector<TensorView> ptr_bufs;
+    for (int cpy = 0; cpy < 3; ++cpy) {
+      std::vector<const uint8_t*> w(static_cast<size_t>(local)), sc(static_cast<size_t>(local));
+      for (int64_t e = 0; e < local; ++e) {
+        w[static_cast<size_t>(e)] = b.buffer(DType::kFp4E2m1, {n, k}).data_as<uint8_t>();
+        sc[static_cast<size_t>(e)] = b.buffer(DType::kF8E8M0, {n, k / 32}, 120, 130).data_as<uint8_t>();
+      }
+      w.insert(w.end(), sc.begin(), sc.end());
+      auto pb = b.buffer(DType::kI64, {2 * local}, 0, 0);
+      b.backend().copy_from_host(pb, TensorView(w.data(), DType::kI64, {2 * local}));
+      ptr_bufs.push_back(pb);
+    }
+    auto y = b.buffer(DType::kF32, {m, n});
+    const double bytes = local * (n * k / 2.0 + n * k / 32.0) + 2.0 * m * k + 4.0 * m * n;
+    for (const bool wg : {false, true}) {
+      results.push_back(b.run(wg ? "grouped mxfp4 gemm wgmma (12 experts)"
+                                 : "grouped mxfp4 gemm (12 experts)",
+                              dims({m, n, k}), bytes, 2.0 * m * n * k, Rate::kBf16, [&](int i) {
+                                const auto* ptr = static_cast<const uint8_t* const*>(
+                                    ptr_bufs[static_cast<size_t>(i) % ptr_bufs.size()].data());
+                                cuda::GroupedMxfp4GemmParams g;
+                                g.a = x.data();
+                                g.lda = k;
+                                g.offsets = doff.data_as<int32_t>();
+                                g.num_experts = static_cast<int>(local);
+                                g.max_rows = per;
+                                g.w = ptr;
+                                g.w_scale = ptr + local;
+                                g.y = y.data_as<float>();
+                                g.ldy = n;
+                                g.n = n;
+                                g.k = k;
+                                g.rows_hint = per;
+                                g.use_wgmma = wg;
+                                cuda::launch_grouped_mxfp4_gemm(g, stream);
+                              }));
+    }
+    b.release();
+  }
   // The dense FP8 linears as the forward runs them: the weight dequantised to bf16 at load,
   // cuBLASLt bf16 x bf16 -> fp32 (wq_b and wo_b at a 64 x 6 decode step; 1280x5120, 512x5120 and
   // the shared expert's 2304x5120 alongside, the fp8 wgmma GEMM's comparison points).

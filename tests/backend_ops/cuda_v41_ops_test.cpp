@@ -1927,6 +1927,97 @@ TEST_F(CudaV41, MoeGroupAndGroupedMxfp4Gemm) {
   }
 }
 
+// use_wgmma (the sm_90a wgmma kernel, rows_hint > 24, K % 128 == 0): ragged device-side counts
+// 0, 1, 63, 64, 65, 191, 192, 300 rows per expert (empty experts, 64-row warpgroup halves past
+// the count, tiles looping past the grid's M tiles), N not a multiple of the 256-column tile
+// (clamped weight rows, unstored columns), the w1 / w3 decode shape N 2304 K 5120 on two experts
+// and the w2 shape's K 2304 (N reduced for the CPU reference). Against cpu::mxfp4_gemm with the
+// grouped table kernel's tolerance (exact products, fp32 sums: 2e-5 of max |ref|), rows past the
+// grouped count untouched (NaN), and a rerun bit-identical.
+TEST_F(CudaV41, GroupedMxfp4GemmWgmma) {
+  if (cuda::device_info(0).compute_major != 9)
+    GTEST_SKIP() << "the wgmma kernel needs sm_90a (Hopper); device is sm_"
+                 << cuda::device_info(0).compute_major << cuda::device_info(0).compute_minor;
+  struct Case {
+    int64_t n, k, hint;
+    std::vector<int32_t> counts;
+  };
+  const std::vector<int32_t> ragged = {0, 1, 63, 64, 65, 191, 192, 300};
+  for (const Case& c : {Case{520, 5120, 192, ragged}, Case{776, 2304, 192, ragged},
+                        Case{2304, 5120, 192, {192, 5}}, Case{256, 1152, 64, ragged},
+                        Case{5120, 2304, 128, {130, 0, 64}}}) {
+    SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " hint " +
+                 std::to_string(c.hint) + " experts " + std::to_string(c.counts.size()));
+    std::mt19937 rng(static_cast<uint32_t>(91 + c.n + c.k));
+    const int local = static_cast<int>(c.counts.size());
+    std::vector<int32_t> off(static_cast<size_t>(local + 1), 0);
+    for (int e = 0; e < local; ++e) off[e + 1] = off[e] + c.counts[static_cast<size_t>(e)];
+    const int64_t total = off[local];
+    const int64_t max_rows = *std::max_element(c.counts.begin(), c.counts.end());
+    const int64_t alloc_rows = total + 7;  // rows past the grouped count must stay untouched
+    auto x = rnd(alloc_rows * c.k, rng, -2, 2);
+    std::vector<float> a(x.size(), 0.0f);
+    std::vector<uint16_t> a16(x.size(), 0);
+    for (int64_t r = 0; r < alloc_rows; ++r)
+      fq_fp8_block32_pow2(std::span<const float>(x).subspan(static_cast<size_t>(r * c.k), c.k),
+                          std::span<float>(a).subspan(static_cast<size_t>(r * c.k), c.k));
+    for (size_t i = 0; i < a.size(); ++i) a16[i] = float_to_bf16(a[i]);
+    std::vector<std::vector<uint8_t>> w(local), s(local);
+    std::vector<const uint8_t*> wp(local), sp(local);
+    for (int e = 0; e < local; ++e) {
+      w[e].resize(static_cast<size_t>(c.n * c.k / 2));
+      s[e].resize(static_cast<size_t>(c.n * c.k / 32));
+      for (auto& b : w[e]) b = static_cast<uint8_t>(rng());
+      for (auto& b : s[e]) b = static_cast<uint8_t>(118 + rng() % 16);
+      wp[e] = up(w[e]);
+      sp[e] = up(s[e]);
+    }
+    cuda::GroupedMxfp4GemmParams gg;
+    gg.a = up(a16);
+    gg.lda = c.k;
+    gg.offsets = up(off);
+    gg.num_experts = local;
+    gg.max_rows = std::max<int64_t>(max_rows, 1);
+    gg.w = up(wp);
+    gg.w_scale = up(sp);
+    gg.ldy = c.n;
+    gg.n = c.n;
+    gg.k = c.k;
+    gg.rows_hint = c.hint;
+    gg.use_wgmma = true;
+    std::vector<std::vector<float>> runs;
+    for (int rep = 0; rep < 2; ++rep) {
+      gg.y = nans(static_cast<size_t>(alloc_rows * c.n));
+      cuda::launch_grouped_mxfp4_gemm(gg, stream_);
+      runs.push_back(down(gg.y, static_cast<size_t>(alloc_rows * c.n)));
+    }
+    const auto& got = runs[0];
+    std::vector<float> ref(static_cast<size_t>(total * c.n));
+    for (int e = 0; e < local; ++e) {
+      const int64_t m = off[e + 1] - off[e];
+      if (m == 0) continue;
+      std::vector<float> ae(a.begin() + off[e] * c.k, a.begin() + off[e + 1] * c.k);
+      cpu::mxfp4_gemm(TensorView(ae.data(), DType::kF32, {m, c.k}),
+                      TensorView(w[e].data(), DType::kFp4E2m1, {c.n, c.k}),
+                      TensorView(s[e].data(), DType::kF8E8M0, {c.n, c.k / 32}),
+                      TensorView(ref.data() + off[e] * c.n, DType::kF32, {m, c.n}));
+    }
+    const std::vector<float> head(got.begin(), got.begin() + total * c.n);
+    EXPECT_LE(rel_err(head, ref), 2e-5);
+    for (int e = 0; e < local; ++e) {  // per expert too: a wrong expert's rows would stand out
+      const int64_t m = off[e + 1] - off[e];
+      if (m == 0) continue;
+      const std::vector<float> ge(got.begin() + off[e] * c.n, got.begin() + off[e + 1] * c.n);
+      const std::vector<float> re(ref.begin() + off[e] * c.n, ref.begin() + off[e + 1] * c.n);
+      EXPECT_LE(rel_err(ge, re), 2e-5) << "expert " << e << " rows " << m;
+    }
+    for (size_t i = static_cast<size_t>(total * c.n); i < got.size(); ++i)
+      ASSERT_TRUE(std::isnan(got[i])) << "row past the grouped count written: " << i;
+    ASSERT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)), 0)
+        << "rerun not bit-identical";
+  }
+}
+
 TEST_F(CudaV41, DequantFp8ToBf16IsExact) {
   std::mt19937 rng(23);
   const int64_t n = 70, k = 96;

@@ -223,6 +223,10 @@ struct GroupedMxfp4GemmParams {
   int64_t n = 0;
   int64_t k = 0;
   int64_t rows_hint = 0;
+  // sm_90a wgmma kernel for rows_hint > 24 (128-row x 256-column tiles, weights dequantised to
+  // bf16 in shared memory, K % 128 == 0, n and ldy even, y 8-byte aligned); otherwise, or off
+  // Hopper, the table kernels. Off by default until measured.
+  bool use_wgmma = false;
 };
 void launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream);
 

@@ -22,6 +22,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/v41_device.cuh"
+#include "backend/cuda/wgmma.cuh"
 
 namespace moeserve::cuda {
 namespace {
@@ -808,6 +809,211 @@ bool launch_grouped_mxfp4_skinny(const GroupedMxfp4GemmParams& p, cudaStream_t s
   return true;
 }
 
+// ---------------------------------------------------------------------------------------------
+// sm_90a wgmma grouped MXFP4 GEMM (rows_hint > 24, K % 128 == 0; GroupedMxfp4GemmParams::use_wgmma).
+//
+// CTA = (256 output columns, 128 grouped rows, expert), 2 warpgroups (256 threads), each
+// warpgroup 64 rows x 256 columns of fp32 accumulators (m64n256k16 bf16, 128 registers). K walks
+// in tiles of 64 (one 128-byte swizzle row of bf16 per operand row).
+//
+// Shared memory (1024-byte aligned base):
+//   B[2]     two dequantised weight tiles, bf16 [256 n][64 k], K-major 128B swizzle (32 KB each);
+//   raw[S]   the cp.async ring: A bf16 [128 rows][64 k] swizzled (16 KB; wgmma reads it as is),
+//            the packed e2m1 weights [half h][256 n][16 B] (8 KB), one scale word per n (1 KB).
+// Swizzle (what desc_k_sw128 reads): the 16-byte chunk c of operand row r sits at byte
+// r * 128 + ((c ^ (r % 8)) << 4); 8 rows = one 1024-byte atom (SBO), k16 step s = +32 s bytes.
+//
+// Thread tid owns weight row n0 + tid (rows past n read row n - 1, not stored): it cp.asyncs that
+// row's 32 packed bytes of each K tile and the 4-byte scale word holding the tile's two ue8m0
+// codes (k % 128 == 0 keeps it aligned; the same word serves two tiles), and later dequantises
+// exactly those bytes into row tid of B, so the raw weight bytes need no barrier between the copy
+// and the dequant (the thread's own cp.async.wait orders them). The dequantisation is the skinny
+// kernel's prmt path (bit-identical to the table kernel), the stores conflict-free (the 8 rows of
+// a quarter-warp hit 8 distinct swizzled chunks).
+//
+// Per K tile kt (S = 4 stages, tiles kt + 1 .. kt + 3 in flight):
+//   barrier  -- every thread's B[kt % 2] stores and its A copies of tile kt are visible
+//               (each thread ran cp.async.wait + fence.proxy.async before it)
+//   wgmma x4 on (A raw[kt % S], B[kt % 2]); commit; wait_group 1 (tile kt - 1 done)
+//   barrier  -- every warpgroup is done with tile kt - 1: raw[(kt - 1) % S] and B[(kt + 1) % 2]
+//               are free
+//   cp.async tile kt + S - 1 into raw[(kt + S - 1) % S]; commit (empty groups past the end)
+//   cp.async.wait S - 2 (own copies of tile kt + 1), dequant tile kt + 1 into B[(kt + 1) % 2]
+//   (under the tensor cores' work on tile kt), fence.proxy.async.
+// Both warpgroups always issue their wgmma, also on a tile's all-zero rows past the expert's count
+// (skipping them in a warpgroup-uniform branch makes ptxas serialise every wgmma, C7518). Rows
+// past the count are zero-filled, never stored.
+// Epilogue: fp32 float2 stores straight from the accumulator fragments.
+namespace gwg {
+constexpr int kThreads = 256;
+constexpr int kBM = 128, kBN = 256, kBK = 64;
+constexpr int kStages = 4;
+constexpr int kABytes = kBM * kBK * 2;  // 16384
+constexpr int kWBytes = kBN * kBK / 2;  // 8192
+constexpr int kSBytes = kBN * 4;        // 1024
+constexpr int kRawBytes = kABytes + kWBytes + kSBytes;
+constexpr int kBBytes = kBN * kBK * 2;  // 32768
+constexpr int kSmemBytes = 2 * kBBytes + kStages * kRawBytes + 1024;  // + base alignment
+static_assert(kRawBytes % 1024 == 0 && kBBytes % 1024 == 0);
+static_assert(kBM * 8 % kThreads == 0 && kBN == kThreads);
+}  // namespace gwg
+
+__global__ void __launch_bounds__(gwg::kThreads, 1)
+    grouped_mxfp4_gemm_wgmma_kernel(GroupedMxfp4GemmParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace gwg;
+  extern __shared__ uint8_t gwg_smem_raw[];
+  const auto raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(gwg_smem_raw));
+  const uint32_t base = (raw_addr + 1023u) & ~1023u;
+  uint8_t* const smem = gwg_smem_raw + (base - raw_addr);
+
+  const int e = blockIdx.z;
+  const int64_t beg = p.offsets[e];
+  const int64_t cnt = p.offsets[e + 1] - beg;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBN;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int wg = tid >> 7;
+  const int lane = tid & 31;
+  const int nk = static_cast<int>(p.k / kBK);
+
+  const int64_t wrow = min(n0 + tid, p.n - 1);
+  const uint8_t* const wsrc = p.w[e] + wrow * (p.k / 2);
+  const uint8_t* const ssrc = p.w_scale[e] + wrow * (p.k / 32);
+  const auto* const a_all = static_cast<const __nv_bfloat16*>(p.a);
+  const __nv_bfloat16* const a = a_all + beg * p.lda;
+
+  for (int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBM; m0 < cnt;
+       m0 += static_cast<int64_t>(gridDim.y) * kBM) {
+
+    const auto load_tile = [&](int kt, int stage) {
+      uint8_t* st = smem + 2 * kBBytes + stage * kRawBytes;
+      const int64_t k0 = static_cast<int64_t>(kt) * kBK;
+#pragma unroll
+      for (int i = 0; i < kBM * 8 / kThreads; ++i) {
+        const int u = tid + i * kThreads;
+        const int r = u >> 3, c = u & 7;  // 8 threads per 128-byte row: coalesced
+        const bool ok = m0 + r < cnt;
+        const __nv_bfloat16* src = ok ? a + (m0 + r) * p.lda + k0 + 8 * c : a_all;
+        cp_async16_zfill(st + r * 128 + ((c ^ (r & 7)) << 4), src, ok);
+      }
+      cp_async16_zfill(st + kABytes + tid * 16, wsrc + kt * (kBK / 2), true);
+      cp_async16_zfill(st + kABytes + kBN * 16 + tid * 16, wsrc + kt * (kBK / 2) + 16, true);
+      cp_async4(st + kABytes + kWBytes + tid * 4, ssrc + (kt >> 1) * 4);
+    };
+
+    // Row tid of B[buf] from this thread's own raw bytes of tile kt.
+    const auto dequant = [&](int kt, int stage, int buf) {
+      const uint8_t* st = smem + 2 * kBBytes + stage * kRawBytes;
+      const uint4 wh[2] = {*reinterpret_cast<const uint4*>(st + kABytes + tid * 16),
+                           *reinterpret_cast<const uint4*>(st + kABytes + kBN * 16 + tid * 16)};
+      const uint32_t sw = *reinterpret_cast<const uint32_t*>(st + kABytes + kWBytes + tid * 4);
+      uint8_t* brow = smem + buf * kBBytes + tid * 128;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float sf = v41::ue8m0_decode((sw >> (16 * (kt & 1) + 8 * h)) & 0xFFu);
+        const __nv_bfloat162 scale2 = __floats2bfloat162_rn(sf, sf);
+        const uint32_t words[4] = {wh[h].x, wh[h].y, wh[h].z, wh[h].w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          uint32_t o[4];
+          e2m1x8_to_bf16(words[q], scale2, o);
+          const int c = 4 * h + q;  // bf16 chunk: k 8c .. 8c + 7 of the tile
+          *reinterpret_cast<uint4*>(brow + ((c ^ (tid & 7)) << 4)) = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+      }
+    };
+
+    float acc[kBN / 2];
+#pragma unroll
+    for (int i = 0; i < kBN / 2; ++i) acc[i] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < nk) load_tile(s, s);
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+    }
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");  // tile 0
+    dequant(0, 0, 0);
+    wgmma::fence_proxy_async_smem();
+
+#pragma unroll 1
+    for (int kt = 0; kt < nk; ++kt) {
+      __syncthreads();  // B[kt % 2] and A of tile kt from every thread
+      {
+        const uint32_t a_tile = base + 2 * kBBytes + (kt % kStages) * kRawBytes + wg * 64 * 128;
+        const uint32_t b_tile = base + (kt & 1) * kBBytes;
+        wgmma::fence_operands(acc);
+        wgmma::fence();
+#pragma unroll
+        for (int s = 0; s < kBK / 16; ++s)
+          wgmma::bf16_ss<kBN>(acc, wgmma::desc_k_sw128_addr(a_tile + 32 * s),
+                              wgmma::desc_k_sw128_addr(b_tile + 32 * s), 1);
+        wgmma::commit_group();
+        wgmma::wait_group<1>();  // tile kt - 1 done; tile kt keeps running
+        wgmma::fence_operands(acc);
+      }
+      __syncthreads();  // every warpgroup is done reading tile kt - 1
+      if (kt + kStages - 1 < nk) load_tile(kt + kStages - 1, (kt + kStages - 1) % kStages);
+      asm volatile("cp.async.commit_group;\n" ::: "memory");
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");  // tile kt + 1
+      if (kt + 1 < nk) dequant(kt + 1, (kt + 1) % kStages, (kt + 1) & 1);
+      wgmma::fence_proxy_async_smem();
+    }
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(acc);
+    if (m0 + 64 * wg < cnt) {
+      // d[4i + 2h + v] = D[16 w + g + 8 h][8 i + 2 t + v] of this warpgroup's 64 x 256 tile.
+      const int64_t row = m0 + 64 * wg + 16 * ((tid >> 5) & 3) + (lane >> 2);
+      const int64_t col0 = n0 + 2 * (lane & 3);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (row + 8 * h >= cnt) continue;
+        float* yrow = p.y + (beg + row + 8 * h) * p.ldy;
+#pragma unroll
+        for (int i = 0; i < kBN / 8; ++i) {
+          const int64_t col = col0 + 8 * i;
+          if (col < p.n)
+            *reinterpret_cast<float2*>(yrow + col) = make_float2(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+        }
+      }
+    }
+    __syncthreads();  // shared memory free for the next M tile
+  }
+#else
+  __trap();  // sm_90a only; launch_grouped_mxfp4_gemm takes it only on Hopper with use_wgmma
+#endif
+}
+
+// The wgmma kernel when requested and it applies; false: the other kernels.
+bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t stream) {
+  if (!p.use_wgmma || p.rows_hint <= 24 || p.k % 128 != 0 || p.n % 2 != 0 || p.ldy % 2 != 0 ||
+      reinterpret_cast<uintptr_t>(p.y) % 8 != 0)
+    return false;
+  static const bool hopper = [] {
+    int dev = 0, major = 0;
+    MS_CUDA_CHECK(cudaGetDevice(&dev));
+    MS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    if (major == 9)
+      MS_CUDA_CHECK(cudaFuncSetAttribute(grouped_mxfp4_gemm_wgmma_kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         gwg::kSmemBytes));
+    return major == 9;
+  }();
+  if (!hopper) return false;
+  // M tiles per expert in the grid: twice the expected rows, at least 1 (CTAs loop over further
+  // tiles when an expert gets more rows; CTAs past the count exit at once).
+  const int64_t m_tiles =
+      std::min(ceil_div(p.max_rows, gwg::kBM),
+               std::max<int64_t>(1, ceil_div(2 * std::max<int64_t>(p.rows_hint, 1), gwg::kBM)));
+  const int64_t n_tiles = ceil_div(p.n, gwg::kBN);
+  if (m_tiles > 65535 || n_tiles > 0x7FFFFFFF) return false;
+  const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles),
+                  static_cast<unsigned>(p.num_experts));
+  grouped_mxfp4_gemm_wgmma_kernel<<<grid, gwg::kThreads, gwg::kSmemBytes, stream>>>(p);
+  MS_CUDA_CHECK_LAUNCH();
+  return true;
+}
+
 __global__ void dequant_fp8_kernel(const uint8_t* w, const uint8_t* s, int64_t n, int64_t k,
                                    __nv_bfloat16* out) {
   const int64_t total = n * k;
@@ -911,6 +1117,7 @@ void launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream) {
                   static_cast<unsigned>(m_tiles), static_cast<unsigned>(p.num_experts));
   if (grid.y > 65535) bad_args("launch_grouped_mxfp4_gemm", "max_rows / tile <= 65535");
   const cudaStream_t s = as_cuda_stream(stream);
+  if (launch_grouped_mxfp4_wgmma(p, s)) return;
   if (launch_grouped_mxfp4_skinny(p, s)) return;
   if (split) {
     grouped_mxfp4_gemm_split_kernel<16, 128><<<grid, kGemmThreads, 0, s>>>(p);

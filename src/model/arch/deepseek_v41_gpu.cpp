@@ -1694,6 +1694,7 @@ struct DeepseekV41Gpu::Impl {
       gg.max_rows = n * reps;  // a token hits one expert at most once (per replica)
       // Expected hits per expert: n * k (times the replicas) spread over every routed expert.
       gg.rows_hint = (n * k * reps + e - 1) / e;
+      gg.use_wgmma = opt.moe_grouped_wgmma;
       gg.a = xe;
       gg.lda = d;
       gg.n = inter;

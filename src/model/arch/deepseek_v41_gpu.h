@@ -92,6 +92,11 @@ struct GpuModelOptions {
   // is at ~20% of the FP8 rate and slower than cuBLASLt bf16 at decode shapes
   // (docs/perf/forward-gpu-2026-11-29-r5.md).
   bool fp8_wgmma = false;
+  // true: the MoE's grouped MXFP4 GEMMs at rows_hint > 24 on the sm_90a wgmma kernel
+  // (GroupedMxfp4GemmParams::use_wgmma: 128 x 256 tiles, weights dequantised to bf16 in shared
+  // memory); false: the WMMA table kernel. Same products, fp32 sums in another order. Off until
+  // measured on the H200.
+  bool moe_grouped_wgmma = false;
   // true (and the config has draft stages): load / fill the DSpark draft stages and heads, and
   // allocate their context rings (dspark_commit, dspark_draft).
   bool dspark = false;
