@@ -33,8 +33,10 @@ args_decode_s6_noidxw="$args_decode_s6 --indexer-wgmma false"
 args_decode_s6_noattw="$args_decode_s6 --attention-wgmma false"
 args_decode_s6_fast_noattw="$args_decode_s6_fast --attention-wgmma false"
 args_decode_s6_fp8w="$args_decode_s6 --fp8-wgmma true"
-# The routed experts' grouped GEMMs on the sm_90a wgmma kernel (rows_hint > 24: the DEP rows).
+# The routed experts' grouped GEMMs on the WMMA table kernel instead of the sm_90a wgmma kernel
+# (the default since round 6; rows_hint > 24: the DEP rows). moegw: the flag set explicitly.
 args_decode_s6_moegw="$args_decode_s6 --moe-grouped-wgmma true"
+args_decode_s6_nomoegw="$args_decode_s6 --moe-grouped-wgmma false"
 # The same plus one DSpark draft cycle for the batch (the draft stages' rings committed from
 # random taps): draft time, its components and roofline, step + draft.
 args_decode_s6_dspark="$args_decode_s6 --dspark"

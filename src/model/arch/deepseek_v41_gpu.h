@@ -94,9 +94,10 @@ struct GpuModelOptions {
   bool fp8_wgmma = false;
   // true: the MoE's grouped MXFP4 GEMMs at rows_hint > 24 on the sm_90a wgmma kernel
   // (GroupedMxfp4GemmParams::use_wgmma: 128 x 256 tiles, weights dequantised to bf16 in shared
-  // memory); false: the WMMA table kernel. Same products, fp32 sums in another order. Off until
-  // measured on the H200.
-  bool moe_grouped_wgmma = false;
+  // memory); false: the WMMA table kernel. Same products, fp32 sums in another order. H200, 12
+  // experts x 192 rows: 404 -> 236 us (w1/w3), 389 -> 214 us (w2); the DEP32 decode step's MoE
+  // 63.5 -> 37.1 ms (docs/perf/forward-gpu-2026-11-30-r6.md).
+  bool moe_grouped_wgmma = true;
   // true (and the config has draft stages): load / fill the DSpark draft stages and heads, and
   // allocate their context rings (dspark_commit, dspark_draft).
   bool dspark = false;

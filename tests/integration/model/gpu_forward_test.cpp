@@ -875,6 +875,48 @@ TEST(GpuForward, MoeEpRanksComputeReplicasButCombineOwnTokens) {
   std::filesystem::remove_all(dir);
 }
 
+// The grouped wgmma MoE GEMM (GpuModelOptions::moe_grouped_wgmma, taken above 24 rows per
+// expert: here the wide model with moe_ep_ranks 8, 20 rows x top-2 x 8 / 8 experts = 40 rows per
+// expert) against the WMMA table kernel in the forward: the first MoE layer's output agrees to
+// fp32 summation order (the same exact bf16 products) in every row.
+TEST(GpuForward, MoeGroupedWgmmaAgreesWithTableKernelInTheForward) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_moe_wgmma");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  const auto run = [&](bool wgmma) {
+    arch::GpuModelOptions opt;
+    opt.max_seqs = 2;
+    opt.max_context = 64;
+    opt.max_rows = 64;
+    opt.trace = true;
+    opt.moe_ep_ranks = 8;
+    opt.moe_grouped_wgmma = wgmma;
+    auto m = DeepseekV41Gpu::load(dir, opt);
+    if (!m) throw std::runtime_error(m.error().to_string());
+    const std::vector<int32_t> prompt =
+        test_prompt(20, 6, static_cast<int32_t>((*m)->config().vocab_size));
+    GpuSequenceInput g;
+    g.seq = *(*m)->new_sequence();
+    g.tokens = prompt;
+    auto out = (*m)->forward({&g, 1}, ForwardMode::kOracle);
+    if (!out) throw std::runtime_error(out.error().to_string());
+    return (*m)->trace();
+  };
+  const auto ta = run(false);
+  const auto tb = run(true);
+  ASSERT_FALSE(ta.ffn_out.empty());
+  const int32_t l = ta.ffn_out.begin()->first;
+  ASSERT_EQ(ta.ffn_in.at(l), tb.ffn_in.at(l));
+  const auto& a = ta.ffn_out.at(l);
+  const auto& b = tb.ffn_out.at(l);
+  ASSERT_EQ(a.size(), b.size());
+  for (const float x : b) ASSERT_TRUE(std::isfinite(x));
+  const int differing = rows_differing(a, b, 20, 1e-5);
+  fmt::print("moe grouped wgmma vs table kernel: {} of 20 rows over 1e-5\n", differing);
+  EXPECT_EQ(differing, 0);
+  std::filesystem::remove_all(dir);
+}
+
 // Rows of [rows, width] whose relative difference (to the row's max) exceeds tol.
 int rows_differing(const std::vector<float>& ref, const std::vector<float>& got, int64_t rows,
                    double tol) {
