@@ -831,6 +831,30 @@ TEST(GpuForward, DSparkTapsMatchCpu) {
   std::filesystem::remove_all(dir);
 }
 
+// One traced oracle prefill of a 20-token prompt on a fresh model of `dir` (options: 2 sequences,
+// 64 rows, trace on, then `tweak`); the trace, and the forward's cost when `cost` is given.
+arch::GpuForwardTrace traced_prefill(const std::filesystem::path& dir, uint32_t seed,
+                               const std::function<void(arch::GpuModelOptions&)>& tweak,
+                               arch::GpuForwardCost* cost = nullptr) {
+  arch::GpuModelOptions opt;
+  opt.max_seqs = 2;
+  opt.max_context = 64;
+  opt.max_rows = 64;
+  opt.trace = true;
+  tweak(opt);
+  auto m = DeepseekV41Gpu::load(dir, opt);
+  if (!m) throw std::runtime_error(m.error().to_string());
+  const std::vector<int32_t> prompt =
+      test_prompt(20, seed, static_cast<int32_t>((*m)->config().vocab_size));
+  GpuSequenceInput g;
+  g.seq = *(*m)->new_sequence();
+  g.tokens = prompt;
+  auto out = (*m)->forward({&g, 1}, ForwardMode::kOracle);
+  if (!out) throw std::runtime_error(out.error().to_string());
+  if (cost != nullptr) *cost = (*m)->last_cost();
+  return (*m)->trace();
+}
+
 // moe_ep_ranks (a DEP rank's bench): the local experts compute every local hit R times, but
 // only this rank's own copy is combined, so the MoE output is the R = 1 output (to the grouped
 // GEMM's rounding: more rows per expert may take another tile kernel) while the counted expert
@@ -840,23 +864,7 @@ TEST(GpuForward, MoeEpRanksComputeReplicasButCombineOwnTokens) {
   const std::filesystem::path dir = make_temp_dir("gpu_forward_ep_ranks");
   ASSERT_TRUE(write_generated_model(dir, gpu_tiny_config(), 0));
   const auto run = [&](int32_t ranks, arch::GpuForwardCost* cost) {
-    arch::GpuModelOptions opt;
-    opt.max_seqs = 2;
-    opt.max_context = 64;
-    opt.max_rows = 64;
-    opt.trace = true;
-    opt.moe_ep_ranks = ranks;
-    auto m = DeepseekV41Gpu::load(dir, opt);
-    if (!m) throw std::runtime_error(m.error().to_string());
-    const std::vector<int32_t> prompt =
-        test_prompt(20, 5, static_cast<int32_t>((*m)->config().vocab_size));
-    GpuSequenceInput g;
-    g.seq = *(*m)->new_sequence();
-    g.tokens = prompt;
-    auto out = (*m)->forward({&g, 1}, ForwardMode::kOracle);
-    if (!out) throw std::runtime_error(out.error().to_string());
-    *cost = (*m)->last_cost();
-    return (*m)->trace();
+    return traced_prefill(dir, 5, [&](arch::GpuModelOptions& o) { o.moe_ep_ranks = ranks; }, cost);
   };
   arch::GpuForwardCost c1, c3;
   const auto t1 = run(1, &c1);
@@ -884,23 +892,10 @@ TEST(GpuForward, MoeGroupedWgmmaAgreesWithTableKernelInTheForward) {
   const std::filesystem::path dir = make_temp_dir("gpu_forward_moe_wgmma");
   ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
   const auto run = [&](bool wgmma) {
-    arch::GpuModelOptions opt;
-    opt.max_seqs = 2;
-    opt.max_context = 64;
-    opt.max_rows = 64;
-    opt.trace = true;
-    opt.moe_ep_ranks = 8;
-    opt.moe_grouped_wgmma = wgmma;
-    auto m = DeepseekV41Gpu::load(dir, opt);
-    if (!m) throw std::runtime_error(m.error().to_string());
-    const std::vector<int32_t> prompt =
-        test_prompt(20, 6, static_cast<int32_t>((*m)->config().vocab_size));
-    GpuSequenceInput g;
-    g.seq = *(*m)->new_sequence();
-    g.tokens = prompt;
-    auto out = (*m)->forward({&g, 1}, ForwardMode::kOracle);
-    if (!out) throw std::runtime_error(out.error().to_string());
-    return (*m)->trace();
+    return traced_prefill(dir, 6, [&](arch::GpuModelOptions& o) {
+      o.moe_ep_ranks = 8;
+      o.moe_grouped_wgmma = wgmma;
+    });
   };
   const auto ta = run(false);
   const auto tb = run(true);
