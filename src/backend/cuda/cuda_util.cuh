@@ -26,6 +26,27 @@ inline cudaStream_t as_cuda_stream(void* stream) { return static_cast<cudaStream
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Attributes of the device current at the first call, queried once (launchers size grids with
+// them; the backend drives one device per process).
+inline int device_sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    MS_CUDA_CHECK(cudaGetDevice(&dev));
+    MS_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+inline int device_cc_major() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    MS_CUDA_CHECK(cudaGetDevice(&dev));
+    MS_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev));
+    return v;
+  }();
+  return n;
+}
+
 #ifdef __CUDACC__
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -358,9 +358,7 @@ void launch_tiles(const Fp8WgmmaGemmParams& p, cudaStream_t stream) {
   int split = p.split_k;
   if (split == 0) {
     // Enough CTAs to cover the SMs once, each rank keeping at least 2 K tiles.
-    int device = 0, sms = 0;
-    MS_CUDA_CHECK(cudaGetDevice(&device));
-    MS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    const int sms = device_sm_count();
     const int64_t fill = std::max<int64_t>(1, sms / (m_tiles * n_tiles));
     split = static_cast<int>(std::min<int64_t>({fill, kMaxSplit, std::max(1, k_tiles / 2)}));
   }

@@ -990,14 +990,11 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
       reinterpret_cast<uintptr_t>(p.y) % 8 != 0)
     return false;
   static const bool hopper = [] {
-    int dev = 0, major = 0;
-    MS_CUDA_CHECK(cudaGetDevice(&dev));
-    MS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    if (major == 9)
-      MS_CUDA_CHECK(cudaFuncSetAttribute(grouped_mxfp4_gemm_wgmma_kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         gwg::kSmemBytes));
-    return major == 9;
+    if (device_cc_major() != 9) return false;
+    MS_CUDA_CHECK(cudaFuncSetAttribute(grouped_mxfp4_gemm_wgmma_kernel,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       gwg::kSmemBytes));
+    return true;
   }();
   if (!hopper) return false;
   // M tiles per expert in the grid: twice the expected rows, at least 1 (CTAs loop over further

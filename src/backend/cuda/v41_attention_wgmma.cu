@@ -765,10 +765,7 @@ void launch(const SparseAttentionParams& p, cudaStream_t stream) {
     MS_CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_wgmma_kernel<kSplit, kNB>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(Smem<kSplit, kNB>::kBytes)));
-    int dev = 0, n = 0;
-    MS_CUDA_CHECK(cudaGetDevice(&dev));
-    MS_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
+    return device_sm_count();
   }();
   const int64_t items = p.rows * (p.heads / kHeads);
   if (items <= 0) return;
@@ -781,13 +778,7 @@ void launch(const SparseAttentionParams& p, cudaStream_t stream) {
 // Shapes and devices the kernel takes: 64-head CTAs, and a Hopper device (the kernel is compiled
 // for sm_90a only; the device of the first call is taken for all).
 bool sparse_attention_wgmma_fits(const SparseAttentionParams& p) {
-  static const bool hopper = [] {
-    int dev = 0, major = 0;
-    MS_CUDA_CHECK(cudaGetDevice(&dev));
-    MS_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    return major == 9;
-  }();
-  return hopper && p.head_dim == attn_wg::kHd && p.heads % attn_wg::kHeads == 0 &&
+  return device_cc_major() == 9 && p.head_dim == attn_wg::kHd && p.heads % attn_wg::kHeads == 0 &&
          p.swa_k + p.glob_k <= attn_wg::kMaxKeys &&
          p.rows * (p.heads / attn_wg::kHeads) < (int64_t{1} << 31) &&
          (p.freqs == nullptr || (p.rd >= 0 && p.rd <= attn_wg::kHd && p.rd % 2 == 0));

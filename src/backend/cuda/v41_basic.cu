@@ -612,12 +612,7 @@ void launch_hc_mixes(const HcMixesParams& p, Stream stream) {
     // 1, 2, 3, 4 rows per thread take 45.8, 31.2, 38.3, 31.2 us (3 fills 128 of 132 SMs, and
     // clusters placed per GPC leave some SMs with two blocks).
     int rpt = p.rows_per_thread;
-    if (rpt == 0) {
-      int device = 0, sms = 0;
-      MS_CUDA_CHECK(cudaGetDevice(&device));
-      MS_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-      rpt = ceil_div(p.rows, int64_t{8}) * kMixCluster <= sms ? 1 : 4;
-    }
+    if (rpt == 0) rpt = ceil_div(p.rows, int64_t{8}) * kMixCluster <= device_sm_count() ? 1 : 4;
     if (rpt < 1 || rpt > 4)
       detail::cuda_call_failed(__FILE__, __LINE__, "hc mixes rows_per_thread", "not 0..4", "");
     const int64_t tiles = ceil_div(p.rows, int64_t{8} * rpt);
