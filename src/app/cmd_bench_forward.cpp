@@ -544,6 +544,7 @@ void register_bench_forward(CLI::App& bench) {
                   "cuda decode: expert-parallel ranks whose tokens the local experts receive "
                   "(every local hit computed this many times; with --local-experts, one DEP "
                   "rank's MoE work; the all-to-all is not modelled)")
+      ->check(CLI::Range(1, 256))
       ->capture_default_str();
   cmd->add_option("--batch", opt->batch, "cuda decode: requests")->capture_default_str();
   cmd->add_option("--context", opt->context, "cuda decode: context length per request")

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# `moeserve bench forward` refuses bad arguments with a clear error and exit code != 0 before any
+# work: --ep-ranks outside 1..256 (the CUDA decode bench of one DEP rank's MoE work; the range is
+# checked when the command line is parsed, in every build).
+set -euo pipefail
+bin=${MOESERVE_BIN:?MOESERVE_BIN not set}
+for bad in 0 -3 257; do
+  if out=$("$bin" bench forward --backend cuda --random-weights \
+      --config configs/deepseek-v4.1-flash/config.json --batch 1 --context 8 --ep-ranks "$bad" 2>&1); then
+    echo "--ep-ranks $bad accepted: $out"
+    exit 1
+  fi
+  grep -q -- "--ep-ranks" <<<"$out" || { echo "error does not name --ep-ranks: $out"; exit 1; }
+done
+echo "bench_forward_args: ok"
