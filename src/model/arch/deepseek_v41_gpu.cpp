@@ -300,6 +300,32 @@ struct DeepseekV41Gpu::Impl {
   std::map<std::vector<int64_t>, GraphEntry> graphs;
   std::map<std::vector<int64_t>, int> graph_seen;
   int64_t graph_replays = 0, graph_captures = 0;
+  // The DSpark draft cycle's graphs (dspark_draft) share `graphs` (keys led by kDraftGraphTag)
+  // and the LRU bound; counted apart.
+  int64_t draft_graph_replays = 0, draft_graph_captures = 0;
+  static constexpr int64_t kDraftGraphTag = -2;
+  // The draft's host arrays, packed (ds_put) and uploaded in one copy through a pinned staging
+  // buffer to the fixed device buffer "ds_meta" before its launches (eager, capture or replay).
+  std::vector<uint8_t> ds_host;
+  cu::PinnedHostBuffer ds_pinned;
+  template <typename T>
+  size_t ds_put(const std::vector<T>& v) {
+    const size_t off = (ds_host.size() + 255) / 256 * 256;
+    ds_host.resize(off + std::max<size_t>(v.size() * sizeof(T), 1), 0);
+    if (!v.empty()) std::memcpy(ds_host.data() + off, v.data(), v.size() * sizeof(T));
+    return off;
+  }
+  uint8_t* ds_upload() {
+    const size_t bytes = std::max<size_t>(ds_host.size(), 1);
+    if (ds_pinned.bytes < bytes) {
+      if (ds_pinned.bytes > 0) cu::free_pinned_host(ds_pinned);
+      ds_pinned = cu::allocate_pinned_host(std::max(bytes, ds_pinned.bytes * 2), false);
+    }
+    std::memcpy(ds_pinned.host, ds_host.data(), ds_host.size());
+    uint8_t* dev = buf<uint8_t>("ds_meta", static_cast<int64_t>(bytes));
+    cu::copy_h2d(dev, ds_pinned.host, ds_host.size(), stream);
+    return dev;
+  }
   uint64_t graph_clock = 0;
   // Keeps at most opt.max_cuda_graphs graphs: the least recently replayed one goes first. The
   // shapes seen once are forgotten past a bound too (a long-running server sees many shapes).
@@ -349,6 +375,7 @@ struct DeepseekV41Gpu::Impl {
     for (void* e : event_pool) cu::event_destroy(e);
     drop_graphs();
     if (meta_pinned.bytes > 0) cu::free_pinned_host(meta_pinned);
+    if (ds_pinned.bytes > 0) cu::free_pinned_host(ds_pinned);
     ws.clear();
     lt.reset();
     if (stream != nullptr) cu::stream_destroy(stream);
@@ -2348,140 +2375,191 @@ struct DeepseekV41Gpu::Impl {
         for (int64_t jj = 0; jj < bsz; ++jj) li[m++] = static_cast<int32_t>(chunk_base + jj * k + i);
       }
     }
-    int32_t* dtok = buf<int32_t>("ds_tok", n * hc);
-    int32_t* dpos = buf<int32_t>("ds_pos", n);
-    int32_t* dlist = buf<int32_t>("ds_list", n * nkeys);
-    int32_t* dprev = buf<int32_t>("ds_anchor", k);
-    float* pre = buf<float>("ds_pre", n * hc);
-    cu::copy_h2d(dtok, tok.data(), tok.size() * 4, stream);
-    cu::copy_h2d(dpos, pos.data(), pos.size() * 4, stream);
-    cu::copy_h2d(dlist, lists.data(), lists.size() * 4, stream);
-    cu::copy_h2d(dprev, anchors.data(), anchors.size() * 4, stream);
-    cu::copy_h2d(pre, pre0.data(), pre0.size() * 4, stream);
-    float* x = buf<float>("ds_x", n * hc * d);
-    cu::launch_gather_rows(embed.as<float>(), d, dtok, n * hc, d, x, d, stream);
-    RowSet rs;
-    rs.n = n;
-    const size_t rec = c.swa_row_bytes();
-    for (int32_t l : draft_ids) {
-      Layer& L = *layers[static_cast<size_t>(l)];
-      // ---- attention site (window only: ring context + the whole block)
-      mark(GpuComponent::kMhc);
-      float* a = buf<float>("ds_a", n * d);
-      collapse(x, n, pre, a);
-      rms(a, n, d, L.attn_norm);
-      float* pre_a = buf<float>("ds_pre_a", n * hc);
-      float* post_a = buf<float>("ds_post_a", n * hc);
-      float* comb_a = buf<float>("ds_comb_a", n * hc * hc);
-      mixes(x, n, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a, post_a, comb_a);
-      mark(GpuComponent::kDense);
-      float* qr = buf<float>("ds_qr", n * q);
-      float* kv = buf<float>("ds_kv", n * hd);
-      linear(a, d, n, L.wq_a, qr, q);
-      linear(a, d, n, L.wkv, kv, hd);
-      rms(qr, n, q, L.q_norm);
-      float* qh = buf<float>("ds_q", n * h * hd);
-      linear(qr, q, n, L.wq_b, qh, h * hd);
-      mark(GpuComponent::kAttention);
-      rope(qh, n, h, hd, dpos, RopeKind::kMain);
-      rms(kv, n, hd, L.kv_norm);
-      rope(kv, n, 1, hd, dpos, RopeKind::kMain);
-      {
-        cu::SwaWriteParams w;  // the block's rows, staged after the rings (row r at chunk_base + r)
-        w.kv = kv;
-        w.ld_kv = hd;
-        w.rows = n;
-        w.dim = static_cast<int>(hd);
-        w.pos = iota.as<int32_t>();
-        w.ring = L.swa_pool.as<uint8_t>() + chunk_base * static_cast<int64_t>(rec);
-        w.ring_size = static_cast<int>(n);
-        cu::launch_swa_write_fp8(w, stream);
-      }
-      float* o = buf<float>("ds_o", n * h * hd);
-      cu::SparseAttentionParams p;
-      p.q = qh;
-      p.rows = n;
-      p.heads = h;
-      p.head_dim = static_cast<int>(hd);
-      p.swa = L.swa_pool.as<uint8_t>();
-      p.swa_idx = dlist;
-      p.swa_k = static_cast<int>(nkeys);
-      p.ring_size = static_cast<int>(window);
-      p.sink = L.sink.as<float>();
-      p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-      p.pos = dpos;
-      p.freqs = freqs_main.as<double>();
-      p.rd = c.qk_rope_head_dim;
-      p.out = o;
-      attend(p);
-      cost.kv_bytes += static_cast<double>(n * nkeys) * static_cast<double>(rec);
-      cost.flops += 4.0 * static_cast<double>(n) * h * hd * static_cast<double>(nkeys);
-      float* y = buf<float>("ds_y", n * d);
-      out_proj(L, o, n, y);
-      // ---- FFN site
-      mark(GpuComponent::kMhc);
-      float* f = buf<float>("ds_f", n * d);
-      expand(x, y, n, post_a, comb_a, pre_a, f);
-      float* pre_f = buf<float>("ds_pre_f", n * hc);
-      float* post_f = buf<float>("ds_post_f", n * hc);
-      float* comb_f = buf<float>("ds_comb_f", n * hc * hc);
-      mixes(x, n, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f, post_f, comb_f);
-      rms(f, n, d, L.ffn_norm);
-      mark(GpuComponent::kMoe);
-      moe(rs, l, f, y);
-      mark(GpuComponent::kMhc);
-      expand(x, y, n, post_f, comb_f, nullptr, nullptr);
-      cu::copy_d2d(pre, pre_f, static_cast<size_t>(n * hc) * 4, stream);
-    }
-    // hb = collapse(X, pre); U = head(norm(hb))  [n, V]
-    mark(GpuComponent::kSampling);
-    float* hb = buf<float>("ds_hb", n * d);
-    collapse(x, n, pre, hb);
-    float* hn = buf<float>("ds_hn", n * d);
-    cu::copy_d2d(hn, hb, static_cast<size_t>(n * d) * 4, stream);
-    rms(hn, n, d, ds_norm);
+    // One upload of the host arrays to fixed offsets of "ds_meta" (a graph replays on them).
+    ds_host.clear();
+    const size_t o_tok = ds_put(tok), o_pos = ds_put(pos), o_list = ds_put(lists),
+                 o_anchor = ds_put(anchors), o_pre = ds_put(pre0);
+    uint8_t* dmeta = ds_upload();
+    int32_t* dtok = reinterpret_cast<int32_t*>(dmeta + o_tok);
+    int32_t* dpos = reinterpret_cast<int32_t*>(dmeta + o_pos);
+    int32_t* dlist = reinterpret_cast<int32_t*>(dmeta + o_list);
+    int32_t* dprev = reinterpret_cast<int32_t*>(dmeta + o_anchor);
+    float* pre = reinterpret_cast<float*>(dmeta + o_pre);  // overwritten by the stages (re-uploaded)
+    // What comes back to the host (read after the launches).
     float* base = buf<float>("ds_base", n * v);
-    lt_gemm(opt.tf32_dense ? cu::GemmPrecision::kTf32 : cu::GemmPrecision::kF32, hn, d,
-            head.as<float>(), d, base, v, n, v, d);
-    cost.weight_bytes += static_cast<double>(head.bytes());
-    cost.flops += 2.0 * static_cast<double>(n) * v * d;
     float* lg = buf<float>("ds_logits", n * v);  // every row written by its Markov step
-    // Markov steps: l_j = U_j + markov_head · markov_embed[prev]; d_j = argmax; z_j = conf ·
-    // [hb_j; m_j] (the two dot products come back, the sigmoid is taken on the host).
     int32_t* dtokens = buf<int32_t>("ds_tokens", n);
     float* z = buf<float>("ds_z", 2 * n);
-    float* m = buf<float>("ds_m", k * rank);
-    float* bias = buf<float>("ds_bias", k * v);
-    const int32_t* prev = dprev;
-    for (int64_t j = 0; j < bsz; ++j) {
-      cu::launch_gather_rows(ds_markov_embed.as<float>(), rank, prev, k, rank, m, rank, stream);
-      // The Markov head is a BF16-checkpoint fp32 linear like the head: TF32 with tf32_dense.
-      lt_gemm(opt.tf32_dense ? cu::GemmPrecision::kTf32 : cu::GemmPrecision::kF32, m, rank,
-              ds_markov_head.as<float>(), rank, bias, v, k, v, rank);
-      cu::BinaryParams bp;
-      bp.op = cu::BinaryFn::kAdd;
-      bp.a = base + j * k * v;
-      bp.b = bias;
-      bp.out = lg + j * k * v;
-      bp.n = k * v;
-      bp.b_n = k * v;
-      cu::launch_binary(bp, stream);
-      cu::ArgmaxParams ap;
-      ap.logits = lg + j * k * v;
-      ap.rows = k;
-      ap.cols = v;
-      ap.ld = v;
-      ap.out = dtokens + j * k;
-      ap.scratch = buf<uint64_t>("ds_argmax_scratch", k);
-      cu::launch_argmax_rows(ap, stream);
-      lt_gemm(cu::GemmPrecision::kF32, hb + j * k * d, d, ds_conf.as<float>(), d + rank,
-              z + j * k, 1, k, 1, d);
-      lt_gemm(cu::GemmPrecision::kF32, m, rank, ds_conf.as<float>() + d, d + rank, z + n + j * k,
-              1, k, 1, rank);
-      prev = dtokens + j * k;
+    // Every launch of the cycle: no host copy or sync inside (a CUDA graph captures it). The cost
+    // it adds is static (the same every cycle of this shape).
+    const auto launch_draft = [&] {
+      float* x = buf<float>("ds_x", n * hc * d);
+      cu::launch_gather_rows(embed.as<float>(), d, dtok, n * hc, d, x, d, stream);
+      RowSet rs;
+      rs.n = n;
+      const size_t rec = c.swa_row_bytes();
+      for (int32_t l : draft_ids) {
+        Layer& L = *layers[static_cast<size_t>(l)];
+        // ---- attention site (window only: ring context + the whole block)
+        mark(GpuComponent::kMhc);
+        float* a = buf<float>("ds_a", n * d);
+        collapse(x, n, pre, a);
+        rms(a, n, d, L.attn_norm);
+        float* pre_a = buf<float>("ds_pre_a", n * hc);
+        float* post_a = buf<float>("ds_post_a", n * hc);
+        float* comb_a = buf<float>("ds_comb_a", n * hc * hc);
+        mixes(x, n, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a, post_a, comb_a);
+        mark(GpuComponent::kDense);
+        float* qr = buf<float>("ds_qr", n * q);
+        float* kv = buf<float>("ds_kv", n * hd);
+        linear(a, d, n, L.wq_a, qr, q);
+        linear(a, d, n, L.wkv, kv, hd);
+        rms(qr, n, q, L.q_norm);
+        float* qh = buf<float>("ds_q", n * h * hd);
+        linear(qr, q, n, L.wq_b, qh, h * hd);
+        mark(GpuComponent::kAttention);
+        rope(qh, n, h, hd, dpos, RopeKind::kMain);
+        rms(kv, n, hd, L.kv_norm);
+        rope(kv, n, 1, hd, dpos, RopeKind::kMain);
+        {
+          cu::SwaWriteParams w;  // the block's rows, staged after the rings (row r at chunk_base + r)
+          w.kv = kv;
+          w.ld_kv = hd;
+          w.rows = n;
+          w.dim = static_cast<int>(hd);
+          w.pos = iota.as<int32_t>();
+          w.ring = L.swa_pool.as<uint8_t>() + chunk_base * static_cast<int64_t>(rec);
+          w.ring_size = static_cast<int>(n);
+          cu::launch_swa_write_fp8(w, stream);
+        }
+        float* o = buf<float>("ds_o", n * h * hd);
+        cu::SparseAttentionParams p;
+        p.q = qh;
+        p.rows = n;
+        p.heads = h;
+        p.head_dim = static_cast<int>(hd);
+        p.swa = L.swa_pool.as<uint8_t>();
+        p.swa_idx = dlist;
+        p.swa_k = static_cast<int>(nkeys);
+        p.ring_size = static_cast<int>(window);
+        p.sink = L.sink.as<float>();
+        p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+        p.pos = dpos;
+        p.freqs = freqs_main.as<double>();
+        p.rd = c.qk_rope_head_dim;
+        p.out = o;
+        attend(p);
+        cost.kv_bytes += static_cast<double>(n * nkeys) * static_cast<double>(rec);
+        cost.flops += 4.0 * static_cast<double>(n) * h * hd * static_cast<double>(nkeys);
+        float* y = buf<float>("ds_y", n * d);
+        out_proj(L, o, n, y);
+        // ---- FFN site
+        mark(GpuComponent::kMhc);
+        float* f = buf<float>("ds_f", n * d);
+        expand(x, y, n, post_a, comb_a, pre_a, f);
+        float* pre_f = buf<float>("ds_pre_f", n * hc);
+        float* post_f = buf<float>("ds_post_f", n * hc);
+        float* comb_f = buf<float>("ds_comb_f", n * hc * hc);
+        mixes(x, n, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f, post_f, comb_f);
+        rms(f, n, d, L.ffn_norm);
+        mark(GpuComponent::kMoe);
+        moe(rs, l, f, y);
+        mark(GpuComponent::kMhc);
+        expand(x, y, n, post_f, comb_f, nullptr, nullptr);
+        cu::copy_d2d(pre, pre_f, static_cast<size_t>(n * hc) * 4, stream);
+      }
+      // hb = collapse(X, pre); U = head(norm(hb))  [n, V]
+      mark(GpuComponent::kSampling);
+      float* hb = buf<float>("ds_hb", n * d);
+      collapse(x, n, pre, hb);
+      float* hn = buf<float>("ds_hn", n * d);
+      cu::copy_d2d(hn, hb, static_cast<size_t>(n * d) * 4, stream);
+      rms(hn, n, d, ds_norm);
+      lt_gemm(opt.tf32_dense ? cu::GemmPrecision::kTf32 : cu::GemmPrecision::kF32, hn, d,
+              head.as<float>(), d, base, v, n, v, d);
+      cost.weight_bytes += static_cast<double>(head.bytes());
+      cost.flops += 2.0 * static_cast<double>(n) * v * d;
+      // Markov steps: l_j = U_j + markov_head · markov_embed[prev]; d_j = argmax; z_j = conf ·
+      // [hb_j; m_j] (the two dot products come back, the sigmoid is taken on the host).
+      float* m = buf<float>("ds_m", k * rank);
+      float* bias = buf<float>("ds_bias", k * v);
+      const int32_t* prev = dprev;
+      for (int64_t j = 0; j < bsz; ++j) {
+        cu::launch_gather_rows(ds_markov_embed.as<float>(), rank, prev, k, rank, m, rank, stream);
+        // The Markov head is a BF16-checkpoint fp32 linear like the head: TF32 with tf32_dense.
+        lt_gemm(opt.tf32_dense ? cu::GemmPrecision::kTf32 : cu::GemmPrecision::kF32, m, rank,
+                ds_markov_head.as<float>(), rank, bias, v, k, v, rank);
+        cu::BinaryParams bp;
+        bp.op = cu::BinaryFn::kAdd;
+        bp.a = base + j * k * v;
+        bp.b = bias;
+        bp.out = lg + j * k * v;
+        bp.n = k * v;
+        bp.b_n = k * v;
+        cu::launch_binary(bp, stream);
+        cu::ArgmaxParams ap;
+        ap.logits = lg + j * k * v;
+        ap.rows = k;
+        ap.cols = v;
+        ap.ld = v;
+        ap.out = dtokens + j * k;
+        ap.scratch = buf<uint64_t>("ds_argmax_scratch", k);
+        cu::launch_argmax_rows(ap, stream);
+        lt_gemm(cu::GemmPrecision::kF32, hb + j * k * d, d, ds_conf.as<float>(), d + rank,
+                z + j * k, 1, k, 1, d);
+        lt_gemm(cu::GemmPrecision::kF32, m, rank, ds_conf.as<float>() + d, d + rank, z + n + j * k,
+                1, k, 1, rank);
+        prev = dtokens + j * k;
+      }
+      cost.flops += 2.0 * static_cast<double>(n) * (v * rank + d + rank);
+      cost.weight_bytes += static_cast<double>(bsz) * static_cast<double>(ds_markov_head.bytes());
+    };
+    // The draft as a CUDA graph per shape (opt.cuda_graphs), as forward(): the first cycle of a
+    // shape runs eagerly (grows the buffers, builds the cuBLASLt plans), the second is captured,
+    // later ones replay it; dropped when a scratch buffer moves (ws_gen).
+    const bool graphable = opt.cuda_graphs && !opt.trace && !opt.profile && !opt.exact_linears &&
+                           !opt.f64_attention;
+    const std::vector<int64_t> gkey = {kDraftGraphTag, k, opt.host_logits ? 1 : 0};
+    bool launched = false;
+    if (graphable) {
+      auto it = graphs.find(gkey);
+      if (it != graphs.end() && it->second.gen != ws_gen) {
+        drop_graphs();
+        it = graphs.end();
+      }
+      if (it != graphs.end()) {
+        it->second.last_use = ++graph_clock;
+        cu::graph_launch(it->second.exec, stream);
+        cost = it->second.static_cost;
+        moe_layers_run = it->second.moe_layers;
+        ++draft_graph_replays;
+        launched = true;
+      } else if (graph_seen[gkey]++ > 0) {
+        const uint64_t gen = ws_gen;
+        cu::graph_capture_begin(stream);
+        launch_draft();
+        void* exec = cu::graph_capture_end(stream);
+        if (gen == ws_gen) {
+          make_room_for_graph();
+          GraphEntry g;
+          g.exec = exec;
+          g.gen = ws_gen;
+          g.last_use = ++graph_clock;
+          g.static_cost = cost;
+          g.moe_layers = moe_layers_run;
+          graphs[gkey] = std::move(g);
+          cu::graph_launch(exec, stream);
+          ++draft_graph_captures;
+          launched = true;
+        } else {
+          // A buffer grew during the capture: nothing captured ran; eager below.
+          cu::graph_destroy(exec);
+          cost = GpuForwardCost{};
+          moe_layers_run.clear();
+        }
+      }
     }
-    cost.flops += 2.0 * static_cast<double>(n) * (v * rank + d + rank);
-    cost.weight_bytes += static_cast<double>(bsz) * static_cast<double>(ds_markov_head.bytes());
+    if (!launched) launch_draft();
     mark(GpuComponent::kOther);
     flush_profile();
     std::vector<int32_t> t(static_cast<size_t>(n));
@@ -2649,6 +2727,8 @@ void DeepseekV41Gpu::set_profile(bool on) { impl_->opt.profile = on; }
 const GpuForwardCost& DeepseekV41Gpu::last_cost() const { return impl_->cost; }
 int64_t DeepseekV41Gpu::graph_replays() const { return impl_->graph_replays; }
 int64_t DeepseekV41Gpu::graph_captures() const { return impl_->graph_captures; }
+int64_t DeepseekV41Gpu::draft_graph_replays() const { return impl_->draft_graph_replays; }
+int64_t DeepseekV41Gpu::draft_graph_captures() const { return impl_->draft_graph_captures; }
 int64_t DeepseekV41Gpu::graphs_held() const { return static_cast<int64_t>(impl_->graphs.size()); }
 const GpuForwardTrace& DeepseekV41Gpu::trace() const { return impl_->trace; }
 

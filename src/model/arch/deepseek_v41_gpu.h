@@ -57,7 +57,8 @@ struct GpuModelOptions {
   // true: decode-shaped forwards (every input <= 16 rows, no images, no bounded-replay
   // narrowing, no trace/profile/exact_linears) run as CUDA graphs, one per launch shape (batch,
   // rows per input, logits rows, indexer width rounded up to 512 entries): the first forward of a
-  // shape runs eagerly, the second captures it, later ones replay it.
+  // shape runs eagerly, the second captures it, later ones replay it. The DSpark draft cycle
+  // (dspark_draft) likewise, one graph per number of inputs (not with f64_attention either).
   bool cuda_graphs = false;
   // Captured graphs kept at most; past it the least recently replayed one is destroyed (each
   // holds device memory for its nodes; a server sees a new shape per batch composition).
@@ -241,6 +242,10 @@ class DeepseekV41Gpu {
   // Forwards that replayed / captured a CUDA graph so far.
   [[nodiscard]] int64_t graph_replays() const;
   [[nodiscard]] int64_t graph_captures() const;
+  // DSpark draft cycles (dspark_draft) that replayed / captured a CUDA graph so far (the draft's
+  // graphs share the max_cuda_graphs bound with the forward's).
+  [[nodiscard]] int64_t draft_graph_replays() const;
+  [[nodiscard]] int64_t draft_graph_captures() const;
   [[nodiscard]] int64_t graphs_held() const;  // captured graphs kept now (<= max_cuda_graphs)
   [[nodiscard]] const GpuForwardTrace& trace() const;
 

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -1132,6 +1133,156 @@ TEST(GpuForward, CudaGraphDecodeIsBitIdenticalToEager) {
   EXPECT_GE((*ids_only)->graph_captures(), captures + 4);
   EXPECT_GE((*graph)->graphs_held(), 2);
   EXPECT_EQ((*eager)->graph_replays() + (*eager)->graph_captures(), 0);
+  std::filesystem::remove_all(dir);
+}
+
+// The DSpark draft cycle as CUDA graphs (GpuModelOptions::cuda_graphs: one graph per number of
+// inputs) against the eager draft of the same model: the same kernels on the same inputs, so
+// tokens, confidences, logits and base logits are bit-identical, and so is the cost accounting.
+// Every cycle is followed by a decode step with the taps on (forward graphs captured between
+// the draft's) whose taps are committed, so the rings change between cycles. Covers a shape's
+// eager -> capture -> replays, a cycle with fewer inputs (a new shape: eager, then captured) and
+// back, and a third copy without host logits that keeps one graph (forward and draft graphs
+// evict each other: every cycle recaptured, the same tokens and confidences).
+TEST(GpuForward, DSparkDraftGraphIsBitIdenticalToEager) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_dspark_graph");
+  ASSERT_TRUE(write_generated_model(dir, gpu_tiny_config(), 0));
+  arch::GpuModelOptions opt;
+  opt.max_seqs = 6;
+  opt.max_context = 256;
+  opt.max_rows = 1024;
+  opt.dspark = true;
+  auto eager = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(eager) << eager.error().to_string();
+  opt.cuda_graphs = true;
+  auto graph = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(graph) << graph.error().to_string();
+  opt.host_logits = false;
+  opt.max_cuda_graphs = 1;
+  auto ids_only = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(ids_only) << ids_only.error().to_string();
+  std::array<DeepseekV41Gpu*, 3> models = {eager->get(), graph->get(), ids_only->get()};
+  const ModelConfig& c = (*eager)->config();
+  const int64_t v = c.vocab_size, bsz = c.dspark_block_size;
+  constexpr int kSeqs = 5;
+  std::array<std::vector<int32_t>, 3> seq;
+  std::vector<int32_t> anchors(kSeqs);
+  // One forward (one input per sequence) on all three models; the eager model's taps are
+  // committed to every model's rings (the same commits), its greedy tokens become the anchors.
+  const auto forward_commit = [&](const std::vector<std::vector<int32_t>>& toks) {
+    std::array<arch::GpuForwardOutput, 3> out;
+    for (size_t mi = 0; mi < models.size(); ++mi) {
+      std::vector<GpuSequenceInput> in(toks.size());
+      for (size_t i = 0; i < toks.size(); ++i) {
+        in[i].seq = seq[mi][i];
+        in[i].tokens = toks[i];
+        in[i].want_main_hidden = true;
+      }
+      auto o = models[mi]->forward(in, ForwardMode::kProduction);
+      ASSERT_TRUE(o) << o.error().to_string();
+      out[mi] = std::move(*o);
+    }
+    EXPECT_EQ(out[0].greedy, out[1].greedy);
+    EXPECT_EQ(out[0].greedy, out[2].greedy);
+    ASSERT_EQ(out[0].greedy.size(), toks.size());
+    for (size_t i = 0; i < toks.size(); ++i) {
+      const auto& e = out[0];
+      ASSERT_FALSE(e.main_hidden_positions[i].empty());
+      for (size_t mi = 0; mi < models.size(); ++mi) {
+        const auto st =
+            models[mi]->dspark_commit(seq[mi][i], e.main_hidden_positions[i].front(), e.main_hidden[i]);
+        ASSERT_TRUE(st) << st.error().to_string();
+      }
+      anchors[i] = e.greedy[i];
+    }
+  };
+  for (size_t mi = 0; mi < models.size(); ++mi)
+    for (int i = 0; i < kSeqs; ++i) {
+      auto sq = models[mi]->new_sequence();
+      ASSERT_TRUE(sq);
+      seq[mi].push_back(*sq);
+    }
+  {
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < kSeqs; ++i)
+      prompts.push_back(test_prompt(9 + 5 * i, static_cast<uint32_t>(70 + i), static_cast<int32_t>(v)));
+    forward_commit(prompts);
+  }
+  int cycles = 0;
+  // One draft cycle for the first `count` sequences on all three models, compared bit for bit.
+  const auto cycle = [&](int count) {
+    std::array<arch::GpuDraftOutput, 3> out;
+    std::array<arch::GpuForwardCost, 3> cost;
+    for (size_t mi = 0; mi < models.size(); ++mi) {
+      std::vector<arch::GpuDraftInput> in;
+      for (int i = 0; i < count; ++i)
+        in.push_back({seq[mi][static_cast<size_t>(i)], anchors[static_cast<size_t>(i)]});
+      auto o = models[mi]->dspark_draft(in);
+      ASSERT_TRUE(o) << o.error().to_string();
+      out[mi] = std::move(*o);
+      cost[mi] = models[mi]->last_cost();
+    }
+    const auto& e = out[0];
+    ASSERT_EQ(e.tokens.size(), static_cast<size_t>(count * bsz));
+    ASSERT_EQ(e.logits.size(), static_cast<size_t>(count * bsz * v));
+    for (size_t mi = 1; mi < models.size(); ++mi) {
+      const auto& g = out[mi];
+      EXPECT_EQ(e.tokens, g.tokens) << "cycle " << cycles << " model " << mi;
+      ASSERT_EQ(e.confidences.size(), g.confidences.size());
+      EXPECT_EQ(0, std::memcmp(e.confidences.data(), g.confidences.data(),
+                               e.confidences.size() * 4))
+          << "cycle " << cycles << " model " << mi;
+      EXPECT_EQ(cost[0].weight_bytes, cost[mi].weight_bytes) << "cycle " << cycles;
+      EXPECT_EQ(cost[0].kv_bytes, cost[mi].kv_bytes) << "cycle " << cycles;
+      EXPECT_EQ(cost[0].flops, cost[mi].flops) << "cycle " << cycles;
+      EXPECT_EQ(cost[0].fp8_flops, cost[mi].fp8_flops) << "cycle " << cycles;
+    }
+    const auto& g = out[1];
+    ASSERT_EQ(e.logits.size(), g.logits.size());
+    EXPECT_EQ(0, std::memcmp(e.logits.data(), g.logits.data(), e.logits.size() * 4))
+        << "cycle " << cycles;
+    ASSERT_EQ(e.base_logits.size(), g.base_logits.size());
+    EXPECT_EQ(0, std::memcmp(e.base_logits.data(), g.base_logits.data(), e.base_logits.size() * 4))
+        << "cycle " << cycles;
+    EXPECT_TRUE(out[2].logits.empty());
+    EXPECT_GT(cost[0].flops, 0.0);
+    ++cycles;
+  };
+  // A decode step (the anchors fed back, taps committed): the rings move on one position.
+  const auto step = [&] {
+    std::vector<std::vector<int32_t>> toks;
+    for (int i = 0; i < kSeqs; ++i) toks.push_back({anchors[static_cast<size_t>(i)]});
+    forward_commit(toks);
+  };
+  for (int s = 0; s < 6; ++s) {
+    cycle(kSeqs);
+    if (::testing::Test::HasFatalFailure()) return;
+    step();
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  const int64_t replays = (*graph)->draft_graph_replays();
+  fmt::print("dspark graph: {} captures, {} replays after 6 cycles of {} inputs\n",
+             (*graph)->draft_graph_captures(), replays, kSeqs);
+  EXPECT_EQ((*eager)->draft_graph_replays() + (*eager)->draft_graph_captures(), 0);
+  EXPECT_GE((*graph)->draft_graph_captures(), 1);
+  EXPECT_GT(replays, 0);
+  // Fewer inputs: a new shape (eager, captured, replayed), then the first shape again.
+  for (int s = 0; s < 3; ++s) {
+    cycle(3);
+    if (::testing::Test::HasFatalFailure()) return;
+    step();
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+  cycle(kSeqs);
+  fmt::print("dspark graph: {} captures, {} replays after {} cycles; one-graph copy: {} "
+             "captures, {} replays\n",
+             (*graph)->draft_graph_captures(), (*graph)->draft_graph_replays(), cycles,
+             (*ids_only)->draft_graph_captures(), (*ids_only)->draft_graph_replays());
+  EXPECT_GE((*graph)->draft_graph_captures(), 2);
+  EXPECT_GT((*graph)->draft_graph_replays(), replays);
+  EXPECT_GE((*ids_only)->draft_graph_captures(), 2);
+  EXPECT_LE((*ids_only)->graphs_held(), 1);
   std::filesystem::remove_all(dir);
 }
 
