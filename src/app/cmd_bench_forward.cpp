@@ -63,6 +63,7 @@ struct BenchForwardOptions {
   bool attention_wgmma = true;
   bool fp8_wgmma = false;
   bool moe_grouped_wgmma = true;
+  bool moe_grouped_wgmma_rs = false;
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
   bool host_logits = false;  // copy the logits rows to the host (a server samples on the device)
@@ -214,6 +215,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.attention_wgmma = opt.attention_wgmma;
   go.fp8_wgmma = opt.fp8_wgmma;
   go.moe_grouped_wgmma = opt.moe_grouped_wgmma;
+  go.moe_grouped_wgmma_rs = opt.moe_grouped_wgmma_rs;
   go.cuda_graphs = decode && opt.cuda_graphs;
   go.dspark = decode && opt.dspark;
   // The draft block after the steps, and the whole cycles' verification steps.
@@ -423,6 +425,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"attention_wgmma", opt.attention_wgmma},
               {"fp8_wgmma", opt.fp8_wgmma},
               {"moe_grouped_wgmma", opt.moe_grouped_wgmma},
+              {"moe_grouped_wgmma_rs", opt.moe_grouped_wgmma_rs},
               {"cuda_graphs", decode && opt.cuda_graphs},
               {"dspark", opt.dspark},
               {"host_logits", opt.host_logits},
@@ -583,6 +586,10 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--moe-grouped-wgmma", opt->moe_grouped_wgmma,
                   "cuda: the MoE's grouped MXFP4 GEMMs (> 24 rows per expert) on the sm_90a "
                   "wgmma kernel (false: the WMMA table kernel)")
+      ->capture_default_str();
+  cmd->add_option("--moe-grouped-wgmma-rs", opt->moe_grouped_wgmma_rs,
+                  "cuda: with --moe-grouped-wgmma, the swapped-operand kernel (weights "
+                  "dequantised into wgmma's register operand; w1 and w3 in one launch)")
       ->capture_default_str();
   cmd->add_flag("--dspark", opt->dspark,
                 "cuda decode: also time one DSpark draft cycle for the batch (rings committed "

@@ -710,13 +710,25 @@ int run_bench(const std::string& out_dir) {
       ptr_bufs.push_back(pb);
     }
     auto y = b.buffer(DType::kF32, {m, n});
+    auto y2 = b.buffer(DType::kF32, {m, n});
     const double bytes = local * (n * k / 2.0 + n * k / 32.0) + 2.0 * m * k + 4.0 * m * n;
-    for (const bool wg : {false, true}) {
-      results.push_back(b.run(wg ? "grouped mxfp4 gemm wgmma (12 experts)"
-                                 : "grouped mxfp4 gemm (12 experts)",
-                              dims({m, n, k}), bytes, 2.0 * m * n * k, Rate::kBf16, [&](int i) {
-                                const auto* ptr = static_cast<const uint8_t* const*>(
-                                    ptr_bufs[static_cast<size_t>(i) % ptr_bufs.size()].data());
+    // 0: table kernel, 1: wgmma (v1), 2: the swapped-operand wgmma kernel (wgmma_rs), 3: the same
+    // with two weight sets in one launch (the forward's w1 + w3; twice the bytes of W and y and
+    // twice the FLOPs).
+    for (const int variant : {0, 1, 2, 3}) {
+      static constexpr const char* kNames[] = {
+          "grouped mxfp4 gemm (12 experts)", "grouped mxfp4 gemm wgmma (12 experts)",
+          "grouped mxfp4 gemm wgmma rs (12 experts)",
+          "grouped mxfp4 gemm wgmma rs w1+w3 (12 experts)"};
+      const double f = variant == 3 ? 2.0 : 1.0;
+      const double vbytes = bytes + (f - 1.0) * (local * (n * k / 2.0 + n * k / 32.0) + 4.0 * m * n);
+      results.push_back(b.run(kNames[variant], dims({m, n, k}), vbytes, f * 2.0 * m * n * k,
+                              Rate::kBf16, [&](int i) {
+                                const auto pick = [&](int j) {
+                                  return static_cast<const uint8_t* const*>(
+                                      ptr_bufs[static_cast<size_t>(j) % ptr_bufs.size()].data());
+                                };
+                                const auto* ptr = pick(i);
                                 cuda::GroupedMxfp4GemmParams g;
                                 g.a = x.data();
                                 g.lda = k;
@@ -730,7 +742,13 @@ int run_bench(const std::string& out_dir) {
                                 g.n = n;
                                 g.k = k;
                                 g.rows_hint = per;
-                                g.use_wgmma = wg;
+                                g.use_wgmma = variant > 0;
+                                g.wgmma_rs = variant > 1;
+                                if (variant == 3) {
+                                  g.w_b = pick(i + 1);
+                                  g.w_scale_b = pick(i + 1) + local;
+                                  g.y_b = y2.data_as<float>();
+                                }
                                 cuda::launch_grouped_mxfp4_gemm(g, stream);
                               }));
     }

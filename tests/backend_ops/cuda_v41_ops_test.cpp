@@ -1936,16 +1936,20 @@ TEST_F(CudaV41, MoeGroupAndGroupedMxfp4Gemm) {
 // grouped count untouched (NaN), and a rerun bit-identical.
 TEST_F(CudaV41, GroupedMxfp4GemmWgmma) {
   if (cuda::device_info(0).compute_major != 9)
-    GTEST_SKIP() << "the wgmma kernel needs sm_90a (Hopper); device is sm_"
+    GTEST_SKIP() << "the wgmma kernels need sm_90a (Hopper); device is sm_"
                  << cuda::device_info(0).compute_major << cuda::device_info(0).compute_minor;
   struct Case {
     int64_t n, k, hint;
     std::vector<int32_t> counts;
   };
+  // Ragged counts cover every pass shape of the swapped kernel (64 / 128 / 192 / 256 rows, a
+  // second pass past 256) and the v1 kernel's tails; n not a multiple of 128 leaves weight rows
+  // past n in the last tile.
   const std::vector<int32_t> ragged = {0, 1, 63, 64, 65, 191, 192, 300};
+  const std::vector<int32_t> passes = {129, 256, 257, 520, 7};
   for (const Case& c : {Case{520, 5120, 192, ragged}, Case{776, 2304, 192, ragged},
                         Case{2304, 5120, 192, {192, 5}}, Case{256, 1152, 64, ragged},
-                        Case{5120, 2304, 128, {130, 0, 64}}}) {
+                        Case{5120, 2304, 128, {130, 0, 64}}, Case{392, 1024, 200, passes}}) {
     SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " hint " +
                  std::to_string(c.hint) + " experts " + std::to_string(c.counts.size()));
     std::mt19937 rng(static_cast<uint32_t>(91 + c.n + c.k));
@@ -1962,60 +1966,148 @@ TEST_F(CudaV41, GroupedMxfp4GemmWgmma) {
       fq_fp8_block32_pow2(std::span<const float>(x).subspan(static_cast<size_t>(r * c.k), c.k),
                           std::span<float>(a).subspan(static_cast<size_t>(r * c.k), c.k));
     for (size_t i = 0; i < a.size(); ++i) a16[i] = float_to_bf16(a[i]);
-    std::vector<std::vector<uint8_t>> w(local), s(local);
-    std::vector<const uint8_t*> wp(local), sp(local);
-    for (int e = 0; e < local; ++e) {
-      w[e].resize(static_cast<size_t>(c.n * c.k / 2));
-      s[e].resize(static_cast<size_t>(c.n * c.k / 32));
-      for (auto& b : w[e]) b = static_cast<uint8_t>(rng());
-      for (auto& b : s[e]) b = static_cast<uint8_t>(118 + rng() % 16);
-      wp[e] = up(w[e]);
-      sp[e] = up(s[e]);
+    // Two weight sets (W and W_b), each with its CPU reference.
+    std::vector<std::vector<uint8_t>> w[2], s[2];
+    std::vector<const uint8_t*> wp[2], sp[2];
+    std::vector<float> ref[2];
+    for (int set = 0; set < 2; ++set) {
+      w[set].resize(local);
+      s[set].resize(local);
+      wp[set].resize(local);
+      sp[set].resize(local);
+      ref[set].assign(static_cast<size_t>(total * c.n), 0.0f);
+      for (int e = 0; e < local; ++e) {
+        w[set][e].resize(static_cast<size_t>(c.n * c.k / 2));
+        s[set][e].resize(static_cast<size_t>(c.n * c.k / 32));
+        for (auto& b : w[set][e]) b = static_cast<uint8_t>(rng());
+        for (auto& b : s[set][e]) b = static_cast<uint8_t>(118 + rng() % 16);
+        wp[set][e] = up(w[set][e]);
+        sp[set][e] = up(s[set][e]);
+        const int64_t m = off[e + 1] - off[e];
+        if (m == 0) continue;
+        std::vector<float> ae(a.begin() + off[e] * c.k, a.begin() + off[e + 1] * c.k);
+        cpu::mxfp4_gemm(TensorView(ae.data(), DType::kF32, {m, c.k}),
+                        TensorView(w[set][e].data(), DType::kFp4E2m1, {c.n, c.k}),
+                        TensorView(s[set][e].data(), DType::kF8E8M0, {c.n, c.k / 32}),
+                        TensorView(ref[set].data() + off[e] * c.n, DType::kF32, {m, c.n}));
+      }
     }
-    cuda::GroupedMxfp4GemmParams gg;
-    gg.a = up(a16);
-    gg.lda = c.k;
-    gg.offsets = up(off);
-    gg.num_experts = local;
-    gg.max_rows = std::max<int64_t>(max_rows, 1);
-    gg.w = up(wp);
-    gg.w_scale = up(sp);
-    gg.ldy = c.n;
-    gg.n = c.n;
-    gg.k = c.k;
-    gg.rows_hint = c.hint;
-    gg.use_wgmma = true;
-    std::vector<std::vector<float>> runs;
-    for (int rep = 0; rep < 2; ++rep) {
-      gg.y = nans(static_cast<size_t>(alloc_rows * c.n));
-      cuda::launch_grouped_mxfp4_gemm(gg, stream_);
-      runs.push_back(down(gg.y, static_cast<size_t>(alloc_rows * c.n)));
+    const auto check = [&](const std::vector<float>& got, const std::vector<float>& r) {
+      const std::vector<float> head(got.begin(), got.begin() + total * c.n);
+      EXPECT_LE(rel_err(head, r), 2e-5);
+      for (int e = 0; e < local; ++e) {  // per expert too: a wrong expert's rows would stand out
+        const int64_t m = off[e + 1] - off[e];
+        if (m == 0) continue;
+        const std::vector<float> ge(got.begin() + off[e] * c.n, got.begin() + off[e + 1] * c.n);
+        const std::vector<float> re(r.begin() + off[e] * c.n, r.begin() + off[e + 1] * c.n);
+        EXPECT_LE(rel_err(ge, re), 2e-5) << "expert " << e << " rows " << m;
+      }
+      for (size_t i = static_cast<size_t>(total * c.n); i < got.size(); ++i)
+        ASSERT_TRUE(std::isnan(got[i])) << "row past the grouped count written: " << i;
+    };
+    // v1 (bf16 weight tiles in shared memory), the swapped-operand kernel, and the swapped kernel
+    // with both weight sets in one launch.
+    for (const int variant : {0, 1, 2}) {
+      SCOPED_TRACE(variant == 0 ? "v1" : variant == 1 ? "rs" : "rs, two weight sets");
+      cuda::GroupedMxfp4GemmParams gg;
+      gg.a = up(a16);
+      gg.lda = c.k;
+      gg.offsets = up(off);
+      gg.num_experts = local;
+      gg.max_rows = std::max<int64_t>(max_rows, 1);
+      gg.w = up(wp[0]);
+      gg.w_scale = up(sp[0]);
+      gg.ldy = c.n;
+      gg.n = c.n;
+      gg.k = c.k;
+      gg.rows_hint = c.hint;
+      gg.use_wgmma = true;
+      gg.wgmma_rs = variant > 0;
+      if (variant == 2) {
+        gg.w_b = up(wp[1]);
+        gg.w_scale_b = up(sp[1]);
+      }
+      std::vector<std::vector<float>> runs, runs_b;
+      for (int rep = 0; rep < 2; ++rep) {
+        gg.y = nans(static_cast<size_t>(alloc_rows * c.n));
+        if (variant == 2) gg.y_b = nans(static_cast<size_t>(alloc_rows * c.n));
+        cuda::launch_grouped_mxfp4_gemm(gg, stream_);
+        runs.push_back(down(gg.y, static_cast<size_t>(alloc_rows * c.n)));
+        if (variant == 2) runs_b.push_back(down(gg.y_b, static_cast<size_t>(alloc_rows * c.n)));
+      }
+      check(runs[0], ref[0]);
+      ASSERT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)), 0)
+          << "rerun not bit-identical";
+      if (variant == 2) {
+        check(runs_b[0], ref[1]);
+        ASSERT_EQ(std::memcmp(runs_b[0].data(), runs_b[1].data(), runs_b[0].size() * sizeof(float)),
+                  0)
+            << "rerun not bit-identical (W_b)";
+      }
     }
-    const auto& got = runs[0];
-    std::vector<float> ref(static_cast<size_t>(total * c.n));
-    for (int e = 0; e < local; ++e) {
-      const int64_t m = off[e + 1] - off[e];
-      if (m == 0) continue;
-      std::vector<float> ae(a.begin() + off[e] * c.k, a.begin() + off[e + 1] * c.k);
-      cpu::mxfp4_gemm(TensorView(ae.data(), DType::kF32, {m, c.k}),
-                      TensorView(w[e].data(), DType::kFp4E2m1, {c.n, c.k}),
-                      TensorView(s[e].data(), DType::kF8E8M0, {c.n, c.k / 32}),
-                      TensorView(ref.data() + off[e] * c.n, DType::kF32, {m, c.n}));
-    }
-    const std::vector<float> head(got.begin(), got.begin() + total * c.n);
-    EXPECT_LE(rel_err(head, ref), 2e-5);
-    for (int e = 0; e < local; ++e) {  // per expert too: a wrong expert's rows would stand out
-      const int64_t m = off[e + 1] - off[e];
-      if (m == 0) continue;
-      const std::vector<float> ge(got.begin() + off[e] * c.n, got.begin() + off[e + 1] * c.n);
-      const std::vector<float> re(ref.begin() + off[e] * c.n, ref.begin() + off[e + 1] * c.n);
-      EXPECT_LE(rel_err(ge, re), 2e-5) << "expert " << e << " rows " << m;
-    }
-    for (size_t i = static_cast<size_t>(total * c.n); i < got.size(); ++i)
-      ASSERT_TRUE(std::isnan(got[i])) << "row past the grouped count written: " << i;
-    ASSERT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)), 0)
-        << "rerun not bit-identical";
   }
+}
+
+// A second weight set on a launch that no wgmma kernel takes (small rows_hint) runs as two
+// launches: both outputs match the CPU; a half-set second weight set is refused.
+TEST_F(CudaV41, GroupedMxfp4GemmTwoWeightSetsOnTheTableKernels) {
+  std::mt19937 rng(5);
+  const int64_t n = 72, k = 256;
+  const std::vector<int32_t> off = {0, 3, 3, 10};
+  const int local = 3;
+  const int64_t total = off[local];
+  auto x = rnd(total * k, rng, -2, 2);
+  std::vector<float> a(x.size(), 0.0f);
+  std::vector<uint16_t> a16(x.size(), 0);
+  for (int64_t r = 0; r < total; ++r)
+    fq_fp8_block32_pow2(std::span<const float>(x).subspan(static_cast<size_t>(r * k), k),
+                        std::span<float>(a).subspan(static_cast<size_t>(r * k), k));
+  for (size_t i = 0; i < a.size(); ++i) a16[i] = float_to_bf16(a[i]);
+  std::vector<std::vector<uint8_t>> w[2], s[2];
+  std::vector<const uint8_t*> wp[2], sp[2];
+  std::vector<float> ref[2];
+  for (int set = 0; set < 2; ++set) {
+    ref[set].assign(static_cast<size_t>(total * n), 0.0f);
+    for (int e = 0; e < local; ++e) {
+      w[set].emplace_back(static_cast<size_t>(n * k / 2));
+      s[set].emplace_back(static_cast<size_t>(n * k / 32));
+      for (auto& b : w[set].back()) b = static_cast<uint8_t>(rng());
+      for (auto& b : s[set].back()) b = static_cast<uint8_t>(118 + rng() % 16);
+      wp[set].push_back(up(w[set].back()));
+      sp[set].push_back(up(s[set].back()));
+      const int64_t m = off[e + 1] - off[e];
+      if (m == 0) continue;
+      std::vector<float> ae(a.begin() + off[e] * k, a.begin() + off[e + 1] * k);
+      cpu::mxfp4_gemm(TensorView(ae.data(), DType::kF32, {m, k}),
+                      TensorView(w[set].back().data(), DType::kFp4E2m1, {n, k}),
+                      TensorView(s[set].back().data(), DType::kF8E8M0, {n, k / 32}),
+                      TensorView(ref[set].data() + off[e] * n, DType::kF32, {m, n}));
+    }
+  }
+  cuda::GroupedMxfp4GemmParams gg;
+  gg.a = up(a16);
+  gg.lda = k;
+  gg.offsets = up(off);
+  gg.num_experts = local;
+  gg.max_rows = 7;
+  gg.w = up(wp[0]);
+  gg.w_scale = up(sp[0]);
+  gg.w_b = up(wp[1]);
+  gg.w_scale_b = up(sp[1]);
+  gg.ldy = n;
+  gg.n = n;
+  gg.k = k;
+  gg.rows_hint = 3;
+  gg.use_wgmma = true;
+  gg.wgmma_rs = true;  // not taken: rows_hint <= 24
+  gg.y = nans(static_cast<size_t>(total * n));
+  gg.y_b = nans(static_cast<size_t>(total * n));
+  cuda::launch_grouped_mxfp4_gemm(gg, stream_);
+  EXPECT_LE(rel_err(down(gg.y, static_cast<size_t>(total * n)), ref[0]), 2e-5);
+  EXPECT_LE(rel_err(down(gg.y_b, static_cast<size_t>(total * n)), ref[1]), 2e-5);
+  gg.y_b = nullptr;
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(cuda::launch_grouped_mxfp4_gemm(gg, stream_), "bad arguments");
 }
 
 TEST_F(CudaV41, DequantFp8ToBf16IsExact) {

@@ -37,6 +37,8 @@ args_decode_s6_fp8w="$args_decode_s6 --fp8-wgmma true"
 # (the default since round 6; rows_hint > 24: the DEP rows). moegw: the flag set explicitly.
 args_decode_s6_moegw="$args_decode_s6 --moe-grouped-wgmma true"
 args_decode_s6_nomoegw="$args_decode_s6 --moe-grouped-wgmma false"
+args_decode_s6_moers="$args_decode_s6 --moe-grouped-wgmma true --moe-grouped-wgmma-rs true"
+args_decode_s1_moers="$args_decode_s1 --moe-grouped-wgmma true --moe-grouped-wgmma-rs true"
 # The same plus one DSpark draft cycle for the batch (the draft stages' rings committed from
 # random taps): draft time, its components and roofline, step + draft.
 args_decode_s6_dspark="$args_decode_s6 --dspark"
@@ -45,6 +47,7 @@ args_decode_s6_eager="$args_decode_s6 --cuda-graphs false"
 args_decode_s1_eager="$args_decode_s1 --cuda-graphs false"
 # Prefill after a 128K cached prefix on an 8-layer subsample (+ owners), production vs oracle.
 args_prefill8k_prod="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode production"
+args_prefill8k_prod_moers="$args_prefill8k_prod --moe-grouped-wgmma-rs true"
 args_prefill8k_oracle="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode oracle"
 args_prefill32k_prod="--new-tokens 32768 --cached 131072 --layers 8 --local-experts 12 --mode production"
 args_prefill8k_prod_noidxw="$args_prefill8k_prod --indexer-wgmma false"

@@ -225,8 +225,19 @@ struct GroupedMxfp4GemmParams {
   int64_t rows_hint = 0;
   // sm_90a wgmma kernel for rows_hint > 24 (128-row x 256-column tiles, weights dequantised to
   // bf16 in shared memory, K % 128 == 0, n and ldy even, y 8-byte aligned); otherwise, or off
-  // Hopper, the table kernels. Off by default until measured.
+  // Hopper, the table kernels. Off here; the model turns it on (GpuModelOptions).
   bool use_wgmma = false;
+  // With use_wgmma: the swapped-operand kernel instead (D = W · A^T per expert: 128 weight rows
+  // per CTA as wgmma's register operand, dequantised straight into the fragment; up to 256 rows
+  // of A per pass as the shared-memory operand). Same conditions as use_wgmma, except y needs only
+  // 4-byte alignment.
+  bool wgmma_rs = false;
+  // Optional second weight set over the same A (the MoE's w1 and w3 in one launch):
+  // y_b = A · dequant(w_b)^T with the same n, k and ldy. Kernels that cannot take both in one
+  // launch run twice.
+  const uint8_t* const* w_b = nullptr;
+  const uint8_t* const* w_scale_b = nullptr;
+  float* y_b = nullptr;
 };
 void launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream);
 

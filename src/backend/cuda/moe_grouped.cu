@@ -1011,6 +1011,235 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
   return true;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Swapped-operand wgmma grouped MXFP4 GEMM (GroupedMxfp4GemmParams::wgmma_rs, with use_wgmma).
+//
+// Per expert it computes D = W · A^T (D[weight row n][grouped row m] = y[m][n]): the weights are
+// wgmma's A operand, taken from registers, so each thread dequantises exactly the fragment it
+// feeds to the tensor cores (no bf16 weight tile in shared memory: the v1 kernel's 32 KB of
+// dequantised stores per K tile, and the second read of those bytes by each warpgroup, are gone);
+// the grouped activations are the B operand, K-major 128-byte swizzle in a cp.async ring.
+//
+// CTA = (128 weight rows, up to 192 grouped rows of one expert), 2 warpgroups (256 threads), each
+// warpgroup 64 weight rows x kTN rows of fp32 accumulators (kTN = the rows rounded up to 64: 64,
+// 128 or 192, one specialisation per case so no wgmma is wasted on a short tail beyond the 64-row
+// granule; 256 would need 128 accumulators and ptxas then serialises the wgmma, C7512).
+// blockIdx.x covers the weight rows of W, then those of W_b (w1 and w3 in one launch), blockIdx.y
+// passes of 192 rows, blockIdx.z the expert.
+//
+// Shared memory per stage (4 stages): A bf16 [192 rows][64 k] swizzled (24 KB), the packed e2m1
+// weights [128 rows][32 B] (4 KB), one scale word per weight row (512 B; k % 128 == 0 keeps the
+// word aligned, and it serves two K tiles), padded to 29 KB.
+//
+// Fragment of k16 step s (A-fragment layout of wgmma.h): thread (warp w, g = lane / 4,
+// t = lane % 4) holds rows r = 16 w + g and r + 8 at k 16 s + 2 t (+1) and 16 s + 2 t + 8 (+9),
+// i.e. packed byte 8 s + t and 8 s + t + 4 of the row's 32 tile bytes: byte t of word j = 2 s and
+// j = 2 s + 1. So one K tile of a row is byte t of its eight words: two prmt-gathered words of
+// eight nibbles, each decoded by e2m1x8_to_bf16 (the same exact products as the other kernels)
+// with the scale of its 32-wide block (words 0-3: block 2 kt, words 4-7: block 2 kt + 1).
+//
+// Per K tile kt (fragments double-buffered in registers):
+//   wgmma x4 on (fragments of kt, A stage kt % 4); commit; wait_group 1 (tile kt - 1 done: its
+//   fragments and, after the barrier, its stage are free)
+//   cp.async.wait (own copies of tile kt + 1); fence.proxy.async; barrier
+//   cp.async tile kt + 3 into stage (kt + 3) % 4; commit
+//   dequantise the fragments of tile kt + 1 from stage (kt + 1) % 4 (under the tensor cores'
+//   work on tile kt).
+// Epilogue: 4-byte stores straight from the accumulators (8 consecutive columns of 4 rows per
+// warp store: whole 32-byte sectors).
+namespace grs {
+constexpr int kThreads = 256;
+constexpr int kBW = 128;     // weight rows per CTA (64 per warpgroup)
+constexpr int kMaxTok = 192;  // grouped rows per pass
+constexpr int kBK = 64;
+constexpr int kStages = 4;
+constexpr int kABytes = kMaxTok * kBK * 2;  // 24576
+constexpr int kWBytes = kBW * kBK / 2;      // 4096
+constexpr int kSBytes = kBW * 4;            // 512
+constexpr int kStageBytes = (kABytes + kWBytes + kSBytes + 1023) / 1024 * 1024;
+constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + base alignment
+static_assert(kABytes + kWBytes + kSBytes <= kStageBytes && kStageBytes % 1024 == 0);
+static_assert(kBW * kBK / 2 == kThreads * 16);
+}  // namespace grs
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Fragments of one K tile for the thread's rows r0 and r0 + 8 (f[s][i]: k16 step s, register i).
+__device__ __forceinline__ void grs_dequant(const uint8_t* st, int r0, int t, int kt,
+                                            uint32_t (&f)[4][4]) {
+  const uint32_t sel = static_cast<uint32_t>(t) | (static_cast<uint32_t>(t + 4) << 4);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = r0 + 8 * h;
+    const uint4 lo = *reinterpret_cast<const uint4*>(st + grs::kABytes + r * 32);
+    const uint4 hi = *reinterpret_cast<const uint4*>(st + grs::kABytes + r * 32 + 16);
+    const uint32_t sw = *reinterpret_cast<const uint32_t*>(st + grs::kABytes + grs::kWBytes + r * 4);
+    const uint32_t x[2] = {prmt(prmt(lo.x, lo.y, sel), prmt(lo.z, lo.w, sel), 0x5410u),
+                           prmt(prmt(hi.x, hi.y, sel), prmt(hi.z, hi.w, sel), 0x5410u)};
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const float sf = v41::ue8m0_decode((sw >> (16 * (kt & 1) + 8 * q)) & 0xFFu);
+      uint32_t o[4];
+      e2m1x8_to_bf16(x[q], __floats2bfloat162_rn(sf, sf), o);
+      // o[j] = the pair of word 4 q + j: steps 2 q (j 0, 1) and 2 q + 1 (j 2, 3), k low / high.
+      f[2 * q][h] = o[0];
+      f[2 * q][2 + h] = o[1];
+      f[2 * q + 1][h] = o[2];
+      f[2 * q + 1][2 + h] = o[3];
+    }
+  }
+}
+
+// One pass: rows [m0, m0 + rows) of expert e (rows <= kTN), weight rows [n0, n0 + 128).
+template <int kTN>
+__device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const uint8_t* wexp,
+                                         const uint8_t* sexp, float* y, uint8_t* smem,
+                                         uint32_t base, int64_t beg, int64_t m0, int64_t rows,
+                                         int64_t n0) {
+  using namespace grs;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int nk = static_cast<int>(p.k / kBK);
+  const uint8_t* const wsrc =
+      wexp + min(n0 + (tid >> 1), p.n - 1) * (p.k / 2) + (tid & 1) * 16;  // rows past n: row n - 1
+  const uint8_t* const ssrc = sexp + min(n0 + (tid & (kBW - 1)), p.n - 1) * (p.k / 32);
+  const auto* const a_all = static_cast<const __nv_bfloat16*>(p.a);
+  const __nv_bfloat16* const a = a_all + (beg + m0) * p.lda;
+  const int r0 = 64 * wg + 16 * warp + g;
+
+  const auto load_tile = [&](int kt, int stage) {
+    uint8_t* st = smem + stage * kStageBytes;
+    const int64_t k0 = static_cast<int64_t>(kt) * kBK;
+#pragma unroll
+    for (int i = 0; i < kTN * 8 / kThreads; ++i) {
+      const int u = tid + i * kThreads;
+      const int r = u >> 3, c = u & 7;
+      const bool ok = r < rows;
+      const __nv_bfloat16* src = ok ? a + r * p.lda + k0 + 8 * c : a_all;
+      cp_async16_zfill(st + r * 128 + ((c ^ (r & 7)) << 4), src, ok);
+    }
+    cp_async16_zfill(st + kABytes + tid * 16, wsrc + kt * (kBK / 2), true);
+    if (tid < kBW) cp_async4(st + kABytes + kWBytes + tid * 4, ssrc + (kt >> 1) * 4);
+  };
+
+  float acc[kTN / 2];
+#pragma unroll
+  for (int i = 0; i < kTN / 2; ++i) acc[i] = 0.0f;
+  uint32_t f0[4][4], f1[4][4];
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < nk) load_tile(s, s);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  }
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");  // tile 0
+  wgmma::fence_proxy_async_smem();
+  __syncthreads();
+  grs_dequant(smem, r0, t, 0, f0);
+
+  // K tile kt on fragments fc; the fragments of kt + 1 into fn.
+  const auto step = [&](int kt, const uint32_t (&fc)[4][4], uint32_t (&fn)[4][4]) {
+    const uint32_t b_tile = base + (kt % kStages) * kStageBytes;
+    wgmma::fence_operands(acc);
+    wgmma::fence();
+#pragma unroll
+    for (int s = 0; s < kBK / 16; ++s)
+      wgmma::bf16_rs<kTN>(acc, fc[s], wgmma::desc_k_sw128_addr(b_tile + 32 * s), 1);
+    wgmma::commit_group();
+    wgmma::wait_group<1>();  // tile kt - 1 done; tile kt keeps running
+    wgmma::fence_operands(acc);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 3) : "memory");  // tile kt + 1
+    wgmma::fence_proxy_async_smem();
+    __syncthreads();  // tile kt + 1 visible; both warpgroups done with tile kt - 1
+    if (kt + kStages - 1 < nk) load_tile(kt + kStages - 1, (kt + kStages - 1) % kStages);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    if (kt + 1 < nk) grs_dequant(smem + ((kt + 1) % kStages) * kStageBytes, r0, t, kt + 1, fn);
+  };
+#pragma unroll 1
+  for (int kt = 0; kt < nk; kt += 2) {
+    step(kt, f0, f1);
+    if (kt + 1 < nk) step(kt + 1, f1, f0);
+  }
+  wgmma::wait_group<0>();
+  wgmma::fence_operands(acc);
+  // d[4i + 2h + v] = D[r0 + 8h][8i + 2t + v]: weight row (column of y) n0 + r0 + 8h, row 8i + 2t + v.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t col = n0 + r0 + 8 * h;
+    if (col >= p.n) continue;
+    float* ycol = y + (beg + m0) * p.ldy + col;
+#pragma unroll
+    for (int i = 0; i < kTN / 8; ++i)
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        const int r = 8 * i + 2 * t + v;
+        if (r < rows) ycol[r * p.ldy] = acc[4 * i + 2 * h + v];
+      }
+  }
+  __syncthreads();  // shared memory free for the next pass
+}
+#endif
+
+__global__ void __launch_bounds__(grs::kThreads, 1)
+    grouped_mxfp4_gemm_rs_kernel(GroupedMxfp4GemmParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace grs;
+  extern __shared__ uint8_t grs_smem_raw[];
+  const auto raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(grs_smem_raw));
+  const uint32_t base = (raw_addr + 1023u) & ~1023u;
+  uint8_t* const smem = grs_smem_raw + (base - raw_addr);
+  const int64_t wtiles = (p.n + kBW - 1) / kBW;
+  int64_t wt = blockIdx.x;
+  const bool second = wt >= wtiles;
+  if (second) wt -= wtiles;
+  const int e = static_cast<int>(blockIdx.z);
+  const uint8_t* const wexp = (second ? p.w_b : p.w)[e];
+  const uint8_t* const sexp = (second ? p.w_scale_b : p.w_scale)[e];
+  float* const y = second ? p.y_b : p.y;
+  const int64_t beg = p.offsets[e];
+  const int64_t cnt = p.offsets[e + 1] - beg;
+  const int64_t n0 = wt * kBW;
+  for (int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxTok; m0 < cnt;
+       m0 += static_cast<int64_t>(gridDim.y) * kMaxTok) {
+    const int64_t rows = min(static_cast<int64_t>(kMaxTok), cnt - m0);
+    switch ((rows + 63) / 64) {
+      case 1: grs_pass<64>(p, wexp, sexp, y, smem, base, beg, m0, rows, n0); break;
+      case 2: grs_pass<128>(p, wexp, sexp, y, smem, base, beg, m0, rows, n0); break;
+      default: grs_pass<192>(p, wexp, sexp, y, smem, base, beg, m0, rows, n0); break;
+    }
+  }
+#else
+  __trap();  // sm_90a only; launch_grouped_mxfp4_gemm takes it only on Hopper with wgmma_rs
+#endif
+}
+
+// The swapped-operand kernel when requested and it applies (both weight sets in one launch).
+bool launch_grouped_mxfp4_rs(const GroupedMxfp4GemmParams& p, cudaStream_t stream) {
+  if (!p.use_wgmma || !p.wgmma_rs || p.rows_hint <= 24 || p.k % 128 != 0 ||
+      reinterpret_cast<uintptr_t>(p.y) % 4 != 0)
+    return false;
+  static const bool hopper = [] {
+    if (device_cc_major() != 9) return false;
+    MS_CUDA_CHECK(cudaFuncSetAttribute(grouped_mxfp4_gemm_rs_kernel,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       grs::kSmemBytes));
+    return true;
+  }();
+  if (!hopper) return false;
+  // Passes of 192 rows per expert in the grid: twice the expected rows, at least 1 (CTAs loop over further
+  // passes when an expert gets more rows; CTAs past the count exit at once).
+  const int64_t passes =
+      std::min(ceil_div(p.max_rows, grs::kMaxTok),
+               std::max<int64_t>(1, ceil_div(2 * std::max<int64_t>(p.rows_hint, 1), grs::kMaxTok)));
+  const int64_t wtiles = ceil_div(p.n, grs::kBW) * (p.w_b != nullptr ? 2 : 1);
+  if (passes > 65535 || wtiles > 0x7FFFFFFF) return false;
+  const dim3 grid(static_cast<unsigned>(wtiles), static_cast<unsigned>(passes),
+                  static_cast<unsigned>(p.num_experts));
+  grouped_mxfp4_gemm_rs_kernel<<<grid, grs::kThreads, grs::kSmemBytes, stream>>>(p);
+  MS_CUDA_CHECK_LAUNCH();
+  return true;
+}
+
 __global__ void dequant_fp8_kernel(const uint8_t* w, const uint8_t* s, int64_t n, int64_t k,
                                    __nv_bfloat16* out) {
   const int64_t total = n * k;
@@ -1097,9 +1326,11 @@ void launch_moe_group(const MoeGroupParams& p, Stream stream) {
 void launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream) {
   if (p.num_experts == 0 || p.max_rows == 0 || p.n == 0) return;
   if (p.k % 32 != 0 || p.k <= 0 || p.lda % 8 != 0 || p.lda < p.k || p.ldy < p.n ||
-      reinterpret_cast<uintptr_t>(p.a) % 16 != 0 || p.num_experts > 65535)
+      reinterpret_cast<uintptr_t>(p.a) % 16 != 0 || p.num_experts > 65535 ||
+      (p.w_b != nullptr) != (p.w_scale_b != nullptr) || (p.w_b != nullptr) != (p.y_b != nullptr))
     bad_args("launch_grouped_mxfp4_gemm",
-             "K % 32 == 0, lda % 8 == 0, lda >= K, ldy >= N, a 16-byte aligned");
+             "K % 32 == 0, lda % 8 == 0, lda >= K, ldy >= N, a 16-byte aligned, w_b / w_scale_b / "
+             "y_b all set or all null");
   const bool small = p.rows_hint <= 24;
   const int tm = small ? 16 : 64;
   const int64_t n_tiles = ceil_div(p.n, kTileN);
@@ -1114,6 +1345,19 @@ void launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream) {
                   static_cast<unsigned>(m_tiles), static_cast<unsigned>(p.num_experts));
   if (grid.y > 65535) bad_args("launch_grouped_mxfp4_gemm", "max_rows / tile <= 65535");
   const cudaStream_t s = as_cuda_stream(stream);
+  if (launch_grouped_mxfp4_rs(p, s)) return;
+  if (p.w_b != nullptr) {  // the other kernels take one weight set per launch
+    GroupedMxfp4GemmParams one = p;
+    one.w_b = nullptr;
+    one.w_scale_b = nullptr;
+    one.y_b = nullptr;
+    launch_grouped_mxfp4_gemm(one, stream);
+    one.w = p.w_b;
+    one.w_scale = p.w_scale_b;
+    one.y = p.y_b;
+    launch_grouped_mxfp4_gemm(one, stream);
+    return;
+  }
   if (launch_grouped_mxfp4_wgmma(p, s)) return;
   if (launch_grouped_mxfp4_skinny(p, s)) return;
   if (split) {

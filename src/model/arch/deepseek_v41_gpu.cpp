@@ -1722,6 +1722,7 @@ struct DeepseekV41Gpu::Impl {
       // Expected hits per expert: n * k (times the replicas) spread over every routed expert.
       gg.rows_hint = (n * k * reps + e - 1) / e;
       gg.use_wgmma = opt.moe_grouped_wgmma;
+      gg.wgmma_rs = opt.moe_grouped_wgmma_rs;
       gg.a = xe;
       gg.lda = d;
       gg.n = inter;
@@ -1730,11 +1731,14 @@ struct DeepseekV41Gpu::Impl {
       gg.w = ptr;
       gg.w_scale = ptr + local;
       gg.y = ge;
+      // w1 and w3 read the same rows: one launch (kernels that take one set run it twice).
+      gg.w_b = ptr + 2 * local;
+      gg.w_scale_b = ptr + 3 * local;
+      gg.y_b = ue;
       cu::launch_grouped_mxfp4_gemm(gg, stream);
-      gg.w = ptr + 2 * local;
-      gg.w_scale = ptr + 3 * local;
-      gg.y = ue;
-      cu::launch_grouped_mxfp4_gemm(gg, stream);
+      gg.w_b = nullptr;
+      gg.w_scale_b = nullptr;
+      gg.y_b = nullptr;
       cu::launch_swiglu_quant_mxfp8(sq, stream);
       gg.a = he;
       gg.lda = inter;

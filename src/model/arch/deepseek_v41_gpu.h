@@ -99,6 +99,10 @@ struct GpuModelOptions {
   // experts x 192 rows: 404 -> 236 us (w1/w3), 389 -> 214 us (w2); the DEP32 decode step's MoE
   // 63.5 -> 37.1 ms (docs/perf/forward-gpu-2026-11-30-r6.md).
   bool moe_grouped_wgmma = true;
+  // With moe_grouped_wgmma: the swapped-operand wgmma kernel (GroupedMxfp4GemmParams::wgmma_rs:
+  // the weights dequantised straight into wgmma's register operand, no bf16 weight tile in shared
+  // memory) with w1 and w3 in one launch. Same products, fp32 sums in another order.
+  bool moe_grouped_wgmma_rs = false;
   // true (and the config has draft stages): load / fill the DSpark draft stages and heads, and
   // allocate their context rings (dspark_commit, dspark_draft).
   bool dspark = false;

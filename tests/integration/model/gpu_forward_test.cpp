@@ -884,32 +884,38 @@ TEST(GpuForward, MoeEpRanksComputeReplicasButCombineOwnTokens) {
   std::filesystem::remove_all(dir);
 }
 
-// The grouped wgmma MoE GEMM (GpuModelOptions::moe_grouped_wgmma, taken above 24 rows per
+// The grouped wgmma MoE GEMMs (GpuModelOptions::moe_grouped_wgmma, taken above 24 rows per
 // expert: here the wide model with moe_ep_ranks 8, 20 rows x top-2 x 8 / 8 experts = 40 rows per
-// expert) against the WMMA table kernel in the forward: the first MoE layer's output agrees to
+// expert; v1 and, with moe_grouped_wgmma_rs, the swapped-operand kernel with w1 and w3 in one
+// launch) against the WMMA table kernel in the forward: the first MoE layer's output agrees to
 // fp32 summation order (the same exact bf16 products) in every row.
 TEST(GpuForward, MoeGroupedWgmmaAgreesWithTableKernelInTheForward) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   const std::filesystem::path dir = make_temp_dir("gpu_forward_moe_wgmma");
   ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
-  const auto run = [&](bool wgmma) {
+  const auto run = [&](bool wgmma, bool rs) {
     return traced_prefill(dir, 6, [&](arch::GpuModelOptions& o) {
       o.moe_ep_ranks = 8;
       o.moe_grouped_wgmma = wgmma;
+      o.moe_grouped_wgmma_rs = rs;
     });
   };
-  const auto ta = run(false);
-  const auto tb = run(true);
+  const auto ta = run(false, false);
   ASSERT_FALSE(ta.ffn_out.empty());
   const int32_t l = ta.ffn_out.begin()->first;
-  ASSERT_EQ(ta.ffn_in.at(l), tb.ffn_in.at(l));
   const auto& a = ta.ffn_out.at(l);
-  const auto& b = tb.ffn_out.at(l);
-  ASSERT_EQ(a.size(), b.size());
-  for (const float x : b) ASSERT_TRUE(std::isfinite(x));
-  const int differing = rows_differing(a, b, 20, 1e-5);
-  fmt::print("moe grouped wgmma vs table kernel: {} of 20 rows over 1e-5\n", differing);
-  EXPECT_EQ(differing, 0);
+  for (const bool rs : {false, true}) {
+    SCOPED_TRACE(rs ? "swapped-operand kernel" : "v1");
+    const auto tb = run(true, rs);
+    ASSERT_EQ(ta.ffn_in.at(l), tb.ffn_in.at(l));
+    const auto& b = tb.ffn_out.at(l);
+    ASSERT_EQ(a.size(), b.size());
+    for (const float x : b) ASSERT_TRUE(std::isfinite(x));
+    const int differing = rows_differing(a, b, 20, 1e-5);
+    fmt::print("moe grouped wgmma{} vs table kernel: {} of 20 rows over 1e-5\n", rs ? " rs" : "",
+               differing);
+    EXPECT_EQ(differing, 0);
+  }
   std::filesystem::remove_all(dir);
 }
 
