@@ -1047,12 +1047,21 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 //   work on tile kt).
 // Epilogue: 4-byte stores straight from the accumulators (8 consecutive columns of 4 rows per
 // warp store: whole 32-byte sectors).
+// Probe-only knobs (tools/device/moe_rs_probe.cu; the build never sets them):
+// MOESERVE_RS_PROBE 1 skips the dequantisation after tile 0, 2 the loads after the prologue,
+// 3 the wgmma; MOESERVE_RS_STAGES sets the ring depth.
+#ifndef MOESERVE_RS_PROBE
+#define MOESERVE_RS_PROBE 0
+#endif
+#ifndef MOESERVE_RS_STAGES
+#define MOESERVE_RS_STAGES 4
+#endif
 namespace grs {
 constexpr int kThreads = 256;
 constexpr int kBW = 128;     // weight rows per CTA (64 per warpgroup)
 constexpr int kMaxTok = 192;  // grouped rows per pass
 constexpr int kBK = 64;
-constexpr int kStages = 4;
+constexpr int kStages = MOESERVE_RS_STAGES;
 constexpr int kABytes = kMaxTok * kBK * 2;  // 24576
 constexpr int kWBytes = kBW * kBK / 2;      // 4096
 constexpr int kSBytes = kBW * 4;            // 512
@@ -1136,6 +1145,7 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
   wgmma::fence_proxy_async_smem();
   __syncthreads();
   grs_dequant(smem, r0, t, 0, f0);
+  if (MOESERVE_RS_PROBE == 1) grs_dequant(smem, r0, t, 0, f1);
 
   // K tile kt on fragments fc; the fragments of kt + 1 into fn.
   const auto step = [&](int kt, const uint32_t (&fc)[4][4], uint32_t (&fn)[4][4]) {
@@ -1144,16 +1154,19 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
     wgmma::fence();
 #pragma unroll
     for (int s = 0; s < kBK / 16; ++s)
-      wgmma::bf16_rs<kTN>(acc, fc[s], wgmma::desc_k_sw128_addr(b_tile + 32 * s), 1);
+      if (MOESERVE_RS_PROBE != 3)
+        wgmma::bf16_rs<kTN>(acc, fc[s], wgmma::desc_k_sw128_addr(b_tile + 32 * s), 1);
     wgmma::commit_group();
     wgmma::wait_group<1>();  // tile kt - 1 done; tile kt keeps running
     wgmma::fence_operands(acc);
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 3) : "memory");  // tile kt + 1
     wgmma::fence_proxy_async_smem();
     __syncthreads();  // tile kt + 1 visible; both warpgroups done with tile kt - 1
-    if (kt + kStages - 1 < nk) load_tile(kt + kStages - 1, (kt + kStages - 1) % kStages);
+    if (kt + kStages - 1 < nk && MOESERVE_RS_PROBE != 2)
+      load_tile(kt + kStages - 1, (kt + kStages - 1) % kStages);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
-    if (kt + 1 < nk) grs_dequant(smem + ((kt + 1) % kStages) * kStageBytes, r0, t, kt + 1, fn);
+    if (kt + 1 < nk && MOESERVE_RS_PROBE != 1)
+      grs_dequant(smem + ((kt + 1) % kStages) * kStageBytes, r0, t, kt + 1, fn);
   };
 #pragma unroll 1
   for (int kt = 0; kt < nk; kt += 2) {
