@@ -744,6 +744,7 @@ int run_bench(const std::string& out_dir) {
                                 g.rows_hint = per;
                                 g.use_wgmma = variant > 0;
                                 g.wgmma_rs = variant > 1;
+                                g.a_rows = m;
                                 if (variant == 3) {
                                   g.w_b = pick(i + 1);
                                   g.w_scale_b = pick(i + 1) + local;

@@ -2023,6 +2023,7 @@ TEST_F(CudaV41, GroupedMxfp4GemmWgmma) {
       gg.rows_hint = c.hint;
       gg.use_wgmma = true;
       gg.wgmma_rs = variant > 0;
+      gg.a_rows = alloc_rows;
       if (variant == 2) {
         gg.w_b = up(wp[1]);
         gg.w_scale_b = up(sp[1]);
@@ -2031,7 +2032,8 @@ TEST_F(CudaV41, GroupedMxfp4GemmWgmma) {
       for (int rep = 0; rep < 2; ++rep) {
         gg.y = nans(static_cast<size_t>(alloc_rows * c.n));
         if (variant == 2) gg.y_b = nans(static_cast<size_t>(alloc_rows * c.n));
-        cuda::launch_grouped_mxfp4_gemm(gg, stream_);
+        ASSERT_EQ(cuda::launch_grouped_mxfp4_gemm(gg, stream_),
+                  variant == 0 ? cuda::GroupedMxfp4Kernel::kWgmma : cuda::GroupedMxfp4Kernel::kWgmmaRs);
         runs.push_back(down(gg.y, static_cast<size_t>(alloc_rows * c.n)));
         if (variant == 2) runs_b.push_back(down(gg.y_b, static_cast<size_t>(alloc_rows * c.n)));
       }
@@ -2100,9 +2102,10 @@ TEST_F(CudaV41, GroupedMxfp4GemmTwoWeightSetsOnTheTableKernels) {
   gg.rows_hint = 3;
   gg.use_wgmma = true;
   gg.wgmma_rs = true;  // not taken: rows_hint <= 24
+  gg.a_rows = total;
   gg.y = nans(static_cast<size_t>(total * n));
   gg.y_b = nans(static_cast<size_t>(total * n));
-  cuda::launch_grouped_mxfp4_gemm(gg, stream_);
+  EXPECT_NE(cuda::launch_grouped_mxfp4_gemm(gg, stream_), cuda::GroupedMxfp4Kernel::kWgmmaRs);
   EXPECT_LE(rel_err(down(gg.y, static_cast<size_t>(total * n)), ref[0]), 2e-5);
   EXPECT_LE(rel_err(down(gg.y_b, static_cast<size_t>(total * n)), ref[1]), 2e-5);
   gg.y_b = nullptr;

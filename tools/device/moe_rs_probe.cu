@@ -55,6 +55,7 @@ int main() {
       p.rows_hint = per;
       p.use_wgmma = true;
       p.wgmma_rs = variant > 0;
+      p.a_rows = rows;
       const auto launch = [&](int i) {
         p.w = wp[i % 3];
         p.w_scale = sp[i % 3];
@@ -63,7 +64,11 @@ int main() {
           p.w_scale_b = sp[(i + 1) % 3];
           p.y_b = y2;
         }
-        launch_grouped_mxfp4_gemm(p, nullptr);
+        const GroupedMxfp4Kernel kind = launch_grouped_mxfp4_gemm(p, nullptr);
+        if (kind != (variant == 0 ? GroupedMxfp4Kernel::kWgmma : GroupedMxfp4Kernel::kWgmmaRs)) {
+          std::fprintf(stderr, "variant %d: another kernel ran (%d)\n", variant, static_cast<int>(kind));
+          std::exit(1);
+        }
       };
       for (int i = 0; i < 4; ++i) launch(i);
       cudaEvent_t e0, e1;

@@ -230,8 +230,11 @@ struct GroupedMxfp4GemmParams {
   // With use_wgmma: the swapped-operand kernel instead (D = W · A^T per expert: 128 weight rows
   // per CTA as wgmma's register operand, dequantised straight into the fragment; up to 256 rows
   // of A per pass as the shared-memory operand). Same conditions as use_wgmma, except y needs only
-  // 4-byte alignment.
+  // 4-byte alignment, and a_rows > 0.
   bool wgmma_rs = false;
+  // Rows of A the kernel may read (allocated, whatever the counts): the swapped-operand kernel
+  // loads A by TMA in boxes of 64 rows and needs this bound; 0 (unknown): it is not taken.
+  int64_t a_rows = 0;
   // Optional second weight set over the same A (the MoE's w1 and w3 in one launch):
   // y_b = A · dequant(w_b)^T with the same n, k and ldy. Kernels that cannot take both in one
   // launch run twice.
@@ -239,7 +242,9 @@ struct GroupedMxfp4GemmParams {
   const uint8_t* const* w_scale_b = nullptr;
   float* y_b = nullptr;
 };
-void launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream);
+// Which kernel a launch took (the last one when a second weight set ran as a second launch).
+enum class GroupedMxfp4Kernel { kNone, kTable, kSkinny, kWgmma, kWgmmaRs };
+GroupedMxfp4Kernel launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream);
 
 // out[N, K] (bf16 bits) = dequant(W) of an FP8 e4m3 [N, K] weight with 32x32 ue8m0 block scales
 // (exact: e4m3 * 2^k is a bf16 value). K % 32 == 0.

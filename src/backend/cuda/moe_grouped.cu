@@ -13,7 +13,9 @@
 // mma A operand dequantised in registers (no table, no weight tile in shared memory), the
 // expert's rows as n8 B tiles, split-K over a cluster sized to keep HBM busy (see its comment).
 #include <cooperative_groups.h>
+#include <cuda.h>
 #include <cuda_bf16.h>
+#include <cudaTypedefs.h>
 #include <mma.h>
 
 #include <algorithm>
@@ -1056,6 +1058,7 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 #ifndef MOESERVE_RS_STAGES
 #define MOESERVE_RS_STAGES 4
 #endif
+
 namespace grs {
 constexpr int kThreads = 256;
 constexpr int kBW = 128;     // weight rows per CTA (64 per warpgroup)
@@ -1066,7 +1069,7 @@ constexpr int kABytes = kMaxTok * kBK * 2;  // 24576
 constexpr int kWBytes = kBW * kBK / 2;      // 4096
 constexpr int kSBytes = kBW * 4;            // 512
 constexpr int kStageBytes = (kABytes + kWBytes + kSBytes + 1023) / 1024 * 1024;
-constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + base alignment
+constexpr int kSmemBytes = kStages * kStageBytes + 8 * kStages + 1024;  // + mbarriers, alignment
 static_assert(kABytes + kWBytes + kSBytes <= kStageBytes && kStageBytes % 1024 == 0);
 static_assert(kBW * kBK / 2 == kThreads * 16);
 }  // namespace grs
@@ -1098,12 +1101,42 @@ __device__ __forceinline__ void grs_dequant(const uint8_t* st, int r0, int t, in
   }
 }
 
-// One pass: rows [m0, m0 + rows) of expert e (rows <= kTN), weight rows [n0, n0 + 128).
+// mbarrier and TMA helpers (shared-space addresses).
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  while (!done)
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+}
+// Box (c0, c1) of a 2-D tensor map into shared memory, completing on mbarrier `bar`.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int32_t c0,
+                                            int32_t c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], [%4];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+
+// One pass: rows [m0, m0 + rows) of expert e (rows <= kTN), weight rows [n0, n0 + 128). tc: K
+// tiles this CTA loaded before the pass (ring slot and mbarrier phase of tile kt follow tc + kt).
 template <int kTN>
-__device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const uint8_t* wexp,
-                                         const uint8_t* sexp, float* y, uint8_t* smem,
-                                         uint32_t base, int64_t beg, int64_t m0, int64_t rows,
-                                         int64_t n0) {
+__device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const CUtensorMap* tmap_a,
+                                         const uint8_t* wexp, const uint8_t* sexp, float* y,
+                                         uint8_t* smem, uint32_t base, int64_t beg, int64_t m0,
+                                         int64_t rows, int64_t n0, uint32_t tc) {
   using namespace grs;
   const int tid = static_cast<int>(threadIdx.x);
   const int wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
@@ -1112,21 +1145,24 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
   const uint8_t* const wsrc =
       wexp + min(n0 + (tid >> 1), p.n - 1) * (p.k / 2) + (tid & 1) * 16;  // rows past n: row n - 1
   const uint8_t* const ssrc = sexp + min(n0 + (tid & (kBW - 1)), p.n - 1) * (p.k / 32);
-  const auto* const a_all = static_cast<const __nv_bfloat16*>(p.a);
-  const __nv_bfloat16* const a = a_all + (beg + m0) * p.lda;
+  const int32_t row0 = static_cast<int32_t>(beg + m0);
+  const uint32_t bars = base + kStages * kStageBytes;  // one mbarrier (8 B) per ring slot
   const int r0 = 64 * wg + 16 * warp + g;
+  const auto slot = [&](int kt) { return (tc + static_cast<uint32_t>(kt)) % kStages; };
 
-  const auto load_tile = [&](int kt, int stage) {
-    uint8_t* st = smem + stage * kStageBytes;
-    const int64_t k0 = static_cast<int64_t>(kt) * kBK;
+  // The A rows by TMA (thread 0: kTN / 64 boxes of 64 rows x 64 k, 128-byte swizzle, on the
+  // slot's mbarrier; rows past the pass are other experts' rows or zero fill past a_rows, and
+  // their accumulator columns are never stored), the weights and scales by cp.async.
+  const auto load_tile = [&](int kt) {
+    const uint32_t sl = slot(kt);
+    if (tid == 0) {
+      mbar_expect_tx(bars + 8 * sl, kTN * 128);
 #pragma unroll
-    for (int i = 0; i < kTN * 8 / kThreads; ++i) {
-      const int u = tid + i * kThreads;
-      const int r = u >> 3, c = u & 7;
-      const bool ok = r < rows;
-      const __nv_bfloat16* src = ok ? a + r * p.lda + k0 + 8 * c : a_all;
-      cp_async16_zfill(st + r * 128 + ((c ^ (r & 7)) << 4), src, ok);
+      for (int b = 0; b < kTN / 64; ++b)
+        tma_load_2d(base + sl * kStageBytes + b * 8192, tmap_a, kt * kBK, row0 + 64 * b,
+                    bars + 8 * sl);
     }
+    uint8_t* st = smem + sl * kStageBytes;
     cp_async16_zfill(st + kABytes + tid * 16, wsrc + kt * (kBK / 2), true);
     if (tid < kBW) cp_async4(st + kABytes + kWBytes + tid * 4, ssrc + (kt >> 1) * 4);
   };
@@ -1138,18 +1174,20 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
 
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < nk) load_tile(s, s);
+    if (s < nk) load_tile(s);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   }
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");  // tile 0
-  wgmma::fence_proxy_async_smem();
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");  // weights of tile 0
   __syncthreads();
-  grs_dequant(smem, r0, t, 0, f0);
-  if (MOESERVE_RS_PROBE == 1) grs_dequant(smem, r0, t, 0, f1);
+  grs_dequant(smem + slot(0) * kStageBytes, r0, t, 0, f0);
+  if (MOESERVE_RS_PROBE == 1) grs_dequant(smem + slot(0) * kStageBytes, r0, t, 0, f1);
 
   // K tile kt on fragments fc; the fragments of kt + 1 into fn.
   const auto step = [&](int kt, const uint32_t (&fc)[4][4], uint32_t (&fn)[4][4]) {
-    const uint32_t b_tile = base + (kt % kStages) * kStageBytes;
+    const uint32_t sl = slot(kt);
+    if (MOESERVE_RS_PROBE != 2 || kt < kStages - 1)
+      mbar_wait(bars + 8 * sl, ((tc + static_cast<uint32_t>(kt)) / kStages) & 1);  // A landed
+    const uint32_t b_tile = base + sl * kStageBytes;
     wgmma::fence_operands(acc);
     wgmma::fence();
 #pragma unroll
@@ -1159,14 +1197,12 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
     wgmma::commit_group();
     wgmma::wait_group<1>();  // tile kt - 1 done; tile kt keeps running
     wgmma::fence_operands(acc);
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 3) : "memory");  // tile kt + 1
-    wgmma::fence_proxy_async_smem();
-    __syncthreads();  // tile kt + 1 visible; both warpgroups done with tile kt - 1
-    if (kt + kStages - 1 < nk && MOESERVE_RS_PROBE != 2)
-      load_tile(kt + kStages - 1, (kt + kStages - 1) % kStages);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 3) : "memory");  // weights of kt + 1
+    __syncthreads();  // weights of kt + 1 visible; both warpgroups done with tile kt - 1's slot
+    if (kt + kStages - 1 < nk && MOESERVE_RS_PROBE != 2) load_tile(kt + kStages - 1);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     if (kt + 1 < nk && MOESERVE_RS_PROBE != 1)
-      grs_dequant(smem + ((kt + 1) % kStages) * kStageBytes, r0, t, kt + 1, fn);
+      grs_dequant(smem + slot(kt + 1) * kStageBytes, r0, t, kt + 1, fn);
   };
 #pragma unroll 1
   for (int kt = 0; kt < nk; kt += 2) {
@@ -1194,13 +1230,19 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
 #endif
 
 __global__ void __launch_bounds__(grs::kThreads, 1)
-    grouped_mxfp4_gemm_rs_kernel(GroupedMxfp4GemmParams p) {
+    grouped_mxfp4_gemm_rs_kernel(const GroupedMxfp4GemmParams p,
+                                 const __grid_constant__ CUtensorMap tmap_a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace grs;
   extern __shared__ uint8_t grs_smem_raw[];
   const auto raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(grs_smem_raw));
   const uint32_t base = (raw_addr + 1023u) & ~1023u;
   uint8_t* const smem = grs_smem_raw + (base - raw_addr);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) mbar_init(base + kStages * kStageBytes + 8 * i, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
   const int64_t wtiles = (p.n + kBW - 1) / kBW;
   int64_t wt = blockIdx.x;
   const bool second = wt >= wtiles;
@@ -1212,23 +1254,50 @@ __global__ void __launch_bounds__(grs::kThreads, 1)
   const int64_t beg = p.offsets[e];
   const int64_t cnt = p.offsets[e + 1] - beg;
   const int64_t n0 = wt * kBW;
+  uint32_t tc = 0;
   for (int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxTok; m0 < cnt;
        m0 += static_cast<int64_t>(gridDim.y) * kMaxTok) {
     const int64_t rows = min(static_cast<int64_t>(kMaxTok), cnt - m0);
     switch ((rows + 63) / 64) {
-      case 1: grs_pass<64>(p, wexp, sexp, y, smem, base, beg, m0, rows, n0); break;
-      case 2: grs_pass<128>(p, wexp, sexp, y, smem, base, beg, m0, rows, n0); break;
-      default: grs_pass<192>(p, wexp, sexp, y, smem, base, beg, m0, rows, n0); break;
+      case 1: grs_pass<64>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows, n0, tc); break;
+      case 2: grs_pass<128>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows, n0, tc); break;
+      case 3: grs_pass<192>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows, n0, tc); break;
+      default: break;
     }
+    tc += static_cast<uint32_t>(p.k / kBK);
   }
 #else
   __trap();  // sm_90a only; launch_grouped_mxfp4_gemm takes it only on Hopper with wgmma_rs
 #endif
 }
 
+// The activations [a_rows, k] (row stride lda) as a TMA map of 64 x 64 bf16 boxes, 128-byte
+// swizzle (the layout desc_k_sw128 reads). The driver's encoder comes through the runtime's entry
+// point query, so nothing links libcuda.
+bool make_tmap_a(CUtensorMap* map, const void* a, int64_t k, int64_t rows, int64_t lda) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (encode == nullptr || rows <= 0 || rows > 0x7FFFFFFF || k > 0x7FFFFFFF) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(lda) * 2};
+  const cuuint32_t box[2] = {64, 64};
+  const cuuint32_t estr[2] = {1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(a), dims, strides, box,
+                estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 // The swapped-operand kernel when requested and it applies (both weight sets in one launch).
 bool launch_grouped_mxfp4_rs(const GroupedMxfp4GemmParams& p, cudaStream_t stream) {
-  if (!p.use_wgmma || !p.wgmma_rs || p.rows_hint <= 24 || p.k % 128 != 0 ||
+  if (!p.use_wgmma || !p.wgmma_rs || p.rows_hint <= 24 || p.k % 128 != 0 || p.a_rows <= 0 ||
       reinterpret_cast<uintptr_t>(p.y) % 4 != 0)
     return false;
   static const bool hopper = [] {
@@ -1248,7 +1317,9 @@ bool launch_grouped_mxfp4_rs(const GroupedMxfp4GemmParams& p, cudaStream_t strea
   if (passes > 65535 || wtiles > 0x7FFFFFFF) return false;
   const dim3 grid(static_cast<unsigned>(wtiles), static_cast<unsigned>(passes),
                   static_cast<unsigned>(p.num_experts));
-  grouped_mxfp4_gemm_rs_kernel<<<grid, grs::kThreads, grs::kSmemBytes, stream>>>(p);
+  CUtensorMap tmap{};
+  if (!make_tmap_a(&tmap, p.a, p.k, p.a_rows, p.lda)) return false;
+  grouped_mxfp4_gemm_rs_kernel<<<grid, grs::kThreads, grs::kSmemBytes, stream>>>(p, tmap);
   MS_CUDA_CHECK_LAUNCH();
   return true;
 }
@@ -1336,8 +1407,8 @@ void launch_moe_group(const MoeGroupParams& p, Stream stream) {
   MS_CUDA_CHECK_LAUNCH();
 }
 
-void launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream) {
-  if (p.num_experts == 0 || p.max_rows == 0 || p.n == 0) return;
+GroupedMxfp4Kernel launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream) {
+  if (p.num_experts == 0 || p.max_rows == 0 || p.n == 0) return GroupedMxfp4Kernel::kNone;
   if (p.k % 32 != 0 || p.k <= 0 || p.lda % 8 != 0 || p.lda < p.k || p.ldy < p.n ||
       reinterpret_cast<uintptr_t>(p.a) % 16 != 0 || p.num_experts > 65535 ||
       (p.w_b != nullptr) != (p.w_scale_b != nullptr) || (p.w_b != nullptr) != (p.y_b != nullptr))
@@ -1358,7 +1429,7 @@ void launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream) {
                   static_cast<unsigned>(m_tiles), static_cast<unsigned>(p.num_experts));
   if (grid.y > 65535) bad_args("launch_grouped_mxfp4_gemm", "max_rows / tile <= 65535");
   const cudaStream_t s = as_cuda_stream(stream);
-  if (launch_grouped_mxfp4_rs(p, s)) return;
+  if (launch_grouped_mxfp4_rs(p, s)) return GroupedMxfp4Kernel::kWgmmaRs;
   if (p.w_b != nullptr) {  // the other kernels take one weight set per launch
     GroupedMxfp4GemmParams one = p;
     one.w_b = nullptr;
@@ -1368,11 +1439,10 @@ void launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream) {
     one.w = p.w_b;
     one.w_scale = p.w_scale_b;
     one.y = p.y_b;
-    launch_grouped_mxfp4_gemm(one, stream);
-    return;
+    return launch_grouped_mxfp4_gemm(one, stream);
   }
-  if (launch_grouped_mxfp4_wgmma(p, s)) return;
-  if (launch_grouped_mxfp4_skinny(p, s)) return;
+  if (launch_grouped_mxfp4_wgmma(p, s)) return GroupedMxfp4Kernel::kWgmma;
+  if (launch_grouped_mxfp4_skinny(p, s)) return GroupedMxfp4Kernel::kSkinny;
   if (split) {
     grouped_mxfp4_gemm_split_kernel<16, 128><<<grid, kGemmThreads, 0, s>>>(p);
   } else if (small && p.k % 128 == 0) {
@@ -1383,6 +1453,7 @@ void launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream) {
     grouped_mxfp4_gemm_kernel<64, 32><<<grid, kGemmThreads, 0, s>>>(p);
   }
   MS_CUDA_CHECK_LAUNCH();
+  return GroupedMxfp4Kernel::kTable;
 }
 
 void launch_dequant_fp8_block_to_bf16(const uint8_t* w, const uint8_t* w_scale, int64_t n,
