@@ -63,7 +63,7 @@ struct BenchForwardOptions {
   bool attention_wgmma = true;
   bool fp8_wgmma = false;
   bool moe_grouped_wgmma = true;
-  bool moe_grouped_wgmma_rs = false;
+  bool moe_grouped_wgmma_rs = true;
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
   bool host_logits = false;  // copy the logits rows to the host (a server samples on the device)
@@ -589,7 +589,8 @@ void register_bench_forward(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--moe-grouped-wgmma-rs", opt->moe_grouped_wgmma_rs,
                   "cuda: with --moe-grouped-wgmma, the swapped-operand kernel (weights "
-                  "dequantised into wgmma's register operand; w1 and w3 in one launch)")
+                  "dequantised into wgmma's register operand, activations by TMA; w1 and w3 in one "
+                  "launch; false: the v1 wgmma kernel)")
       ->capture_default_str();
   cmd->add_flag("--dspark", opt->dspark,
                 "cuda decode: also time one DSpark draft cycle for the batch (rings committed "

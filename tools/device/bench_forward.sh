@@ -33,9 +33,12 @@ args_decode_s6_noidxw="$args_decode_s6 --indexer-wgmma false"
 args_decode_s6_noattw="$args_decode_s6 --attention-wgmma false"
 args_decode_s6_fast_noattw="$args_decode_s6_fast --attention-wgmma false"
 args_decode_s6_fp8w="$args_decode_s6 --fp8-wgmma true"
-# The routed experts' grouped GEMMs on the WMMA table kernel instead of the sm_90a wgmma kernel
-# (the default since round 6; rows_hint > 24: the DEP rows). moegw: the flag set explicitly.
+# The routed experts' grouped GEMMs (rows_hint > 24: the DEP rows): the default is the
+# swapped-operand wgmma kernel (round 7); moev1: the v1 wgmma kernel (the round-6 default);
+# nomoegw: the WMMA table kernel. moers: the default flags set explicitly.
 args_decode_s6_moegw="$args_decode_s6 --moe-grouped-wgmma true"
+args_decode_s6_moev1="$args_decode_s6 --moe-grouped-wgmma-rs false"
+args_decode_s1_moev1="$args_decode_s1 --moe-grouped-wgmma-rs false"
 args_decode_s6_nomoegw="$args_decode_s6 --moe-grouped-wgmma false"
 args_decode_s6_moers="$args_decode_s6 --moe-grouped-wgmma true --moe-grouped-wgmma-rs true"
 args_decode_s1_moers="$args_decode_s1 --moe-grouped-wgmma true --moe-grouped-wgmma-rs true"
@@ -47,7 +50,7 @@ args_decode_s6_eager="$args_decode_s6 --cuda-graphs false"
 args_decode_s1_eager="$args_decode_s1 --cuda-graphs false"
 # Prefill after a 128K cached prefix on an 8-layer subsample (+ owners), production vs oracle.
 args_prefill8k_prod="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode production"
-args_prefill8k_prod_moers="$args_prefill8k_prod --moe-grouped-wgmma-rs true"
+args_prefill8k_prod_moev1="$args_prefill8k_prod --moe-grouped-wgmma-rs false"
 args_prefill8k_oracle="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode oracle"
 args_prefill32k_prod="--new-tokens 32768 --cached 131072 --layers 8 --local-experts 12 --mode production"
 args_prefill8k_prod_noidxw="$args_prefill8k_prod --indexer-wgmma false"

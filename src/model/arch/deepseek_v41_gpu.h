@@ -100,9 +100,11 @@ struct GpuModelOptions {
   // 63.5 -> 37.1 ms (docs/perf/forward-gpu-2026-11-30-r6.md).
   bool moe_grouped_wgmma = true;
   // With moe_grouped_wgmma: the swapped-operand wgmma kernel (GroupedMxfp4GemmParams::wgmma_rs:
-  // the weights dequantised straight into wgmma's register operand, no bf16 weight tile in shared
-  // memory) with w1 and w3 in one launch. Same products, fp32 sums in another order.
-  bool moe_grouped_wgmma_rs = false;
+  // the weights dequantised straight into wgmma's register operand, the activations by TMA) with
+  // w1 and w3 in one launch; false: the v1 wgmma kernel. Same products, fp32 sums in another
+  // order. H200, 12 experts x 192 rows: w1 + w3 472 -> 249 us, w2 210 -> 121 us; the DEP32 decode
+  // step's MoE 37.3 -> 25.8 ms (docs/perf/forward-gpu-2026-11-30-r7.md).
+  bool moe_grouped_wgmma_rs = true;
   // true (and the config has draft stages): load / fill the DSpark draft stages and heads, and
   // allocate their context rings (dspark_commit, dspark_draft).
   bool dspark = false;
