@@ -1020,7 +1020,8 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 // wgmma's A operand, taken from registers, so each thread dequantises exactly the fragment it
 // feeds to the tensor cores (no bf16 weight tile in shared memory: the v1 kernel's 32 KB of
 // dequantised stores per K tile, and the second read of those bytes by each warpgroup, are gone);
-// the grouped activations are the B operand, K-major 128-byte swizzle in a cp.async ring.
+// the grouped activations are the B operand, K-major 128-byte swizzle, loaded by TMA into a ring
+// (64-row boxes on one mbarrier per slot; the weights and scales by cp.async into the same slot).
 //
 // CTA = (128 weight rows, up to 192 grouped rows of one expert), 2 warpgroups (256 threads), each
 // warpgroup 64 weight rows x kTN rows of fp32 accumulators (kTN = the rows rounded up to 64: 64,
@@ -1029,9 +1030,9 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 // blockIdx.x covers the weight rows of W, then those of W_b (w1 and w3 in one launch), blockIdx.y
 // passes of 192 rows, blockIdx.z the expert.
 //
-// Shared memory per stage (4 stages): A bf16 [192 rows][64 k] swizzled (24 KB), the packed e2m1
+// Shared memory per slot (6 slots): A bf16 [192 rows][64 k] swizzled (24 KB), the packed e2m1
 // weights [128 rows][32 B] (4 KB), one scale word per weight row (512 B; k % 128 == 0 keeps the
-// word aligned, and it serves two K tiles), padded to 29 KB.
+// word aligned, and it serves two K tiles), padded to 29 KB; then the slots' mbarriers.
 //
 // Fragment of k16 step s (A-fragment layout of wgmma.h): thread (warp w, g = lane / 4,
 // t = lane % 4) holds rows r = 16 w + g and r + 8 at k 16 s + 2 t (+1) and 16 s + 2 t + 8 (+9),
@@ -1040,13 +1041,14 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 // eight nibbles, each decoded by e2m1x8_to_bf16 (the same exact products as the other kernels)
 // with the scale of its 32-wide block (words 0-3: block 2 kt, words 4-7: block 2 kt + 1).
 //
-// Per K tile kt (fragments double-buffered in registers):
-//   wgmma x4 on (fragments of kt, A stage kt % 4); commit; wait_group 1 (tile kt - 1 done: its
-//   fragments and, after the barrier, its stage are free)
-//   cp.async.wait (own copies of tile kt + 1); fence.proxy.async; barrier
-//   cp.async tile kt + 3 into stage (kt + 3) % 4; commit
-//   dequantise the fragments of tile kt + 1 from stage (kt + 1) % 4 (under the tensor cores'
-//   work on tile kt).
+// Per K tile kt (fragments in three register buffers, F[kt % 3]):
+//   wait for the slot's mbarrier (A of kt landed); wgmma x4 on (F[kt % 3], A of kt); commit;
+//   wait_group 2 (tile kt - 2 done: F[(kt + 1) % 3] and, after the barrier, kt - 2's slot free)
+//   cp.async.wait (own weight copies of tile kt + 1); barrier
+//   load tile kt + 4 into kt - 2's slot (thread 0: TMA; everyone: cp.async of the weights)
+//   dequantise tile kt + 1 into F[(kt + 1) % 3] while the wgmma of kt - 1 and kt run (with two
+//   buffers only kt ran under the dequantisation, and the tensor cores waited for it: 12 experts
+//   x 192 rows, w1 + w3 ... us, see docs/perf).
 // Epilogue: 4-byte stores straight from the accumulators (8 consecutive columns of 4 rows per
 // warp store: whole 32-byte sectors).
 // Probe-only knobs (tools/device/moe_rs_probe.cu; the build never sets them):
@@ -1056,7 +1058,7 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 #define MOESERVE_RS_PROBE 0
 #endif
 #ifndef MOESERVE_RS_STAGES
-#define MOESERVE_RS_STAGES 4
+#define MOESERVE_RS_STAGES 6
 #endif
 
 namespace grs {
@@ -1170,22 +1172,25 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
   float acc[kTN / 2];
 #pragma unroll
   for (int i = 0; i < kTN / 2; ++i) acc[i] = 0.0f;
-  uint32_t f0[4][4], f1[4][4];
+  uint32_t f0[4][4], f1[4][4], f2[4][4];
 
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < kStages - 2; ++s) {
     if (s < nk) load_tile(s);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   }
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");  // weights of tile 0
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 3) : "memory");  // weights of tile 0
   __syncthreads();
   grs_dequant(smem + slot(0) * kStageBytes, r0, t, 0, f0);
-  if (MOESERVE_RS_PROBE == 1) grs_dequant(smem + slot(0) * kStageBytes, r0, t, 0, f1);
+  if (MOESERVE_RS_PROBE == 1) {
+    grs_dequant(smem + slot(0) * kStageBytes, r0, t, 0, f1);
+    grs_dequant(smem + slot(0) * kStageBytes, r0, t, 0, f2);
+  }
 
   // K tile kt on fragments fc; the fragments of kt + 1 into fn.
   const auto step = [&](int kt, const uint32_t (&fc)[4][4], uint32_t (&fn)[4][4]) {
     const uint32_t sl = slot(kt);
-    if (MOESERVE_RS_PROBE != 2 || kt < kStages - 1)
+    if (MOESERVE_RS_PROBE != 2 || kt < kStages - 2)
       mbar_wait(bars + 8 * sl, ((tc + static_cast<uint32_t>(kt)) / kStages) & 1);  // A landed
     const uint32_t b_tile = base + sl * kStageBytes;
     wgmma::fence_operands(acc);
@@ -1195,19 +1200,21 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
       if (MOESERVE_RS_PROBE != 3)
         wgmma::bf16_rs<kTN>(acc, fc[s], wgmma::desc_k_sw128_addr(b_tile + 32 * s), 1);
     wgmma::commit_group();
-    wgmma::wait_group<1>();  // tile kt - 1 done; tile kt keeps running
+    wgmma::wait_group<2>();  // tile kt - 2 done; tiles kt - 1 and kt keep the tensor cores busy
     wgmma::fence_operands(acc);
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 3) : "memory");  // weights of kt + 1
-    __syncthreads();  // weights of kt + 1 visible; both warpgroups done with tile kt - 1's slot
-    if (kt + kStages - 1 < nk && MOESERVE_RS_PROBE != 2) load_tile(kt + kStages - 1);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 4) : "memory");  // weights of kt + 1
+    __syncthreads();  // weights of kt + 1 visible; both warpgroups done with tile kt - 2's slot
+    if (kt + kStages - 2 < nk && MOESERVE_RS_PROBE != 2) load_tile(kt + kStages - 2);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     if (kt + 1 < nk && MOESERVE_RS_PROBE != 1)
       grs_dequant(smem + slot(kt + 1) * kStageBytes, r0, t, kt + 1, fn);
   };
+  // Three fragment buffers: tile kt + 1 is decoded while the wgmma of kt - 1 and kt run.
 #pragma unroll 1
-  for (int kt = 0; kt < nk; kt += 2) {
+  for (int kt = 0; kt < nk; kt += 3) {
     step(kt, f0, f1);
-    if (kt + 1 < nk) step(kt + 1, f1, f0);
+    if (kt + 1 < nk) step(kt + 1, f1, f2);
+    if (kt + 2 < nk) step(kt + 2, f2, f0);
   }
   wgmma::wait_group<0>();
   wgmma::fence_operands(acc);
