@@ -1046,9 +1046,11 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 //   wait_group 2 (tile kt - 2 done: F[(kt + 1) % 3] and, after the barrier, kt - 2's slot free)
 //   cp.async.wait (own weight copies of tile kt + 1); barrier
 //   load tile kt + 4 into kt - 2's slot (thread 0: TMA; everyone: cp.async of the weights)
-//   dequantise tile kt + 1 into F[(kt + 1) % 3] while the wgmma of kt - 1 and kt run (with two
-//   buffers only kt ran under the dequantisation, and the tensor cores waited for it: 12 experts
-//   x 192 rows, w1 + w3 ... us, see docs/perf).
+//   dequantise tile kt + 1 into F[(kt + 1) % 3] while the wgmma of kt - 1 and kt run (two
+//   buffers with four slots measured the same within 1-2%: 248.7 against 246.6 us for w1 + w3
+//   at 12 experts x 192 rows, docs/perf/forward-gpu-2026-11-30-r7.md). The dequantisation and
+//   the tensor cores still do not overlap well: without the wgmma the kernel takes 66 us,
+//   without the dequantisation 86 us, with both 125 us (w1).
 // Epilogue: 4-byte stores straight from the accumulators (8 consecutive columns of 4 rows per
 // warp store: whole 32-byte sectors).
 // Probe-only knobs (tools/device/moe_rs_probe.cu; the build never sets them):
