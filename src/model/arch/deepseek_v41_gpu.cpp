@@ -343,6 +343,49 @@ struct DeepseekV41Gpu::Impl {
     for (auto& [k, g] : graphs) cu::graph_destroy(g.exec);
     graphs.clear();
   }
+  // Runs `launch` through the graph cache under `key` (forward() and dspark_draft()): replays the
+  // key's graph (restoring the cost and MoE layers its capture recorded), or on the key's second
+  // sight captures and launches it; kEager: nothing ran, the caller launches eagerly (first
+  // sight, or a scratch buffer moved during the capture so the graph may hold a freed address:
+  // it is dropped, and the next sight captures again). Graphs from before a buffer move are
+  // dropped first (ws_gen).
+  enum class GraphRun { kEager, kReplayed, kCaptured };
+  template <typename Launch>
+  GraphRun run_graph(const std::vector<int64_t>& key, Launch&& launch) {
+    auto it = graphs.find(key);
+    if (it != graphs.end() && it->second.gen != ws_gen) {
+      drop_graphs();
+      it = graphs.end();
+    }
+    if (it != graphs.end()) {
+      it->second.last_use = ++graph_clock;
+      cu::graph_launch(it->second.exec, stream);
+      cost = it->second.static_cost;
+      moe_layers_run = it->second.moe_layers;
+      return GraphRun::kReplayed;
+    }
+    if (graph_seen[key]++ == 0) return GraphRun::kEager;
+    const uint64_t gen = ws_gen;
+    cu::graph_capture_begin(stream);
+    launch();
+    void* exec = cu::graph_capture_end(stream);
+    if (gen != ws_gen) {
+      cu::graph_destroy(exec);
+      cost = GpuForwardCost{};
+      moe_layers_run.clear();
+      return GraphRun::kEager;
+    }
+    make_room_for_graph();
+    GraphEntry g;
+    g.exec = exec;
+    g.gen = ws_gen;
+    g.last_use = ++graph_clock;
+    g.static_cost = cost;
+    g.moe_layers = moe_layers_run;
+    graphs[key] = std::move(g);
+    cu::graph_launch(exec, stream);
+    return GraphRun::kCaptured;
+  }
 
   // Profiling: an event at every component switch.
   std::vector<std::pair<GpuComponent, void*>> marks;
@@ -1826,53 +1869,13 @@ struct DeepseekV41Gpu::Impl {
       cost.flops += b.plan_cost.flops;
       cost.fp8_flops += b.plan_cost.fp8_flops;
     };
-    bool launched = false;
-    if (graphable) {
-      auto it = graphs.find(b.key);
-      if (it != graphs.end() && it->second.gen != ws_gen) {
-        drop_graphs();  // scratch buffers moved since the capture
-        it = graphs.end();
-      }
-      if (it != graphs.end()) {
-        it->second.last_use = ++graph_clock;
-        cu::graph_launch(it->second.exec, stream);
-        cost = it->second.static_cost;
-        moe_layers_run = it->second.moe_layers;
-        add_plan_cost();
-        ++graph_replays;
-        launched = true;
-      } else if (graph_seen[b.key]++ > 0) {
-        const uint64_t gen = ws_gen;
-        cu::graph_capture_begin(stream);
-        launch(b);
-        void* exec = cu::graph_capture_end(stream);
-        if (gen == ws_gen) {
-          make_room_for_graph();
-          GraphEntry g;
-          g.exec = exec;
-          g.gen = ws_gen;
-          g.last_use = ++graph_clock;
-          g.static_cost = cost;
-          g.moe_layers = moe_layers_run;
-          graphs[b.key] = std::move(g);
-          cu::graph_launch(exec, stream);
-          add_plan_cost();
-          ++graph_captures;
-          launched = true;
-        } else {
-          // A buffer grew during the capture (this shape's eager forward was followed by one
-          // that swapped the bounded-replay buffers), so the graph may hold a freed address.
-          // Nothing captured has run: run the forward eagerly below, capture next time.
-          cu::graph_destroy(exec);
-          cost = GpuForwardCost{};
-          moe_layers_run.clear();
-        }
-      }
-    }
-    if (!launched) {
-      launch(b);
-      add_plan_cost();
-    }
+    // A shape's eager forward followed by one that swapped the bounded-replay buffers makes its
+    // capture unusable (run_graph then returns kEager): eager below, capture next time.
+    const GraphRun run = graphable ? run_graph(b.key, [&] { launch(b); }) : GraphRun::kEager;
+    if (run == GraphRun::kReplayed) ++graph_replays;
+    if (run == GraphRun::kCaptured) ++graph_captures;
+    if (run == GraphRun::kEager) launch(b);
+    add_plan_cost();
     GpuForwardOutput out;
     out.logit_inputs = b.logit_inputs;
     if (b.m > 0) {
@@ -2525,46 +2528,10 @@ struct DeepseekV41Gpu::Impl {
     const bool graphable = opt.cuda_graphs && !opt.trace && !opt.profile && !opt.exact_linears &&
                            !opt.f64_attention;
     const std::vector<int64_t> gkey = {kDraftGraphTag, k, opt.host_logits ? 1 : 0};
-    bool launched = false;
-    if (graphable) {
-      auto it = graphs.find(gkey);
-      if (it != graphs.end() && it->second.gen != ws_gen) {
-        drop_graphs();
-        it = graphs.end();
-      }
-      if (it != graphs.end()) {
-        it->second.last_use = ++graph_clock;
-        cu::graph_launch(it->second.exec, stream);
-        cost = it->second.static_cost;
-        moe_layers_run = it->second.moe_layers;
-        ++draft_graph_replays;
-        launched = true;
-      } else if (graph_seen[gkey]++ > 0) {
-        const uint64_t gen = ws_gen;
-        cu::graph_capture_begin(stream);
-        launch_draft();
-        void* exec = cu::graph_capture_end(stream);
-        if (gen == ws_gen) {
-          make_room_for_graph();
-          GraphEntry g;
-          g.exec = exec;
-          g.gen = ws_gen;
-          g.last_use = ++graph_clock;
-          g.static_cost = cost;
-          g.moe_layers = moe_layers_run;
-          graphs[gkey] = std::move(g);
-          cu::graph_launch(exec, stream);
-          ++draft_graph_captures;
-          launched = true;
-        } else {
-          // A buffer grew during the capture: nothing captured ran; eager below.
-          cu::graph_destroy(exec);
-          cost = GpuForwardCost{};
-          moe_layers_run.clear();
-        }
-      }
-    }
-    if (!launched) launch_draft();
+    const GraphRun run = graphable ? run_graph(gkey, launch_draft) : GraphRun::kEager;
+    if (run == GraphRun::kReplayed) ++draft_graph_replays;
+    if (run == GraphRun::kCaptured) ++draft_graph_captures;
+    if (run == GraphRun::kEager) launch_draft();
     mark(GpuComponent::kOther);
     flush_profile();
     std::vector<int32_t> t(static_cast<size_t>(n));
