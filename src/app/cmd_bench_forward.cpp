@@ -64,6 +64,7 @@ struct BenchForwardOptions {
   bool fp8_wgmma = false;
   bool moe_grouped_wgmma = true;
   bool moe_grouped_wgmma_rs = true;
+  bool moe_kperm = false;
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
   bool host_logits = false;  // copy the logits rows to the host (a server samples on the device)
@@ -216,6 +217,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.fp8_wgmma = opt.fp8_wgmma;
   go.moe_grouped_wgmma = opt.moe_grouped_wgmma;
   go.moe_grouped_wgmma_rs = opt.moe_grouped_wgmma_rs;
+  go.moe_kperm = opt.moe_kperm;
   go.cuda_graphs = decode && opt.cuda_graphs;
   go.dspark = decode && opt.dspark;
   // The draft block after the steps, and the whole cycles' verification steps.
@@ -426,6 +428,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"fp8_wgmma", opt.fp8_wgmma},
               {"moe_grouped_wgmma", opt.moe_grouped_wgmma},
               {"moe_grouped_wgmma_rs", opt.moe_grouped_wgmma_rs},
+              {"moe_kperm", opt.moe_kperm},
               {"cuda_graphs", decode && opt.cuda_graphs},
               {"dspark", opt.dspark},
               {"host_logits", opt.host_logits},
@@ -591,6 +594,11 @@ void register_bench_forward(CLI::App& bench) {
                   "cuda: with --moe-grouped-wgmma, the swapped-operand kernel (weights "
                   "dequantised into wgmma's register operand, activations by TMA; w1 and w3 in one "
                   "launch; false: the v1 wgmma kernel)")
+      ->capture_default_str();
+  cmd->add_option("--moe-kperm", opt->moe_kperm,
+                  "cuda: where the swapped-operand kernel takes both grouped GEMMs, the expert "
+                  "inputs k-permuted per 64-wide K tile (one weight load and scale per fragment "
+                  "row; false: natural k order)")
       ->capture_default_str();
   cmd->add_flag("--dspark", opt->dspark,
                 "cuda decode: also time one DSpark draft cycle for the batch (rings committed "

@@ -714,12 +714,30 @@ int run_bench(const std::string& out_dir) {
     const double bytes = local * (n * k / 2.0 + n * k / 32.0) + 2.0 * m * k + 4.0 * m * n;
     // 0: table kernel, 1: wgmma (v1), 2: the swapped-operand wgmma kernel (wgmma_rs), 3: the same
     // with two weight sets in one launch (the forward's w1 + w3; twice the bytes of W and y and
-    // twice the FLOPs).
-    for (const int variant : {0, 1, 2, 3}) {
-      static constexpr const char* kNames[] = {
-          "grouped mxfp4 gemm (12 experts)", "grouped mxfp4 gemm wgmma (12 experts)",
-          "grouped mxfp4 gemm wgmma rs (12 experts)",
-          "grouped mxfp4 gemm wgmma rs w1+w3 (12 experts)"};
+    // twice the FLOPs), 4: the swapped-operand kernel reading A as k-permuted (a_kperm; A is
+    // random, so only the decode differs; skipped where that kernel does not take the launch,
+    // which would refuse a_kperm).
+    for (const int variant : {0, 1, 2, 3, 4}) {
+      static constexpr const char* kNames[] = {"grouped mxfp4 gemm (12 experts)",
+                                               "grouped mxfp4 gemm wgmma (12 experts)",
+                                               "grouped mxfp4 gemm wgmma rs (12 experts)",
+                                               "grouped mxfp4 gemm wgmma rs w1+w3 (12 experts)",
+                                               "grouped mxfp4 gemm wgmma rs kperm (12 experts)"};
+      if (variant == 4) {
+        cuda::GroupedMxfp4GemmParams probe;
+        probe.a = x.data();
+        probe.lda = k;
+        probe.num_experts = static_cast<int>(local);
+        probe.max_rows = per;
+        probe.y = y.data_as<float>();
+        probe.ldy = n;
+        probe.n = n;
+        probe.k = k;
+        probe.rows_hint = per;
+        probe.use_wgmma = probe.wgmma_rs = true;
+        probe.a_rows = m;
+        if (!cuda::grouped_mxfp4_rs_applies(probe)) continue;
+      }
       const double f = variant == 3 ? 2.0 : 1.0;
       const double vbytes = bytes + (f - 1.0) * (local * (n * k / 2.0 + n * k / 32.0) + 4.0 * m * n);
       results.push_back(b.run(kNames[variant], dims({m, n, k}), vbytes, f * 2.0 * m * n * k,
@@ -745,6 +763,7 @@ int run_bench(const std::string& out_dir) {
                                 g.use_wgmma = variant > 0;
                                 g.wgmma_rs = variant > 1;
                                 g.a_rows = m;
+                                g.a_kperm = variant == 4;
                                 if (variant == 3) {
                                   g.w_b = pick(i + 1);
                                   g.w_scale_b = pick(i + 1) + local;

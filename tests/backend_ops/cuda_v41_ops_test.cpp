@@ -91,7 +91,50 @@ std::vector<double> compress_freqs() {
   return out;
 }
 
+// The k-permuted activation layout (GroupedMxfp4GemmParams::a_kperm, the quantisers' kperm64),
+// written out here from its definition rather than taken from the kernels: within every 64-wide
+// tile, column 16 s + 8 h + 2 t + v holds k = 16 t + 4 s + 2 h + v. Returns the k of column c.
+int64_t kperm_source(int64_t c) {
+  const int64_t j = c & 63, s = j >> 4, h = (j >> 3) & 1, t = (j >> 1) & 3, v = j & 1;
+  return (c - j) + 16 * t + 4 * s + 2 * h + v;
+}
+
+// `rows` rows of pitch ld with their first `cols` columns k-permuted: out[c] = in[kperm_source(c)].
+template <typename T>
+[[maybe_unused]] std::vector<T> kperm_rows(const std::vector<T>& in, int64_t rows, int64_t cols,
+                                           int64_t ld) {
+  std::vector<T> out = in;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      out[static_cast<size_t>(r * ld + c)] = in[static_cast<size_t>(r * ld + kperm_source(c))];
+  return out;
+}
+
 // ---- CPU reference properties -------------------------------------------------------------------
+
+// The algebra the swapped-operand kernel's k-permuted decode rests on: the layout permutes each
+// tile, and the wgmma A-fragment columns of thread t (lane % 4) in k16 step s, 16 s + 2 t + v
+// (low register, h = 0) and 16 s + 8 + 2 t + v (high, h = 1), then hold k whose packed e2m1 nibble
+// is nibble v of byte 8 t + 2 s + h (word s / 2 of the thread's 8 bytes, byte 2 (s % 2) + h: the
+// order e2m1x8_to_bf16 yields the pairs of steps 2 q, 2 q + 1), all in 32-wide block t / 2.
+TEST(V41OpsCpu, KpermLayoutGivesEachThreadEightBytesUnderOneScale) {
+  std::vector<int> seen(128, 0);
+  for (int64_t c = 0; c < 128; ++c) {
+    const int64_t k = kperm_source(c);
+    ASSERT_EQ(k / 64, c / 64) << c;  // stays in its tile
+    ++seen[static_cast<size_t>(k)];
+  }
+  for (int n : seen) EXPECT_EQ(n, 1);
+  for (int t = 0; t < 4; ++t)
+    for (int s = 0; s < 4; ++s)
+      for (int h = 0; h < 2; ++h)
+        for (int v = 0; v < 2; ++v) {
+          const int64_t k = kperm_source(64 + 16 * s + 8 * h + 2 * t + v) - 64;
+          EXPECT_EQ(k / 2, 8 * t + 2 * s + h) << t << s << h << v;
+          EXPECT_EQ(k % 2, v);
+          EXPECT_EQ(k / 32, t / 2);
+        }
+}
 
 TEST(V41OpsCpu, YarnFrequencies) {
   const auto f = compress_freqs();
@@ -1718,6 +1761,98 @@ TEST_F(CudaV41, SwigluQuantMatchesCpu) {
   for (size_t i = static_cast<size_t>(9 * c); i < got.size(); ++i) ASSERT_TRUE(std::isnan(got[i]));
 }
 
+// kperm64 (the swapped-operand GEMM's k-permuted A): the bf16 output of either quantiser is its
+// natural output with each row's columns permuted, bit for bit, on the vector kernels (pitches
+// equal and padded) and the scalar ones (a pitch not a multiple of 4), with the row gather and the
+// device row count; pitch padding and rows past the count stay untouched. kperm64 with another
+// output type, or cols % 64 != 0, is refused.
+TEST_F(CudaV41, QuantKperm64PermutesTheNaturalOutput) {
+  struct Shape {
+    int64_t cols, ldx, ldo;
+  };
+  for (const Shape sh : {Shape{5120, 5120, 5120}, Shape{192, 196, 200}, Shape{128, 130, 136}}) {
+    SCOPED_TRACE("cols " + std::to_string(sh.cols) + " ldx " + std::to_string(sh.ldx) + " ldo " +
+                 std::to_string(sh.ldo));
+    std::mt19937 rng(25);
+    const int64_t rows = 9, cols = sh.cols, ldx = sh.ldx, ldo = sh.ldo;
+    auto x = rnd(rows * ldx, rng, -3, 3), u = rnd(rows * ldx, rng, -15, 15);
+    scale_blocks32(x, rng, 6);  // per-block scales that differ along the row
+    const std::vector<int32_t> index = {8, 2, 5, 0, 2, 7, 1};
+    const std::vector<int32_t> count = {6};
+    const float* dx = up(x);
+    const float* du = up(u);
+    const float* dw = up(rnd(rows, rng, 0.1f, 2));
+    const int32_t* di = up(index);
+    const int32_t* dc = up(count);
+    const std::vector<uint16_t> poison(static_cast<size_t>(7 * ldo), 0x7FC1);
+    // 0: act_quant, 1: swiglu_quant; natural then k-permuted.
+    for (int op = 0; op < 2; ++op) {
+      SCOPED_TRACE(op == 0 ? "act_quant" : "swiglu_quant");
+      std::vector<uint16_t> got[2];
+      for (int perm = 0; perm < 2; ++perm) {
+        auto* o = up(poison);
+        if (op == 0) {
+          cuda::ActQuantParams p;
+          p.x = dx;
+          p.ldx = ldx;
+          p.row_index = di;
+          p.rows = 7;
+          p.device_rows = dc;
+          p.cols = cols;
+          p.out = o;
+          p.out_type = cuda::ActivationType::kBF16;
+          p.ldo = ldo;
+          p.kperm64 = perm == 1;
+          cuda::launch_act_quant_mxfp8(p, stream_);
+        } else {
+          cuda::SwigluQuantParams p;
+          p.gate = dx;
+          p.up = du;
+          p.ld = ldx;
+          p.row_weight = dw;
+          p.rows = 7;
+          p.device_rows = dc;
+          p.cols = cols;
+          p.limit = 10.0f;
+          p.out = o;
+          p.out_type = cuda::ActivationType::kBF16;
+          p.ldo = ldo;
+          p.kperm64 = perm == 1;
+          cuda::launch_swiglu_quant_mxfp8(p, stream_);
+        }
+        got[perm] = down(o, poison.size());
+      }
+      size_t diff = 0, written = 0;
+      for (int64_t r = 0; r < 7; ++r)
+        for (int64_t c = 0; c < ldo; ++c) {
+          const size_t i = static_cast<size_t>(r * ldo + c);
+          const uint16_t want =
+              r < 6 && c < cols ? got[0][static_cast<size_t>(r * ldo + kperm_source(c))] : 0x7FC1;
+          diff += got[1][i] != want;
+          written += r < 6 && c < cols && got[0][i] != 0x7FC1;
+        }
+      EXPECT_EQ(diff, 0u);
+      EXPECT_EQ(written, static_cast<size_t>(6 * cols)) << "natural output incomplete";
+    }
+  }
+  std::mt19937 rng(26);
+  cuda::ActQuantParams p;
+  p.x = up(rnd(2 * 96, rng, -1, 1));
+  p.ldx = 96;
+  p.rows = 2;
+  p.cols = 96;  // not a multiple of 64
+  p.out = up(std::vector<uint16_t>(2 * 96));
+  p.out_type = cuda::ActivationType::kBF16;
+  p.ldo = 96;
+  p.kperm64 = true;
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(cuda::launch_act_quant_mxfp8(p, stream_), "bad arguments");
+  p.cols = 64;
+  p.out = nans(2 * 96);
+  p.out_type = cuda::ActivationType::kF32;  // bf16 only
+  EXPECT_DEATH(cuda::launch_act_quant_mxfp8(p, stream_), "bad arguments");
+}
+
 struct GroupedCase {
   int64_t tokens, n, k;
   int64_t rows_hint;
@@ -1933,7 +2068,8 @@ TEST_F(CudaV41, MoeGroupAndGroupedMxfp4Gemm) {
 // (clamped weight rows, unstored columns), the w1 / w3 decode shape N 2304 K 5120 on two experts
 // and the w2 shape's K 2304 (N reduced for the CPU reference). Against cpu::mxfp4_gemm with the
 // grouped table kernel's tolerance (exact products, fp32 sums: 2e-5 of max |ref|), rows past the
-// grouped count untouched (NaN), and a rerun bit-identical.
+// grouped count untouched (NaN), and a rerun bit-identical. The swapped-operand kernel also runs
+// on a k-permuted copy of A (a_kperm: its other decode) against the same references.
 TEST_F(CudaV41, GroupedMxfp4GemmWgmma) {
   if (cuda::device_info(0).compute_major != 9)
     GTEST_SKIP() << "the wgmma kernels need sm_90a (Hopper); device is sm_"
@@ -1966,6 +2102,7 @@ TEST_F(CudaV41, GroupedMxfp4GemmWgmma) {
       fq_fp8_block32_pow2(std::span<const float>(x).subspan(static_cast<size_t>(r * c.k), c.k),
                           std::span<float>(a).subspan(static_cast<size_t>(r * c.k), c.k));
     for (size_t i = 0; i < a.size(); ++i) a16[i] = float_to_bf16(a[i]);
+    const std::vector<uint16_t> a16p = kperm_rows(a16, alloc_rows, c.k, c.k);
     // Two weight sets (W and W_b), each with its CPU reference.
     std::vector<std::vector<uint8_t>> w[2], s[2];
     std::vector<const uint8_t*> wp[2], sp[2];
@@ -2006,11 +2143,14 @@ TEST_F(CudaV41, GroupedMxfp4GemmWgmma) {
         ASSERT_TRUE(std::isnan(got[i])) << "row past the grouped count written: " << i;
     };
     // v1 (bf16 weight tiles in shared memory), the swapped-operand kernel, and the swapped kernel
-    // with both weight sets in one launch.
-    for (const int variant : {0, 1, 2}) {
-      SCOPED_TRACE(variant == 0 ? "v1" : variant == 1 ? "rs" : "rs, two weight sets");
+    // with both weight sets in one launch; 3, 4: the same two on the k-permuted A.
+    for (const int variant : {0, 1, 2, 3, 4}) {
+      static constexpr const char* kNames[] = {"v1", "rs", "rs, two weight sets", "rs, a_kperm",
+                                               "rs, a_kperm, two weight sets"};
+      SCOPED_TRACE(kNames[variant]);
+      const bool kperm = variant >= 3, two = variant == 2 || variant == 4;
       cuda::GroupedMxfp4GemmParams gg;
-      gg.a = up(a16);
+      gg.a = up(kperm ? a16p : a16);
       gg.lda = c.k;
       gg.offsets = up(off);
       gg.num_experts = local;
@@ -2024,23 +2164,25 @@ TEST_F(CudaV41, GroupedMxfp4GemmWgmma) {
       gg.use_wgmma = true;
       gg.wgmma_rs = variant > 0;
       gg.a_rows = alloc_rows;
-      if (variant == 2) {
+      gg.a_kperm = kperm;
+      if (two) {
         gg.w_b = up(wp[1]);
         gg.w_scale_b = up(sp[1]);
       }
       std::vector<std::vector<float>> runs, runs_b;
       for (int rep = 0; rep < 2; ++rep) {
         gg.y = nans(static_cast<size_t>(alloc_rows * c.n));
-        if (variant == 2) gg.y_b = nans(static_cast<size_t>(alloc_rows * c.n));
+        if (two) gg.y_b = nans(static_cast<size_t>(alloc_rows * c.n));
+        EXPECT_EQ(cuda::grouped_mxfp4_rs_applies(gg), variant > 0);
         ASSERT_EQ(cuda::launch_grouped_mxfp4_gemm(gg, stream_),
                   variant == 0 ? cuda::GroupedMxfp4Kernel::kWgmma : cuda::GroupedMxfp4Kernel::kWgmmaRs);
         runs.push_back(down(gg.y, static_cast<size_t>(alloc_rows * c.n)));
-        if (variant == 2) runs_b.push_back(down(gg.y_b, static_cast<size_t>(alloc_rows * c.n)));
+        if (two) runs_b.push_back(down(gg.y_b, static_cast<size_t>(alloc_rows * c.n)));
       }
       check(runs[0], ref[0]);
       ASSERT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)), 0)
           << "rerun not bit-identical";
-      if (variant == 2) {
+      if (two) {
         check(runs_b[0], ref[1]);
         ASSERT_EQ(std::memcmp(runs_b[0].data(), runs_b[1].data(), runs_b[0].size() * sizeof(float)),
                   0)
@@ -2110,6 +2252,45 @@ TEST_F(CudaV41, GroupedMxfp4GemmTwoWeightSetsOnTheTableKernels) {
   EXPECT_LE(rel_err(down(gg.y_b, static_cast<size_t>(total * n)), ref[1]), 2e-5);
   gg.y_b = nullptr;
   GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(cuda::launch_grouped_mxfp4_gemm(gg, stream_), "bad arguments");
+}
+
+// a_kperm on a launch the swapped-operand kernel does not take (rows_hint 3; wgmma_rs off) is
+// refused (the other kernels read A in natural k order), and grouped_mxfp4_rs_applies says so
+// beforehand.
+TEST_F(CudaV41, GroupedMxfp4GemmRefusesKpermOffTheSwappedKernel) {
+  std::mt19937 rng(6);
+  const int64_t n = 72, k = 256;
+  const std::vector<int32_t> off = {0, 3, 3, 10};
+  const int local = 3;
+  std::vector<uint8_t> w(static_cast<size_t>(n * k / 2)), s(static_cast<size_t>(n * k / 32));
+  for (auto& b : w) b = static_cast<uint8_t>(rng());
+  for (auto& b : s) b = static_cast<uint8_t>(118 + rng() % 16);
+  const uint8_t* dw = up(w);
+  const uint8_t* ds = up(s);
+  cuda::GroupedMxfp4GemmParams gg;
+  gg.a = up(std::vector<uint16_t>(static_cast<size_t>(off[local] * k), 0x3F80));
+  gg.lda = k;
+  gg.offsets = up(off);
+  gg.num_experts = local;
+  gg.max_rows = 7;
+  gg.w = up(std::vector<const uint8_t*>(local, dw));
+  gg.w_scale = up(std::vector<const uint8_t*>(local, ds));
+  gg.ldy = n;
+  gg.n = n;
+  gg.k = k;
+  gg.rows_hint = 3;  // the skinny / table kernels
+  gg.use_wgmma = true;
+  gg.wgmma_rs = true;
+  gg.a_rows = off[local];
+  gg.y = nans(static_cast<size_t>(off[local] * n));
+  gg.a_kperm = true;
+  EXPECT_FALSE(cuda::grouped_mxfp4_rs_applies(gg));
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(cuda::launch_grouped_mxfp4_gemm(gg, stream_), "bad arguments");
+  gg.rows_hint = 192;
+  gg.wgmma_rs = false;  // the v1 wgmma kernel (or, off Hopper, the table kernel)
+  EXPECT_FALSE(cuda::grouped_mxfp4_rs_applies(gg));
   EXPECT_DEATH(cuda::launch_grouped_mxfp4_gemm(gg, stream_), "bad arguments");
 }
 

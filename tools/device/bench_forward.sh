@@ -42,6 +42,9 @@ args_decode_s1_moev1="$args_decode_s1 --moe-grouped-wgmma-rs false"
 args_decode_s6_nomoegw="$args_decode_s6 --moe-grouped-wgmma false"
 args_decode_s6_moers="$args_decode_s6 --moe-grouped-wgmma true --moe-grouped-wgmma-rs true"
 args_decode_s1_moers="$args_decode_s1 --moe-grouped-wgmma true --moe-grouped-wgmma-rs true"
+# The swapped-operand kernel on k-permuted expert inputs (GpuModelOptions::moe_kperm; not the
+# default: unmeasured).
+args_decode_s6_kperm="$args_decode_s6 --moe-kperm true"
 # The same plus one DSpark draft cycle for the batch (the draft stages' rings committed from
 # random taps): draft time, its components and roofline, step + draft.
 args_decode_s6_dspark="$args_decode_s6 --dspark"
@@ -51,6 +54,7 @@ args_decode_s1_eager="$args_decode_s1 --cuda-graphs false"
 # Prefill after a 128K cached prefix on an 8-layer subsample (+ owners), production vs oracle.
 args_prefill8k_prod="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode production"
 args_prefill8k_prod_moev1="$args_prefill8k_prod --moe-grouped-wgmma-rs false"
+args_prefill8k_prod_kperm="$args_prefill8k_prod --moe-kperm true"
 args_prefill8k_oracle="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode oracle"
 args_prefill32k_prod="--new-tokens 32768 --cached 131072 --layers 8 --local-experts 12 --mode production"
 args_prefill8k_prod_noidxw="$args_prefill8k_prod --indexer-wgmma false"

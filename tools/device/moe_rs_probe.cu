@@ -1,6 +1,7 @@
 // Device probe (not part of the build): times the grouped MXFP4 GEMM kernels at a DEP32 rank's
 // decode share (12 experts x 192 rows; w1 / w3: n 2304 k 5120, w2: n 5120 k 2304) and prints
-// microseconds and TFLOP/s. Three weight sets rotate so L2 does not hold the weights. Variants of
+// microseconds and TFLOP/s. Three weight sets rotate so L2 does not hold the weights. The rs rows
+// also run on A read as k-permuted (a_kperm: the other decode; A is random). Variants of
 // the swapped-operand kernel compile with -DMOESERVE_RS_PROBE=P (1: no dequant after tile 0,
 // 2: no loads after the prologue, 3: no wgmma) and -DMOESERVE_RS_STAGES=S:
 //   nvcc -O3 -std=c++20 -arch=sm_90a -I src tools/device/moe_rs_probe.cu -o /tmp/rs && /tmp/rs
@@ -41,7 +42,8 @@ int main() {
     MS_CUDA_CHECK(cudaMalloc(&y, static_cast<size_t>(rows * n) * 4));
     MS_CUDA_CHECK(cudaMalloc(&y2, static_cast<size_t>(rows * n) * 4));
     const auto* da = up(a);
-    for (const int variant : {0, 1, 2}) {  // v1, rs, rs with two weight sets
+    // v1, rs, rs with two weight sets, and the two rs rows with a_kperm
+    for (const int variant : {0, 1, 2, 3, 4}) {
       GroupedMxfp4GemmParams p;
       p.a = da;
       p.lda = k;
@@ -56,10 +58,11 @@ int main() {
       p.use_wgmma = true;
       p.wgmma_rs = variant > 0;
       p.a_rows = rows;
+      p.a_kperm = variant >= 3;
       const auto launch = [&](int i) {
         p.w = wp[i % 3];
         p.w_scale = sp[i % 3];
-        if (variant == 2) {
+        if (variant == 2 || variant == 4) {
           p.w_b = wp[(i + 1) % 3];
           p.w_scale_b = sp[(i + 1) % 3];
           p.y_b = y2;
@@ -82,10 +85,11 @@ int main() {
       float ms = 0;
       cudaEventElapsedTime(&ms, e0, e1);
       const double us = 1000.0 * ms / iters;
-      const double flops = 2.0 * rows * n * k * (variant == 2 ? 2 : 1);
-      std::printf("probe %d stages %d %-10s n %5ld k %5ld: %7.1f us %6.0f TFLOP/s\n",
-                  MOESERVE_RS_PROBE, MOESERVE_RS_STAGES,
-                  variant == 0 ? "v1" : variant == 1 ? "rs" : "rs w1+w3", static_cast<long>(n),
+      static constexpr const char* kNames[] = {"v1", "rs", "rs w1+w3", "rs kperm",
+                                               "rs kperm w1+w3"};
+      const double flops = 2.0 * rows * n * k * (variant == 2 || variant == 4 ? 2 : 1);
+      std::printf("probe %d stages %d %-14s n %5ld k %5ld: %7.1f us %6.0f TFLOP/s\n",
+                  MOESERVE_RS_PROBE, MOESERVE_RS_STAGES, kNames[variant], static_cast<long>(n),
                   static_cast<long>(k), us, flops / us * 1e-6);
     }
   }

@@ -143,6 +143,10 @@ void launch_fp8_wgmma_gemm(const Fp8WgmmaGemmParams& p, Stream stream);
 // in out_scale[r * ldo_scale + c / 32] (the same rule: code = e4m3(x / s), s = 2^(scale - 127), so
 // e4m3 * s is the bf16/fp32 output bit for bit; launch_fp8_wgmma_gemm's A operand).
 // cols % 32 == 0.
+// kperm64 (bf16 output only, cols % 64 == 0; else bad arguments): within every 64-wide column
+// tile the output is stored k-permuted for GroupedMxfp4GemmParams::a_kperm (see there): the value
+// of column k = 16 t + 4 s + 2 h + v of the tile goes to column 16 s + 8 h + 2 t + v. The values
+// and their 32-wide quantisation blocks are those of the natural output; only their places move.
 struct ActQuantParams {
   const float* x = nullptr;
   int64_t ldx = 0;
@@ -155,12 +159,14 @@ struct ActQuantParams {
   int64_t ldo = 0;
   uint8_t* out_scale = nullptr;  // kMxfp8 only: [rows, cols / 32] ue8m0 codes
   int64_t ldo_scale = 0;         // kMxfp8 only: >= cols / 32
+  bool kperm64 = false;          // kBF16 only: k-permuted columns (above)
 };
 void launch_act_quant_mxfp8(const ActQuantParams& p, Stream stream);
 
 // out[r, c] = fq(silu(min(g, limit)) * clamp(u, ±limit) * row_weight[r]) (the routed expert's
 // clamped SwiGLU times its routing weight, then the MXFP8 fake-quant of w2's input) for r <
 // *device_rows (or rows); bf16 bits, fp32 or e4m3 codes + ue8m0 scales as above. cols % 32 == 0.
+// kperm64: the k-permuted bf16 output of ActQuantParams::kperm64 (cols % 64 == 0).
 struct SwigluQuantParams {
   const float* gate = nullptr;
   const float* up = nullptr;
@@ -175,6 +181,7 @@ struct SwigluQuantParams {
   int64_t ldo = 0;
   uint8_t* out_scale = nullptr;  // kMxfp8 only
   int64_t ldo_scale = 0;
+  bool kperm64 = false;  // kBF16 only: k-permuted columns (ActQuantParams::kperm64)
 };
 void launch_swiglu_quant_mxfp8(const SwigluQuantParams& p, Stream stream);
 
@@ -241,10 +248,23 @@ struct GroupedMxfp4GemmParams {
   const uint8_t* const* w_b = nullptr;
   const uint8_t* const* w_scale_b = nullptr;
   float* y_b = nullptr;
+  // A is stored k-permuted within every 64-wide K tile of each row (the ActQuantParams::kperm64 /
+  // SwigluQuantParams::kperm64 output): column 16 s + 8 h + 2 t + v of a tile (s < 4, h < 2,
+  // t < 4, v < 2) holds k = 16 t + 4 s + 2 h + v of that tile. The swapped-operand kernel then
+  // decodes each fragment from 8 consecutive packed weight bytes under one scale instead of
+  // gathering bytes of 8 words under two. Only that kernel reads this layout: a launch it does
+  // not take (grouped_mxfp4_rs_applies false) aborts as bad arguments instead of computing with
+  // permuted columns.
+  bool a_kperm = false;
 };
 // Which kernel a launch took (the last one when a second weight set ran as a second launch).
 enum class GroupedMxfp4Kernel { kNone, kTable, kSkinny, kWgmma, kWgmmaRs };
 GroupedMxfp4Kernel launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream);
+// Whether launch_grouped_mxfp4_gemm takes the swapped-operand kernel for p (the flags, shape and
+// alignment conditions, and a Hopper device; the same test the launch makes), so a caller can
+// decide on a_kperm before producing A. (A launch whose TMA descriptor the driver still refuses
+// falls back, or with a_kperm aborts.)
+[[nodiscard]] bool grouped_mxfp4_rs_applies(const GroupedMxfp4GemmParams& p);
 
 // out[N, K] (bf16 bits) = dequant(W) of an FP8 e4m3 [N, K] weight with 32x32 ue8m0 block scales
 // (exact: e4m3 * 2^k is a bf16 value). K % 32 == 0.

@@ -59,9 +59,18 @@ __device__ __forceinline__ void store_act(void* out, ActivationType type, int64_
   }
 }
 
+// The column that holds column c of the natural order in the k-permuted layout of
+// ActQuantParams::kperm64 / GroupedMxfp4GemmParams::a_kperm: within each 64-wide tile, k =
+// 16 t + 4 s + 2 h + v goes to 16 s + 8 h + 2 t + v (so the swapped-operand GEMM's thread t finds
+// all its k16 steps' pairs in packed weight bytes 8 t .. 8 t + 7). Pairs (v) stay adjacent.
+__device__ __forceinline__ int64_t kperm64_col(int64_t c) {
+  const int64_t k = c & 63;
+  return (c - k) + 16 * ((k >> 2) & 3) + 8 * ((k >> 1) & 1) + 2 * (k >> 4) + (k & 1);
+}
+
 // Quantises the lane's element within its warp's 32-element block (c = the block's start + lane;
-// warp-collective) and stores it: the fake-quant value (bf16 / fp32), or its e4m3 code with lane 0
-// writing the block's scale code (kMxfp8).
+// warp-collective) and stores it: the fake-quant value (bf16 / fp32; kperm64: at its permuted
+// column), or its e4m3 code with lane 0 writing the block's scale code (kMxfp8).
 template <typename P>
 __device__ __forceinline__ void quant_store_lane(const P& p, int64_t r, int64_t c, float v) {
   float a = fabsf(v);
@@ -73,7 +82,7 @@ __device__ __forceinline__ void quant_store_lane(const P& p, int64_t r, int64_t 
     if ((threadIdx.x & 31) == 0)
       p.out_scale[r * p.ldo_scale + c / 32] = static_cast<uint8_t>(sc.code);
   } else {
-    store_act(p.out, p.out_type, r * p.ldo + c, mxfp8_round(v, sc));
+    store_act(p.out, p.out_type, r * p.ldo + (p.kperm64 ? kperm64_col(c) : c), mxfp8_round(v, sc));
   }
 }
 
@@ -122,11 +131,20 @@ __device__ __forceinline__ void store_act8(void* out, ActivationType type, int64
 
 // Quantises and stores v = row r, columns [c, c + 8) (warp-collective: every lane calls it; live
 // lanes store). kMxfp8: one 8-byte store of the codes; the block's first lane writes its scale.
+// kperm64 (bf16): the four pairs go to their permuted columns, one 4-byte store each.
 template <typename P>
 __device__ __forceinline__ void quant_store8(const P& p, int64_t r, int64_t c, float (&v)[8],
                                              bool live) {
   const Mxfp8Scale sc = block_scale8(v);
   if (!live) return;
+  if (p.kperm64) {  // the launchers allow it with kBF16 only
+    auto* o = static_cast<__nv_bfloat16*>(p.out) + r * p.ldo;
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      *reinterpret_cast<__nv_bfloat162*>(o + kperm64_col(c + 2 * e)) =
+          __floats2bfloat162_rn(mxfp8_round(v[2 * e], sc), mxfp8_round(v[2 * e + 1], sc));
+    return;
+  }
   if (p.out_type == ActivationType::kMxfp8) {
     uint32_t lo = 0, hi = 0;
 #pragma unroll
@@ -1040,6 +1058,14 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 // j = 2 s + 1. So one K tile of a row is byte t of its eight words: two prmt-gathered words of
 // eight nibbles, each decoded by e2m1x8_to_bf16 (the same exact products as the other kernels)
 // with the scale of its 32-wide block (words 0-3: block 2 kt, words 4-7: block 2 kt + 1).
+// With a_kperm the activations' columns are k-permuted within the tile (the quantisers'
+// kperm64: column c = 16 s + 8 h + 2 t + v holds k = 16 t + 4 s + 2 h + v). wgmma sums over the
+// columns, so fragment column c must hold the weight of k(c): thread t's pairs of step s are then
+// k 16 t + 4 s (+1) (low, h = 0) and 16 t + 4 s + 2 (+3) (high, h = 1), packed bytes 8 t + 2 s
+// and 8 t + 2 s + 1. All four steps come from bytes 8 t .. 8 t + 7 of the row (one 8-byte load;
+// word q holds steps 2 q and 2 q + 1 in the same order e2m1x8_to_bf16 gives the gathered words),
+// all in 32-wide block t / 2 of the tile: one scale byte per row and tile, no prmt gather
+// (grs_dequant<true>; a second kernel instantiation, chosen on the host).
 //
 // Per K tile kt (fragments in three register buffers, F[kt % 3]):
 //   wait for the slot's mbarrier (A of kt landed); wgmma x4 on (F[kt % 3], A of kt); commit;
@@ -1080,27 +1106,51 @@ static_assert(kBW * kBK / 2 == kThreads * 16);
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Fragments of one K tile for the thread's rows r0 and r0 + 8 (f[s][i]: k16 step s, register i).
+// kKperm: the activations are k-permuted (a_kperm), so the fragments are bytes 8 t .. 8 t + 7.
+template <bool kKperm>
 __device__ __forceinline__ void grs_dequant(const uint8_t* st, int r0, int t, int kt,
                                             uint32_t (&f)[4][4]) {
-  const uint32_t sel = static_cast<uint32_t>(t) | (static_cast<uint32_t>(t + 4) << 4);
+  // o[j] of word q = the pair of step 2 q + j / 2, k low (j even) / high (j odd), in both layouts.
+  const auto place = [&](int q, int h, const uint32_t (&o)[4]) {
+    f[2 * q][h] = o[0];
+    f[2 * q][2 + h] = o[1];
+    f[2 * q + 1][h] = o[2];
+    f[2 * q + 1][2 + h] = o[3];
+  };
+  if constexpr (kKperm) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = r0 + 8 * h;
-    const uint4 lo = *reinterpret_cast<const uint4*>(st + grs::kABytes + r * 32);
-    const uint4 hi = *reinterpret_cast<const uint4*>(st + grs::kABytes + r * 32 + 16);
-    const uint32_t sw = *reinterpret_cast<const uint32_t*>(st + grs::kABytes + grs::kWBytes + r * 4);
-    const uint32_t x[2] = {prmt(prmt(lo.x, lo.y, sel), prmt(lo.z, lo.w, sel), 0x5410u),
-                           prmt(prmt(hi.x, hi.y, sel), prmt(hi.z, hi.w, sel), 0x5410u)};
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const float sf = v41::ue8m0_decode((sw >> (16 * (kt & 1) + 8 * q)) & 0xFFu);
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + 8 * h;
+      // Bytes 8 t .. 8 t + 7 of the row (word q: steps 2 q, 2 q + 1), and the scale byte of its
+      // block t / 2 of the tile (the row's scale word holds blocks 2 kt, 2 kt + 1 at 2 (kt % 2)).
+      const uint2 w = *reinterpret_cast<const uint2*>(st + grs::kABytes + r * 32 + 8 * t);
+      const float sf =
+          v41::ue8m0_decode(st[grs::kABytes + grs::kWBytes + r * 4 + 2 * (kt & 1) + (t >> 1)]);
+      const __nv_bfloat162 s2 = __floats2bfloat162_rn(sf, sf);
       uint32_t o[4];
-      e2m1x8_to_bf16(x[q], __floats2bfloat162_rn(sf, sf), o);
-      // o[j] = the pair of word 4 q + j: steps 2 q (j 0, 1) and 2 q + 1 (j 2, 3), k low / high.
-      f[2 * q][h] = o[0];
-      f[2 * q][2 + h] = o[1];
-      f[2 * q + 1][h] = o[2];
-      f[2 * q + 1][2 + h] = o[3];
+      e2m1x8_to_bf16(w.x, s2, o);
+      place(0, h, o);
+      e2m1x8_to_bf16(w.y, s2, o);
+      place(1, h, o);
+    }
+  } else {
+    const uint32_t sel = static_cast<uint32_t>(t) | (static_cast<uint32_t>(t + 4) << 4);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = r0 + 8 * h;
+      const uint4 lo = *reinterpret_cast<const uint4*>(st + grs::kABytes + r * 32);
+      const uint4 hi = *reinterpret_cast<const uint4*>(st + grs::kABytes + r * 32 + 16);
+      const uint32_t sw =
+          *reinterpret_cast<const uint32_t*>(st + grs::kABytes + grs::kWBytes + r * 4);
+      const uint32_t x[2] = {prmt(prmt(lo.x, lo.y, sel), prmt(lo.z, lo.w, sel), 0x5410u),
+                             prmt(prmt(hi.x, hi.y, sel), prmt(hi.z, hi.w, sel), 0x5410u)};
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const float sf = v41::ue8m0_decode((sw >> (16 * (kt & 1) + 8 * q)) & 0xFFu);
+        uint32_t o[4];
+        e2m1x8_to_bf16(x[q], __floats2bfloat162_rn(sf, sf), o);
+        place(q, h, o);  // o[j] = the pair of word 4 q + j
+      }
     }
   }
 }
@@ -1136,7 +1186,7 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
 
 // One pass: rows [m0, m0 + rows) of expert e (rows <= kTN), weight rows [n0, n0 + 128). tc: K
 // tiles this CTA loaded before the pass (ring slot and mbarrier phase of tile kt follow tc + kt).
-template <int kTN>
+template <int kTN, bool kKperm>
 __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const CUtensorMap* tmap_a,
                                          const uint8_t* wexp, const uint8_t* sexp, float* y,
                                          uint8_t* smem, uint32_t base, int64_t beg, int64_t m0,
@@ -1183,10 +1233,10 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
   }
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 3) : "memory");  // weights of tile 0
   __syncthreads();
-  grs_dequant(smem + slot(0) * kStageBytes, r0, t, 0, f0);
+  grs_dequant<kKperm>(smem + slot(0) * kStageBytes, r0, t, 0, f0);
   if (MOESERVE_RS_PROBE == 1) {
-    grs_dequant(smem + slot(0) * kStageBytes, r0, t, 0, f1);
-    grs_dequant(smem + slot(0) * kStageBytes, r0, t, 0, f2);
+    grs_dequant<kKperm>(smem + slot(0) * kStageBytes, r0, t, 0, f1);
+    grs_dequant<kKperm>(smem + slot(0) * kStageBytes, r0, t, 0, f2);
   }
 
   // K tile kt on fragments fc; the fragments of kt + 1 into fn.
@@ -1209,7 +1259,7 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
     if (kt + kStages - 2 < nk && MOESERVE_RS_PROBE != 2) load_tile(kt + kStages - 2);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     if (kt + 1 < nk && MOESERVE_RS_PROBE != 1)
-      grs_dequant(smem + slot(kt + 1) * kStageBytes, r0, t, kt + 1, fn);
+      grs_dequant<kKperm>(smem + slot(kt + 1) * kStageBytes, r0, t, kt + 1, fn);
   };
   // Three fragment buffers: tile kt + 1 is decoded while the wgmma of kt - 1 and kt run.
 #pragma unroll 1
@@ -1238,6 +1288,8 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
 }
 #endif
 
+// kKperm: p.a_kperm (one instantiation each, so neither carries the other's decode).
+template <bool kKperm>
 __global__ void __launch_bounds__(grs::kThreads, 1)
     grouped_mxfp4_gemm_rs_kernel(const GroupedMxfp4GemmParams p,
                                  const __grid_constant__ CUtensorMap tmap_a) {
@@ -1268,9 +1320,15 @@ __global__ void __launch_bounds__(grs::kThreads, 1)
        m0 += static_cast<int64_t>(gridDim.y) * kMaxTok) {
     const int64_t rows = min(static_cast<int64_t>(kMaxTok), cnt - m0);
     switch ((rows + 63) / 64) {
-      case 1: grs_pass<64>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows, n0, tc); break;
-      case 2: grs_pass<128>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows, n0, tc); break;
-      case 3: grs_pass<192>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows, n0, tc); break;
+      case 1:
+        grs_pass<64, kKperm>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows, n0, tc);
+        break;
+      case 2:
+        grs_pass<128, kKperm>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows, n0, tc);
+        break;
+      case 3:
+        grs_pass<192, kKperm>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows, n0, tc);
+        break;
       default: break;
     }
     tc += static_cast<uint32_t>(p.k / kBK);
@@ -1280,10 +1338,9 @@ __global__ void __launch_bounds__(grs::kThreads, 1)
 #endif
 }
 
-// The activations [a_rows, k] (row stride lda) as a TMA map of 64 x 64 bf16 boxes, 128-byte
-// swizzle (the layout desc_k_sw128 reads). The driver's encoder comes through the runtime's entry
-// point query, so nothing links libcuda.
-bool make_tmap_a(CUtensorMap* map, const void* a, int64_t k, int64_t rows, int64_t lda) {
+// The driver's tensor map encoder, through the runtime's entry point query (so nothing links
+// libcuda); null when the driver does not offer it.
+PFN_cuTensorMapEncodeTiled_v12000 tmap_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
@@ -1293,6 +1350,13 @@ bool make_tmap_a(CUtensorMap* map, const void* a, int64_t k, int64_t rows, int64
       fn = nullptr;
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
+  return encode;
+}
+
+// The activations [a_rows, k] (row stride lda) as a TMA map of 64 x 64 bf16 boxes, 128-byte
+// swizzle (the layout desc_k_sw128 reads).
+bool make_tmap_a(CUtensorMap* map, const void* a, int64_t k, int64_t rows, int64_t lda) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tmap_encoder();
   if (encode == nullptr || rows <= 0 || rows > 0x7FFFFFFF || k > 0x7FFFFFFF) return false;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(lda) * 2};
@@ -1304,31 +1368,49 @@ bool make_tmap_a(CUtensorMap* map, const void* a, int64_t k, int64_t rows, int64
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// The swapped-operand kernel when requested and it applies (both weight sets in one launch).
-bool launch_grouped_mxfp4_rs(const GroupedMxfp4GemmParams& p, cudaStream_t stream) {
-  if (!p.use_wgmma || !p.wgmma_rs || p.rows_hint <= 24 || p.k % 128 != 0 || p.a_rows <= 0 ||
-      reinterpret_cast<uintptr_t>(p.y) % 4 != 0)
+// Passes of 192 rows per expert in the swapped-operand kernel's grid: twice the expected rows, at
+// least 1 (CTAs loop over further passes when an expert gets more rows; CTAs past the count exit
+// at once).
+int64_t rs_passes(const GroupedMxfp4GemmParams& p) {
+  return std::min(
+      ceil_div(p.max_rows, grs::kMaxTok),
+      std::max<int64_t>(1, ceil_div(2 * std::max<int64_t>(p.rows_hint, 1), grs::kMaxTok)));
+}
+int64_t rs_wtiles(const GroupedMxfp4GemmParams& p) {
+  return ceil_div(p.n, grs::kBW) * (p.w_b != nullptr ? 2 : 1);
+}
+
+// Whether the swapped-operand kernel takes p: requested, its shape, alignment and grid limits,
+// the tensor map's limits and encoder, and a Hopper device (grouped_mxfp4_rs_applies and
+// launch_grouped_mxfp4_rs both ask this, so a caller's a_kperm decision matches the launch).
+bool rs_takes(const GroupedMxfp4GemmParams& p) {
+  if (!p.use_wgmma || !p.wgmma_rs || p.rows_hint <= 24 || p.k % 128 != 0 || p.k > 0x7FFFFFFF ||
+      p.a_rows <= 0 || p.a_rows > 0x7FFFFFFF || reinterpret_cast<uintptr_t>(p.y) % 4 != 0)
     return false;
   static const bool hopper = [] {
     if (device_cc_major() != 9) return false;
-    MS_CUDA_CHECK(cudaFuncSetAttribute(grouped_mxfp4_gemm_rs_kernel,
+    MS_CUDA_CHECK(cudaFuncSetAttribute(grouped_mxfp4_gemm_rs_kernel<false>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       grs::kSmemBytes));
+    MS_CUDA_CHECK(cudaFuncSetAttribute(grouped_mxfp4_gemm_rs_kernel<true>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        grs::kSmemBytes));
     return true;
   }();
-  if (!hopper) return false;
-  // Passes of 192 rows per expert in the grid: twice the expected rows, at least 1 (CTAs loop over further
-  // passes when an expert gets more rows; CTAs past the count exit at once).
-  const int64_t passes =
-      std::min(ceil_div(p.max_rows, grs::kMaxTok),
-               std::max<int64_t>(1, ceil_div(2 * std::max<int64_t>(p.rows_hint, 1), grs::kMaxTok)));
-  const int64_t wtiles = ceil_div(p.n, grs::kBW) * (p.w_b != nullptr ? 2 : 1);
-  if (passes > 65535 || wtiles > 0x7FFFFFFF) return false;
-  const dim3 grid(static_cast<unsigned>(wtiles), static_cast<unsigned>(passes),
+  return hopper && tmap_encoder() != nullptr && rs_passes(p) <= 65535 && rs_wtiles(p) <= 0x7FFFFFFF;
+}
+
+// The swapped-operand kernel when requested and it applies (both weight sets in one launch).
+bool launch_grouped_mxfp4_rs(const GroupedMxfp4GemmParams& p, cudaStream_t stream) {
+  if (!rs_takes(p)) return false;
+  const dim3 grid(static_cast<unsigned>(rs_wtiles(p)), static_cast<unsigned>(rs_passes(p)),
                   static_cast<unsigned>(p.num_experts));
   CUtensorMap tmap{};
   if (!make_tmap_a(&tmap, p.a, p.k, p.a_rows, p.lda)) return false;
-  grouped_mxfp4_gemm_rs_kernel<<<grid, grs::kThreads, grs::kSmemBytes, stream>>>(p, tmap);
+  if (p.a_kperm)
+    grouped_mxfp4_gemm_rs_kernel<true><<<grid, grs::kThreads, grs::kSmemBytes, stream>>>(p, tmap);
+  else
+    grouped_mxfp4_gemm_rs_kernel<false><<<grid, grs::kThreads, grs::kSmemBytes, stream>>>(p, tmap);
   MS_CUDA_CHECK_LAUNCH();
   return true;
 }
@@ -1380,6 +1462,12 @@ bool mxfp8_scales_ok(const P& p) {
          (p.out_scale != nullptr && p.ldo_scale >= p.cols / 32);
 }
 
+// The k-permuted output: bf16 only (the swapped-operand GEMM's A), whole 64-column tiles.
+template <typename P>
+bool kperm64_ok(const P& p) {
+  return !p.kperm64 || (p.out_type == ActivationType::kBF16 && p.cols % 64 == 0);
+}
+
 void bad_args(const char* what, const char* need) {
   detail::cuda_call_failed(__FILE__, __LINE__, what, "bad arguments", need);
 }
@@ -1388,9 +1476,10 @@ void bad_args(const char* what, const char* need) {
 
 void launch_act_quant_mxfp8(const ActQuantParams& p, Stream stream) {
   if (p.rows == 0 || p.cols == 0) return;
-  if (p.cols % 32 != 0 || p.ldx < p.cols || p.ldo < p.cols || !mxfp8_scales_ok(p))
+  if (p.cols % 32 != 0 || p.ldx < p.cols || p.ldo < p.cols || !mxfp8_scales_ok(p) || !kperm64_ok(p))
     bad_args("launch_act_quant_mxfp8",
-             "cols % 32 == 0, ldx >= cols, ldo >= cols; kMxfp8: out_scale, ldo_scale >= cols/32");
+             "cols % 32 == 0, ldx >= cols, ldo >= cols; kMxfp8: out_scale, ldo_scale >= cols/32; "
+             "kperm64: kBF16, cols % 64 == 0");
   const bool vec = p.ldx % 4 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
                    p.ldo % 8 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
   launch_quant_rows(act_quant_vec_kernel, act_quant_kernel, vec, p, stream);
@@ -1398,9 +1487,10 @@ void launch_act_quant_mxfp8(const ActQuantParams& p, Stream stream) {
 
 void launch_swiglu_quant_mxfp8(const SwigluQuantParams& p, Stream stream) {
   if (p.rows == 0 || p.cols == 0) return;
-  if (p.cols % 32 != 0 || p.ld < p.cols || p.ldo < p.cols || !mxfp8_scales_ok(p))
+  if (p.cols % 32 != 0 || p.ld < p.cols || p.ldo < p.cols || !mxfp8_scales_ok(p) || !kperm64_ok(p))
     bad_args("launch_swiglu_quant_mxfp8",
-             "cols % 32 == 0, ld >= cols, ldo >= cols; kMxfp8: out_scale, ldo_scale >= cols/32");
+             "cols % 32 == 0, ld >= cols, ldo >= cols; kMxfp8: out_scale, ldo_scale >= cols/32; "
+             "kperm64: kBF16, cols % 64 == 0");
   const bool vec = p.ld % 4 == 0 && reinterpret_cast<uintptr_t>(p.gate) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(p.up) % 16 == 0 && p.ldo % 8 == 0 &&
                    reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
@@ -1439,6 +1529,11 @@ GroupedMxfp4Kernel launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, St
   if (grid.y > 65535) bad_args("launch_grouped_mxfp4_gemm", "max_rows / tile <= 65535");
   const cudaStream_t s = as_cuda_stream(stream);
   if (launch_grouped_mxfp4_rs(p, s)) return GroupedMxfp4Kernel::kWgmmaRs;
+  // The other kernels read A in natural k order: permuted columns would be wrong results.
+  if (p.a_kperm)
+    bad_args("launch_grouped_mxfp4_gemm",
+             "a_kperm only where the swapped-operand kernel takes the launch "
+             "(grouped_mxfp4_rs_applies)");
   if (p.w_b != nullptr) {  // the other kernels take one weight set per launch
     GroupedMxfp4GemmParams one = p;
     one.w_b = nullptr;
@@ -1464,6 +1559,8 @@ GroupedMxfp4Kernel launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, St
   MS_CUDA_CHECK_LAUNCH();
   return GroupedMxfp4Kernel::kTable;
 }
+
+bool grouped_mxfp4_rs_applies(const GroupedMxfp4GemmParams& p) { return rs_takes(p); }
 
 void launch_dequant_fp8_block_to_bf16(const uint8_t* w, const uint8_t* w_scale, int64_t n,
                                       int64_t k, void* out, Stream stream) {

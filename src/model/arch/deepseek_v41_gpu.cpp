@@ -1706,7 +1706,6 @@ struct DeepseekV41Gpu::Impl {
     aq.out = xe;
     aq.out_type = qt;
     aq.ldo = d;
-    cu::launch_act_quant_mxfp8(aq, stream);
     cu::SwigluQuantParams sq;
     sq.gate = ge;
     sq.up = ue;
@@ -1721,6 +1720,7 @@ struct DeepseekV41Gpu::Impl {
     sq.ldo = inter;
     if (exact) {
       // Test mode (fp32 expert weights): the counts come to the host, one fp32 GEMM per expert.
+      cu::launch_act_quant_mxfp8(aq, stream);
       std::vector<int32_t> off(static_cast<size_t>(local) + 1);
       cu::copy_d2h(off.data(), offsets, off.size() * 4, stream);
       cu::stream_synchronize(stream);
@@ -1779,20 +1779,29 @@ struct DeepseekV41Gpu::Impl {
       gg.w_b = ptr + 2 * local;
       gg.w_scale_b = ptr + 3 * local;
       gg.y_b = ue;
+      cu::GroupedMxfp4GemmParams g2 = gg;  // w2 over he
+      g2.w_b = nullptr;
+      g2.w_scale_b = nullptr;
+      g2.y_b = nullptr;
+      g2.a = he;
+      g2.lda = inter;
+      g2.n = d;
+      g2.k = inter;
+      g2.ldy = d;
+      g2.w = ptr + 4 * local;
+      g2.w_scale = ptr + 5 * local;
+      g2.y = ye;
+      // moe_kperm: only when the swapped-operand kernel reads both inputs (the other kernels
+      // need the natural k order; the launch would refuse a_kperm).
+      if (opt.moe_kperm && cu::grouped_mxfp4_rs_applies(gg) && cu::grouped_mxfp4_rs_applies(g2)) {
+        aq.kperm64 = sq.kperm64 = true;
+        gg.a_kperm = g2.a_kperm = true;
+      }
+      if (opt.trace) trace.moe_kperm[l] = gg.a_kperm;
+      cu::launch_act_quant_mxfp8(aq, stream);
       cu::launch_grouped_mxfp4_gemm(gg, stream);
-      gg.w_b = nullptr;
-      gg.w_scale_b = nullptr;
-      gg.y_b = nullptr;
       cu::launch_swiglu_quant_mxfp8(sq, stream);
-      gg.a = he;
-      gg.lda = inter;
-      gg.n = d;
-      gg.k = inter;
-      gg.ldy = d;
-      gg.w = ptr + 4 * local;
-      gg.w_scale = ptr + 5 * local;
-      gg.y = ye;
-      cu::launch_grouped_mxfp4_gemm(gg, stream);
+      cu::launch_grouped_mxfp4_gemm(g2, stream);
     }
     cu::launch_moe_combine(ye, inv, n, k, d, y, stream);
   }

@@ -105,6 +105,13 @@ struct GpuModelOptions {
   // order. H200, 12 experts x 192 rows: w1 + w3 472 -> 249 us, w2 210 -> 121 us; the DEP32 decode
   // step's MoE 37.3 -> 25.8 ms (docs/perf/forward-gpu-2026-11-30-r7.md).
   bool moe_grouped_wgmma_rs = true;
+  // With moe_grouped_wgmma_rs, where that kernel takes both grouped GEMMs (w1 + w3 over hidden,
+  // w2 over intermediate: cuda::grouped_mxfp4_rs_applies): the quantisers write the expert inputs
+  // k-permuted within each 64-wide K tile (ActQuantParams / SwigluQuantParams::kperm64,
+  // GroupedMxfp4GemmParams::a_kperm), so each thread's weight fragments come from 8 consecutive
+  // packed bytes under one scale (no byte gather). Same products and values; fp32 sums in another
+  // order. Otherwise the natural layout. Off by default: unmeasured.
+  bool moe_kperm = false;
   // true (and the config has draft stages): load / fill the DSpark draft stages and heads, and
   // allocate their context rings (dspark_commit, dspark_draft).
   bool dspark = false;
@@ -120,6 +127,7 @@ struct GpuForwardTrace {
   std::map<int32_t, std::vector<float>> ffn_in;       // ffn_norm output [rows, D]
   std::map<int32_t, std::vector<float>> ffn_out;      // MoE output [rows, D]
   std::map<int32_t, std::vector<int32_t>> experts;    // routed experts [rows, top_k]
+  std::map<int32_t, bool> moe_kperm;  // grouped GEMMs on k-permuted inputs (options.moe_kperm)
   std::map<int32_t, std::vector<int32_t>> selected;  // index sources: [rows, index_topk] entries
   std::map<int32_t, std::vector<float>> scores;      // index sources: [rows, width] scores
   std::map<int32_t, int64_t> score_width;            // columns of scores[l]

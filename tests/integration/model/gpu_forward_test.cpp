@@ -14,6 +14,8 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <string>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -887,33 +889,40 @@ TEST(GpuForward, MoeEpRanksComputeReplicasButCombineOwnTokens) {
 // The grouped wgmma MoE GEMMs (GpuModelOptions::moe_grouped_wgmma, taken above 24 rows per
 // expert: here the wide model with moe_ep_ranks 8, 20 rows x top-2 x 8 / 8 experts = 40 rows per
 // expert; v1 and, with moe_grouped_wgmma_rs, the swapped-operand kernel with w1 and w3 in one
-// launch) against the WMMA table kernel in the forward: the first MoE layer's output agrees to
-// fp32 summation order (the same exact bf16 products) in every row.
+// launch, also on k-permuted expert inputs with moe_kperm) against the WMMA table kernel in the
+// forward: the first MoE layer's output agrees to fp32 summation order (the same exact bf16
+// products) in every row.
 TEST(GpuForward, MoeGroupedWgmmaAgreesWithTableKernelInTheForward) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   const std::filesystem::path dir = make_temp_dir("gpu_forward_moe_wgmma");
   ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
-  const auto run = [&](bool wgmma, bool rs) {
+  const auto run = [&](bool wgmma, bool rs, bool kperm) {
     return traced_prefill(dir, 6, [&](arch::GpuModelOptions& o) {
       o.moe_ep_ranks = 8;
       o.moe_grouped_wgmma = wgmma;
       o.moe_grouped_wgmma_rs = rs;
+      o.moe_kperm = kperm;
     });
   };
-  const auto ta = run(false, false);
+  const auto ta = run(false, false, false);
   ASSERT_FALSE(ta.ffn_out.empty());
   const int32_t l = ta.ffn_out.begin()->first;
   const auto& a = ta.ffn_out.at(l);
-  for (const bool rs : {false, true}) {
-    SCOPED_TRACE(rs ? "swapped-operand kernel" : "v1");
-    const auto tb = run(true, rs);
+  // v1, the swapped-operand kernel, and that kernel on k-permuted inputs (moe_kperm: hidden 256
+  // and intermediate 128 are multiples of 128 and ~40 rows per expert, so it takes both GEMMs).
+  for (const auto& [rs, kperm] :
+       {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
+    const char* name = kperm ? " rs kperm" : rs ? " rs" : "";
+    SCOPED_TRACE(std::string("moe grouped wgmma") + name);
+    const auto tb = run(true, rs, kperm);
     ASSERT_EQ(ta.ffn_in.at(l), tb.ffn_in.at(l));
+    ASSERT_EQ(tb.moe_kperm.count(l), 1u);
+    EXPECT_EQ(tb.moe_kperm.at(l), kperm) << "moe_kperm not taken";
     const auto& b = tb.ffn_out.at(l);
     ASSERT_EQ(a.size(), b.size());
     for (const float x : b) ASSERT_TRUE(std::isfinite(x));
     const int differing = rows_differing(a, b, 20, 1e-5);
-    fmt::print("moe grouped wgmma{} vs table kernel: {} of 20 rows over 1e-5\n", rs ? " rs" : "",
-               differing);
+    fmt::print("moe grouped wgmma{} vs table kernel: {} of 20 rows over 1e-5\n", name, differing);
     EXPECT_EQ(differing, 0);
   }
   std::filesystem::remove_all(dir);
