@@ -64,7 +64,7 @@ struct BenchForwardOptions {
   bool fp8_wgmma = false;
   bool moe_grouped_wgmma = true;
   bool moe_grouped_wgmma_rs = true;
-  bool moe_kperm = false;
+  bool moe_kperm = true;
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
   bool host_logits = false;  // copy the logits rows to the host (a server samples on the device)

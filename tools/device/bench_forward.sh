@@ -42,9 +42,10 @@ args_decode_s1_moev1="$args_decode_s1 --moe-grouped-wgmma-rs false"
 args_decode_s6_nomoegw="$args_decode_s6 --moe-grouped-wgmma false"
 args_decode_s6_moers="$args_decode_s6 --moe-grouped-wgmma true --moe-grouped-wgmma-rs true"
 args_decode_s1_moers="$args_decode_s1 --moe-grouped-wgmma true --moe-grouped-wgmma-rs true"
-# The swapped-operand kernel on k-permuted expert inputs (GpuModelOptions::moe_kperm; not the
-# default: unmeasured).
+# The swapped-operand kernel on k-permuted expert inputs (GpuModelOptions::moe_kperm, the default
+# since round 7; kperm: the flag set explicitly), and on natural-order inputs (nokperm).
 args_decode_s6_kperm="$args_decode_s6 --moe-kperm true"
+args_decode_s6_nokperm="$args_decode_s6 --moe-kperm false"
 # The same plus one DSpark draft cycle for the batch (the draft stages' rings committed from
 # random taps): draft time, its components and roofline, step + draft.
 args_decode_s6_dspark="$args_decode_s6 --dspark"

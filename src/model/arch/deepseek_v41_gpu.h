@@ -102,16 +102,17 @@ struct GpuModelOptions {
   // With moe_grouped_wgmma: the swapped-operand wgmma kernel (GroupedMxfp4GemmParams::wgmma_rs:
   // the weights dequantised straight into wgmma's register operand, the activations by TMA) with
   // w1 and w3 in one launch; false: the v1 wgmma kernel. Same products, fp32 sums in another
-  // order. H200, 12 experts x 192 rows: w1 + w3 472 -> 249 us, w2 210 -> 121 us; the DEP32 decode
-  // step's MoE 37.3 -> 25.8 ms (docs/perf/forward-gpu-2026-11-30-r7.md).
+  // order. H200, 12 experts x 192 rows: w1 + w3 462 -> 247 us, w2 210 -> 120 us; the DEP32 decode
+  // step's MoE 37.0 -> 25.9 ms (docs/perf/forward-gpu-2026-11-30-r7.md).
   bool moe_grouped_wgmma_rs = true;
   // With moe_grouped_wgmma_rs, where that kernel takes both grouped GEMMs (w1 + w3 over hidden,
   // w2 over intermediate: cuda::grouped_mxfp4_rs_applies): the quantisers write the expert inputs
   // k-permuted within each 64-wide K tile (ActQuantParams / SwigluQuantParams::kperm64,
   // GroupedMxfp4GemmParams::a_kperm), so each thread's weight fragments come from 8 consecutive
   // packed bytes under one scale (no byte gather). Same products and values; fp32 sums in another
-  // order. Otherwise the natural layout. Off by default: unmeasured.
-  bool moe_kperm = false;
+  // order. Otherwise the natural layout. H200, 12 experts x 192 rows: w1 + w3 247 -> 218 us, w2
+  // 120 -> 108 us; the DEP32 decode step 56.2 -> 54.2 ms (MoE 25.9 -> 23.8).
+  bool moe_kperm = true;
   // true (and the config has draft stages): load / fill the DSpark draft stages and heads, and
   // allocate their context rings (dspark_commit, dspark_draft).
   bool dspark = false;
