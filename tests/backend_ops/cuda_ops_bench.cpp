@@ -621,6 +621,31 @@ int run_bench(const std::string& out_dir) {
         }));
     b.release();
   }
+  // Grouped GEMM inputs: offsets of `local` experts with `per` rows each, and three copies of
+  // random MXFP4 expert weights [n, k] as device pointer arrays ([w... , scale...]; copies rotate
+  // so L2 does not hold the weights).
+  const auto expert_offsets = [&](int64_t local, int64_t per) {
+    std::vector<int32_t> off(static_cast<size_t>(local + 1));
+    for (int64_t e = 0; e <= local; ++e) off[static_cast<size_t>(e)] = static_cast<int32_t>(e * per);
+    auto doff = b.buffer(DType::kI32, {local + 1}, 0, 0);
+    b.backend().copy_from_host(doff, TensorView(off.data(), DType::kI32, {local + 1}));
+    return doff;
+  };
+  const auto expert_weight_copies = [&](int64_t local, int64_t n, int64_t k) {
+    std::vector<TensorView> ptr_bufs;
+    for (int cpy = 0; cpy < 3; ++cpy) {
+      std::vector<const uint8_t*> w(static_cast<size_t>(local)), sc(static_cast<size_t>(local));
+      for (int64_t e = 0; e < local; ++e) {
+        w[static_cast<size_t>(e)] = b.buffer(DType::kFp4E2m1, {n, k}).data_as<uint8_t>();
+        sc[static_cast<size_t>(e)] = b.buffer(DType::kF8E8M0, {n, k / 32}, 120, 130).data_as<uint8_t>();
+      }
+      w.insert(w.end(), sc.begin(), sc.end());
+      auto pb = b.buffer(DType::kI64, {2 * local}, 0, 0);
+      b.backend().copy_from_host(pb, TensorView(w.data(), DType::kI64, {2 * local}));
+      ptr_bufs.push_back(pb);
+    }
+    return ptr_bufs;
+  };
   // The forward's MoE path: MXFP8 activation quant, then the grouped MXFP4 GEMM over 12 local
   // experts with device-side row counts: 6 rows per expert (DEP32 decode share; the skinny
   // kernel) for w1 / w3 (N=2304, K=5120) and w2 (N=5120, K=2304), and 128 (prefill) for w1.
@@ -643,24 +668,8 @@ int run_bench(const std::string& out_dir) {
                               q.ldo = k;
                               cuda::launch_act_quant_mxfp8(q, stream);
                             }));
-    std::vector<int32_t> off(static_cast<size_t>(local + 1));
-    for (int64_t e = 0; e <= local; ++e) off[static_cast<size_t>(e)] = static_cast<int32_t>(e * per);
-    auto doff = b.buffer(DType::kI32, {local + 1}, 0, 0);
-    b.backend().copy_from_host(doff, TensorView(off.data(), DType::kI32, {local + 1}));
-    std::vector<std::vector<TensorView>> wsets;  // [copy][expert]
-    std::vector<TensorView> ptr_bufs;
-    const int copies = 3;
-    for (int cpy = 0; cpy < copies; ++cpy) {
-      std::vector<const uint8_t*> w(static_cast<size_t>(local)), sc(static_cast<size_t>(local));
-      for (int64_t e = 0; e < local; ++e) {
-        w[static_cast<size_t>(e)] = b.buffer(DType::kFp4E2m1, {n, k}).data_as<uint8_t>();
-        sc[static_cast<size_t>(e)] = b.buffer(DType::kF8E8M0, {n, k / 32}, 120, 130).data_as<uint8_t>();
-      }
-      w.insert(w.end(), sc.begin(), sc.end());
-      auto pb = b.buffer(DType::kI64, {2 * local}, 0, 0);
-      b.backend().copy_from_host(pb, TensorView(w.data(), DType::kI64, {2 * local}));
-      ptr_bufs.push_back(pb);
-    }
+    const TensorView doff = expert_offsets(local, per);
+    const std::vector<TensorView> ptr_bufs = expert_weight_copies(local, n, k);
     auto y = b.buffer(DType::kF32, {m, n});
     const double bytes = local * (n * k / 2.0 + n * k / 32.0) + 2.0 * m * k + 4.0 * m * n;
     results.push_back(b.run("grouped mxfp4 gemm (12 experts)", dims({m, n, k}), bytes,
@@ -693,22 +702,8 @@ int run_bench(const std::string& out_dir) {
                                   std::tuple{int64_t{128}, int64_t{2304}, int64_t{5120}}}) {
     const int64_t local = 12, m = per * local;
     auto x = b.buffer(DType::kBF16, {m, k});
-    std::vector<int32_t> off(static_cast<size_t>(local + 1));
-    for (int64_t e = 0; e <= local; ++e) off[static_cast<size_t>(e)] = static_cast<int32_t>(e * per);
-    auto doff = b.buffer(DType::kI32, {local + 1}, 0, 0);
-    b.backend().copy_from_host(doff, TensorView(off.data(), DType::kI32, {local + 1}));
-    std::vector<TensorView> ptr_bufs;
-    for (int cpy = 0; cpy < 3; ++cpy) {
-      std::vector<const uint8_t*> w(static_cast<size_t>(local)), sc(static_cast<size_t>(local));
-      for (int64_t e = 0; e < local; ++e) {
-        w[static_cast<size_t>(e)] = b.buffer(DType::kFp4E2m1, {n, k}).data_as<uint8_t>();
-        sc[static_cast<size_t>(e)] = b.buffer(DType::kF8E8M0, {n, k / 32}, 120, 130).data_as<uint8_t>();
-      }
-      w.insert(w.end(), sc.begin(), sc.end());
-      auto pb = b.buffer(DType::kI64, {2 * local}, 0, 0);
-      b.backend().copy_from_host(pb, TensorView(w.data(), DType::kI64, {2 * local}));
-      ptr_bufs.push_back(pb);
-    }
+    const TensorView doff = expert_offsets(local, per);
+    const std::vector<TensorView> ptr_bufs = expert_weight_copies(local, n, k);
     auto y = b.buffer(DType::kF32, {m, n});
     auto y2 = b.buffer(DType::kF32, {m, n});
     const double bytes = local * (n * k / 2.0 + n * k / 32.0) + 2.0 * m * k + 4.0 * m * n;

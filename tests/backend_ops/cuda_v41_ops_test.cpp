@@ -279,6 +279,52 @@ class CudaV41 : public ::testing::Test {
     return host;
   }
   float* nans(size_t n) { return up(std::vector<float>(n, kNaN)); }
+
+  // The grouped GEMM's A: random rows after the MXFP8 fake-quant, as fp32 (the CPU reference's
+  // input) and as their exact bf16 bits (the device's).
+  struct Mxfp8Rows {
+    std::vector<float> a;
+    std::vector<uint16_t> a16;
+  };
+  static Mxfp8Rows mxfp8_rows(int64_t rows, int64_t k, std::mt19937& rng) {
+    const auto x = rnd(rows * k, rng, -2, 2);
+    Mxfp8Rows m{std::vector<float>(x.size(), 0.0f), std::vector<uint16_t>(x.size(), 0)};
+    for (int64_t r = 0; r < rows; ++r)
+      fq_fp8_block32_pow2(std::span<const float>(x).subspan(static_cast<size_t>(r * k), k),
+                          std::span<float>(m.a).subspan(static_cast<size_t>(r * k), k));
+    for (size_t i = 0; i < m.a.size(); ++i) m.a16[i] = float_to_bf16(m.a[i]);
+    return m;
+  }
+  // One set of random MXFP4 expert weights [n, k] (host bytes, device pointers) and the grouped
+  // CPU reference: rows off[e] .. off[e + 1] of a through expert e.
+  struct Mxfp4Experts {
+    std::vector<std::vector<uint8_t>> w, s;
+    std::vector<const uint8_t*> wp, sp;
+    std::vector<float> ref;
+  };
+  Mxfp4Experts mxfp4_experts(const std::vector<int32_t>& off, int64_t n, int64_t k,
+                             const std::vector<float>& a, std::mt19937& rng) {
+    const size_t local = off.size() - 1;
+    Mxfp4Experts x;
+    x.ref.assign(static_cast<size_t>(off.back() * n), 0.0f);
+    for (size_t e = 0; e < local; ++e) {
+      x.w.emplace_back(static_cast<size_t>(n * k / 2));
+      x.s.emplace_back(static_cast<size_t>(n * k / 32));
+      for (auto& b : x.w.back()) b = static_cast<uint8_t>(rng());
+      for (auto& b : x.s.back()) b = static_cast<uint8_t>(118 + rng() % 16);
+      x.wp.push_back(up(x.w.back()));
+      x.sp.push_back(up(x.s.back()));
+      const int64_t m = off[e + 1] - off[e];
+      if (m == 0) continue;
+      std::vector<float> ae(a.begin() + off[e] * k, a.begin() + off[e + 1] * k);
+      cpu::mxfp4_gemm(TensorView(ae.data(), DType::kF32, {m, k}),
+                      TensorView(x.w.back().data(), DType::kFp4E2m1, {n, k}),
+                      TensorView(x.s.back().data(), DType::kF8E8M0, {n, k / 32}),
+                      TensorView(x.ref.data() + off[e] * n, DType::kF32, {m, n}));
+    }
+    return x;
+  }
+
   std::unique_ptr<Backend> backend_;
   void* stream_ = nullptr;
   std::vector<std::unique_ptr<DeviceBuffer>> bufs_;
@@ -2019,16 +2065,7 @@ TEST_F(CudaV41, MoeGroupAndGroupedMxfp4Gemm) {
       for (int64_t j = 0; j < gc.k; ++j)
         a16[static_cast<size_t>(q * gc.k + j)] = float_to_bf16(a[static_cast<size_t>(q * gc.k + j)]);
     }
-    std::vector<std::vector<uint8_t>> w(local), s(local);
-    std::vector<const uint8_t*> wp(local), sp(local);
-    for (int e = 0; e < local; ++e) {
-      w[e].resize(static_cast<size_t>(gc.n * gc.k / 2));
-      s[e].resize(static_cast<size_t>(gc.n * gc.k / 32));
-      for (auto& b : w[e]) b = static_cast<uint8_t>(rng());
-      for (auto& b : s[e]) b = static_cast<uint8_t>(118 + rng() % 16);
-      wp[e] = up(w[e]);
-      sp[e] = up(s[e]);
-    }
+    const Mxfp4Experts ex = mxfp4_experts(off, gc.n, gc.k, a, rng);
     float* y = nans(static_cast<size_t>(hits * gc.n));
     cuda::GroupedMxfp4GemmParams gg;
     gg.a = up(a16);
@@ -2036,8 +2073,8 @@ TEST_F(CudaV41, MoeGroupAndGroupedMxfp4Gemm) {
     gg.offsets = gp.offsets;
     gg.num_experts = local;
     gg.max_rows = gc.tokens;
-    gg.w = up(wp);
-    gg.w_scale = up(sp);
+    gg.w = up(ex.wp);
+    gg.w_scale = up(ex.sp);
     gg.y = y;
     gg.ldy = gc.n;
     gg.n = gc.n;
@@ -2045,18 +2082,8 @@ TEST_F(CudaV41, MoeGroupAndGroupedMxfp4Gemm) {
     gg.rows_hint = gc.rows_hint;
     cuda::launch_grouped_mxfp4_gemm(gg, stream_);
     const auto got = down(y, static_cast<size_t>(hits * gc.n));
-    std::vector<float> ref(static_cast<size_t>(total * gc.n));
-    for (int e = 0; e < local; ++e) {
-      const int64_t m = off[e + 1] - off[e];
-      if (m == 0) continue;
-      std::vector<float> ae(a.begin() + off[e] * gc.k, a.begin() + off[e + 1] * gc.k);
-      cpu::mxfp4_gemm(TensorView(ae.data(), DType::kF32, {m, gc.k}),
-                      TensorView(w[e].data(), DType::kFp4E2m1, {gc.n, gc.k}),
-                      TensorView(s[e].data(), DType::kF8E8M0, {gc.n, gc.k / 32}),
-                      TensorView(ref.data() + off[e] * gc.n, DType::kF32, {m, gc.n}));
-    }
     const std::vector<float> head(got.begin(), got.begin() + total * gc.n);
-    EXPECT_LE(rel_err(head, ref), 2e-5);
+    EXPECT_LE(rel_err(head, ex.ref), 2e-5);
     for (size_t i = static_cast<size_t>(total * gc.n); i < got.size(); ++i)
       ASSERT_TRUE(std::isnan(got[i])) << "row past the grouped count written: " << i;
   }
@@ -2095,40 +2122,11 @@ TEST_F(CudaV41, GroupedMxfp4GemmWgmma) {
     const int64_t total = off[local];
     const int64_t max_rows = *std::max_element(c.counts.begin(), c.counts.end());
     const int64_t alloc_rows = total + 7;  // rows past the grouped count must stay untouched
-    auto x = rnd(alloc_rows * c.k, rng, -2, 2);
-    std::vector<float> a(x.size(), 0.0f);
-    std::vector<uint16_t> a16(x.size(), 0);
-    for (int64_t r = 0; r < alloc_rows; ++r)
-      fq_fp8_block32_pow2(std::span<const float>(x).subspan(static_cast<size_t>(r * c.k), c.k),
-                          std::span<float>(a).subspan(static_cast<size_t>(r * c.k), c.k));
-    for (size_t i = 0; i < a.size(); ++i) a16[i] = float_to_bf16(a[i]);
+    const auto [a, a16] = mxfp8_rows(alloc_rows, c.k, rng);
     const std::vector<uint16_t> a16p = kperm_rows(a16, alloc_rows, c.k, c.k);
     // Two weight sets (W and W_b), each with its CPU reference.
-    std::vector<std::vector<uint8_t>> w[2], s[2];
-    std::vector<const uint8_t*> wp[2], sp[2];
-    std::vector<float> ref[2];
-    for (int set = 0; set < 2; ++set) {
-      w[set].resize(local);
-      s[set].resize(local);
-      wp[set].resize(local);
-      sp[set].resize(local);
-      ref[set].assign(static_cast<size_t>(total * c.n), 0.0f);
-      for (int e = 0; e < local; ++e) {
-        w[set][e].resize(static_cast<size_t>(c.n * c.k / 2));
-        s[set][e].resize(static_cast<size_t>(c.n * c.k / 32));
-        for (auto& b : w[set][e]) b = static_cast<uint8_t>(rng());
-        for (auto& b : s[set][e]) b = static_cast<uint8_t>(118 + rng() % 16);
-        wp[set][e] = up(w[set][e]);
-        sp[set][e] = up(s[set][e]);
-        const int64_t m = off[e + 1] - off[e];
-        if (m == 0) continue;
-        std::vector<float> ae(a.begin() + off[e] * c.k, a.begin() + off[e + 1] * c.k);
-        cpu::mxfp4_gemm(TensorView(ae.data(), DType::kF32, {m, c.k}),
-                        TensorView(w[set][e].data(), DType::kFp4E2m1, {c.n, c.k}),
-                        TensorView(s[set][e].data(), DType::kF8E8M0, {c.n, c.k / 32}),
-                        TensorView(ref[set].data() + off[e] * c.n, DType::kF32, {m, c.n}));
-      }
-    }
+    const Mxfp4Experts set[2] = {mxfp4_experts(off, c.n, c.k, a, rng),
+                                 mxfp4_experts(off, c.n, c.k, a, rng)};
     const auto check = [&](const std::vector<float>& got, const std::vector<float>& r) {
       const std::vector<float> head(got.begin(), got.begin() + total * c.n);
       EXPECT_LE(rel_err(head, r), 2e-5);
@@ -2155,8 +2153,8 @@ TEST_F(CudaV41, GroupedMxfp4GemmWgmma) {
       gg.offsets = up(off);
       gg.num_experts = local;
       gg.max_rows = std::max<int64_t>(max_rows, 1);
-      gg.w = up(wp[0]);
-      gg.w_scale = up(sp[0]);
+      gg.w = up(set[0].wp);
+      gg.w_scale = up(set[0].sp);
       gg.ldy = c.n;
       gg.n = c.n;
       gg.k = c.k;
@@ -2166,8 +2164,8 @@ TEST_F(CudaV41, GroupedMxfp4GemmWgmma) {
       gg.a_rows = alloc_rows;
       gg.a_kperm = kperm;
       if (two) {
-        gg.w_b = up(wp[1]);
-        gg.w_scale_b = up(sp[1]);
+        gg.w_b = up(set[1].wp);
+        gg.w_scale_b = up(set[1].sp);
       }
       std::vector<std::vector<float>> runs, runs_b;
       for (int rep = 0; rep < 2; ++rep) {
@@ -2179,11 +2177,11 @@ TEST_F(CudaV41, GroupedMxfp4GemmWgmma) {
         runs.push_back(down(gg.y, static_cast<size_t>(alloc_rows * c.n)));
         if (two) runs_b.push_back(down(gg.y_b, static_cast<size_t>(alloc_rows * c.n)));
       }
-      check(runs[0], ref[0]);
+      check(runs[0], set[0].ref);
       ASSERT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)), 0)
           << "rerun not bit-identical";
       if (two) {
-        check(runs_b[0], ref[1]);
+        check(runs_b[0], set[1].ref);
         ASSERT_EQ(std::memcmp(runs_b[0].data(), runs_b[1].data(), runs_b[0].size() * sizeof(float)),
                   0)
             << "rerun not bit-identical (W_b)";
@@ -2200,44 +2198,18 @@ TEST_F(CudaV41, GroupedMxfp4GemmTwoWeightSetsOnTheTableKernels) {
   const std::vector<int32_t> off = {0, 3, 3, 10};
   const int local = 3;
   const int64_t total = off[local];
-  auto x = rnd(total * k, rng, -2, 2);
-  std::vector<float> a(x.size(), 0.0f);
-  std::vector<uint16_t> a16(x.size(), 0);
-  for (int64_t r = 0; r < total; ++r)
-    fq_fp8_block32_pow2(std::span<const float>(x).subspan(static_cast<size_t>(r * k), k),
-                        std::span<float>(a).subspan(static_cast<size_t>(r * k), k));
-  for (size_t i = 0; i < a.size(); ++i) a16[i] = float_to_bf16(a[i]);
-  std::vector<std::vector<uint8_t>> w[2], s[2];
-  std::vector<const uint8_t*> wp[2], sp[2];
-  std::vector<float> ref[2];
-  for (int set = 0; set < 2; ++set) {
-    ref[set].assign(static_cast<size_t>(total * n), 0.0f);
-    for (int e = 0; e < local; ++e) {
-      w[set].emplace_back(static_cast<size_t>(n * k / 2));
-      s[set].emplace_back(static_cast<size_t>(n * k / 32));
-      for (auto& b : w[set].back()) b = static_cast<uint8_t>(rng());
-      for (auto& b : s[set].back()) b = static_cast<uint8_t>(118 + rng() % 16);
-      wp[set].push_back(up(w[set].back()));
-      sp[set].push_back(up(s[set].back()));
-      const int64_t m = off[e + 1] - off[e];
-      if (m == 0) continue;
-      std::vector<float> ae(a.begin() + off[e] * k, a.begin() + off[e + 1] * k);
-      cpu::mxfp4_gemm(TensorView(ae.data(), DType::kF32, {m, k}),
-                      TensorView(w[set].back().data(), DType::kFp4E2m1, {n, k}),
-                      TensorView(s[set].back().data(), DType::kF8E8M0, {n, k / 32}),
-                      TensorView(ref[set].data() + off[e] * n, DType::kF32, {m, n}));
-    }
-  }
+  const auto [a, a16] = mxfp8_rows(total, k, rng);
+  const Mxfp4Experts set[2] = {mxfp4_experts(off, n, k, a, rng), mxfp4_experts(off, n, k, a, rng)};
   cuda::GroupedMxfp4GemmParams gg;
   gg.a = up(a16);
   gg.lda = k;
   gg.offsets = up(off);
   gg.num_experts = local;
   gg.max_rows = 7;
-  gg.w = up(wp[0]);
-  gg.w_scale = up(sp[0]);
-  gg.w_b = up(wp[1]);
-  gg.w_scale_b = up(sp[1]);
+  gg.w = up(set[0].wp);
+  gg.w_scale = up(set[0].sp);
+  gg.w_b = up(set[1].wp);
+  gg.w_scale_b = up(set[1].sp);
   gg.ldy = n;
   gg.n = n;
   gg.k = k;
@@ -2248,8 +2220,8 @@ TEST_F(CudaV41, GroupedMxfp4GemmTwoWeightSetsOnTheTableKernels) {
   gg.y = nans(static_cast<size_t>(total * n));
   gg.y_b = nans(static_cast<size_t>(total * n));
   EXPECT_NE(cuda::launch_grouped_mxfp4_gemm(gg, stream_), cuda::GroupedMxfp4Kernel::kWgmmaRs);
-  EXPECT_LE(rel_err(down(gg.y, static_cast<size_t>(total * n)), ref[0]), 2e-5);
-  EXPECT_LE(rel_err(down(gg.y_b, static_cast<size_t>(total * n)), ref[1]), 2e-5);
+  EXPECT_LE(rel_err(down(gg.y, static_cast<size_t>(total * n)), set[0].ref), 2e-5);
+  EXPECT_LE(rel_err(down(gg.y_b, static_cast<size_t>(total * n)), set[1].ref), 2e-5);
   gg.y_b = nullptr;
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_DEATH(cuda::launch_grouped_mxfp4_gemm(gg, stream_), "bad arguments");

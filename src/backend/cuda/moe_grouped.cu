@@ -784,6 +784,14 @@ __global__ void __launch_bounds__(kSkinnyThreads, kNT <= 2 ? 4 : 3)
   }
 }
 
+// Row tiles per expert in a grouped GEMM's grid (blockIdx.y): twice the expected rows
+// (rows_hint) in tiles of `tile`, at least 1 and no more than max_rows needs. CTAs loop over
+// further tiles when an expert gets more rows; those past its count exit at once.
+int64_t row_tiles_per_expert(const GroupedMxfp4GemmParams& p, int64_t tile) {
+  return std::min(ceil_div(p.max_rows, tile),
+                  std::max<int64_t>(1, ceil_div(2 * std::max<int64_t>(p.rows_hint, 1), tile)));
+}
+
 // The skinny kernel when it applies (decode hints, K % 128 == 0, the staging fits the budget);
 // false: use the table kernels.
 bool launch_grouped_mxfp4_skinny(const GroupedMxfp4GemmParams& p, cudaStream_t stream) {
@@ -802,10 +810,7 @@ bool launch_grouped_mxfp4_skinny(const GroupedMxfp4GemmParams& p, cudaStream_t s
           tiles * p.num_experts * split < kSkinnyMinCtas))
     split *= 2;
   if (smem_for(split) > kSkinnySmemBudget) return false;
-  // Token-chunk CTAs per expert: twice the expected rows, at least 1 (as the table kernels).
-  const int64_t chunks =
-      std::min(ceil_div(p.max_rows, tokens),
-               std::max<int64_t>(1, ceil_div(2 * std::max<int64_t>(p.rows_hint, 1), tokens)));
+  const int64_t chunks = row_tiles_per_expert(p, tokens);  // token-chunk CTAs per expert
   if (tiles * split > 0x7FFFFFFF || chunks > 65535) return false;
 
   cudaLaunchConfig_t cfg = {};
@@ -1017,11 +1022,7 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
     return true;
   }();
   if (!hopper) return false;
-  // M tiles per expert in the grid: twice the expected rows, at least 1 (CTAs loop over further
-  // tiles when an expert gets more rows; CTAs past the count exit at once).
-  const int64_t m_tiles =
-      std::min(ceil_div(p.max_rows, gwg::kBM),
-               std::max<int64_t>(1, ceil_div(2 * std::max<int64_t>(p.rows_hint, 1), gwg::kBM)));
+  const int64_t m_tiles = row_tiles_per_expert(p, gwg::kBM);
   const int64_t n_tiles = ceil_div(p.n, gwg::kBN);
   if (m_tiles > 65535 || n_tiles > 0x7FFFFFFF) return false;
   const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles),
@@ -1368,14 +1369,8 @@ bool make_tmap_a(CUtensorMap* map, const void* a, int64_t k, int64_t rows, int64
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// Passes of 192 rows per expert in the swapped-operand kernel's grid: twice the expected rows, at
-// least 1 (CTAs loop over further passes when an expert gets more rows; CTAs past the count exit
-// at once).
-int64_t rs_passes(const GroupedMxfp4GemmParams& p) {
-  return std::min(
-      ceil_div(p.max_rows, grs::kMaxTok),
-      std::max<int64_t>(1, ceil_div(2 * std::max<int64_t>(p.rows_hint, 1), grs::kMaxTok)));
-}
+// Passes of 192 rows per expert in the swapped-operand kernel's grid.
+int64_t rs_passes(const GroupedMxfp4GemmParams& p) { return row_tiles_per_expert(p, grs::kMaxTok); }
 int64_t rs_wtiles(const GroupedMxfp4GemmParams& p) {
   return ceil_div(p.n, grs::kBW) * (p.w_b != nullptr ? 2 : 1);
 }
@@ -1520,10 +1515,7 @@ GroupedMxfp4Kernel launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, St
   // Skinny batches whose (column tile, expert) CTAs would not fill the GPU about four times over
   // split K over a 4-CTA cluster (one M tile per expert is the expected case at these hints).
   const bool split = small && p.k % 128 == 0 && n_tiles * p.num_experts < 4 * 132;
-  // M tiles per expert in the grid: twice the expected rows (rows_hint), at least 1; CTAs loop
-  // over further tiles when an expert gets more rows.
-  const int64_t m_tiles = std::min(ceil_div(p.max_rows, tm),
-                                   std::max<int64_t>(1, ceil_div(2 * std::max<int64_t>(p.rows_hint, 1), tm)));
+  const int64_t m_tiles = row_tiles_per_expert(p, tm);
   const dim3 grid(static_cast<unsigned>(n_tiles * (split ? kKSplit : 1)),
                   static_cast<unsigned>(m_tiles), static_cast<unsigned>(p.num_experts));
   if (grid.y > 65535) bad_args("launch_grouped_mxfp4_gemm", "max_rows / tile <= 65535");
