@@ -65,6 +65,7 @@ struct BenchForwardOptions {
   bool moe_grouped_wgmma = true;
   bool moe_grouped_wgmma_rs = true;
   bool moe_kperm = true;
+  bool fuse_shared_w13 = false;
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
   bool host_logits = false;  // copy the logits rows to the host (a server samples on the device)
@@ -218,6 +219,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_grouped_wgmma = opt.moe_grouped_wgmma;
   go.moe_grouped_wgmma_rs = opt.moe_grouped_wgmma_rs;
   go.moe_kperm = opt.moe_kperm;
+  go.fuse_shared_w13 = opt.fuse_shared_w13;
   go.cuda_graphs = decode && opt.cuda_graphs;
   go.dspark = decode && opt.dspark;
   // The draft block after the steps, and the whole cycles' verification steps.
@@ -429,6 +431,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"moe_grouped_wgmma", opt.moe_grouped_wgmma},
               {"moe_grouped_wgmma_rs", opt.moe_grouped_wgmma_rs},
               {"moe_kperm", opt.moe_kperm},
+              {"fuse_shared_w13", opt.fuse_shared_w13},
               {"cuda_graphs", decode && opt.cuda_graphs},
               {"dspark", opt.dspark},
               {"host_logits", opt.host_logits},
@@ -599,6 +602,10 @@ void register_bench_forward(CLI::App& bench) {
                   "cuda: where the swapped-operand kernel takes both grouped GEMMs, the expert "
                   "inputs k-permuted per 64-wide K tile (one weight load and scale per fragment "
                   "row; false: natural k order)")
+      ->capture_default_str();
+  cmd->add_option("--fuse-shared-w13", opt->fuse_shared_w13,
+                  "cuda: the shared expert's w1 and w3 as one GEMM of [w1; w3] (false: two "
+                  "GEMMs)")
       ->capture_default_str();
   cmd->add_flag("--dspark", opt->dspark,
                 "cuda decode: also time one DSpark draft cycle for the batch (rings committed "

@@ -52,10 +52,14 @@ args_decode_s6_dspark="$args_decode_s6 --dspark"
 # Without CUDA graphs (every launch from the host; graphs are the decode default).
 args_decode_s6_eager="$args_decode_s6 --cuda-graphs false"
 args_decode_s1_eager="$args_decode_s1 --cuda-graphs false"
+# The shared expert's w1 and w3 as one GEMM (GpuModelOptions::fuse_shared_w13; off by default,
+# unmeasured).
+args_decode_s6_sw13="$args_decode_s6 --fuse-shared-w13 true"
 # Prefill after a 128K cached prefix on an 8-layer subsample (+ owners), production vs oracle.
 args_prefill8k_prod="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode production"
 args_prefill8k_prod_moev1="$args_prefill8k_prod --moe-grouped-wgmma-rs false"
 args_prefill8k_prod_kperm="$args_prefill8k_prod --moe-kperm true"
+args_prefill8k_prod_sw13="$args_prefill8k_prod --fuse-shared-w13 true"
 args_prefill8k_oracle="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode oracle"
 args_prefill32k_prod="--new-tokens 32768 --cached 131072 --layers 8 --local-experts 12 --mode production"
 args_prefill8k_prod_noidxw="$args_prefill8k_prod --indexer-wgmma false"

@@ -57,6 +57,9 @@ struct Layer {
   DeviceMemory gate, bias, bias_vl;  // fp32 router
   std::vector<Ffn> experts;          // local experts
   Ffn shared;
+  // GpuModelOptions::fuse_shared_w13: [shared.w1; shared.w3] as one linear (out 2 * inter, w1's
+  // rows then w3's). Set: shared.w1 / w3 keep their shapes and kinds but no device memory.
+  Linear shared_w13;
   // Device arrays of the local experts' MXFP4 pointers: w1, w1 scale, w3, w3 scale, w2, w2 scale
   // ([6][local]); the last forward's grouped offsets [local + 1] (read back for the cost).
   DeviceMemory expert_ptrs, moe_offsets;
@@ -495,6 +498,44 @@ struct DeepseekV41Gpu::Impl {
     weight_bytes += lin.wbf16.bytes();
   }
 
+  // GpuModelOptions::fuse_shared_w13: L.shared_w13 = [w1; w3] by device copies, when w1 and w3
+  // have one format and shape (FP8: w1's rows a multiple of the 32-row scale blocks, so each
+  // block stays whole; fp32: any), then w1's and w3's own copies are freed (only moe() reads
+  // them, and it reads shared_w13 instead). Every buffer is row-major with rows outermost (codes,
+  // block scales, bf16 copy, fp32), so [w1; w3] is each buffer's bytes, w1's then w3's: the
+  // device bytes and the bytes the roofline counts (w13.bytes() = w1 + w3) stay as unfused.
+  void fuse_shared_w13(Layer& L) {
+    Linear& w1 = L.shared.w1;
+    Linear& w3 = L.shared.w3;
+    if (!opt.fuse_shared_w13 || w1.kind != w3.kind || w1.act_quant != w3.act_quant ||
+        w1.out != w3.out || w1.in != w3.in)
+      return;
+    if (!(w1.kind == Linear::Kind::kF32 || (w1.kind == Linear::Kind::kFp8 && w1.out % 32 == 0)))
+      return;
+    Linear f;
+    f.kind = w1.kind;
+    f.out = 2 * w1.out;
+    f.in = w1.in;
+    f.act_quant = w1.act_quant;
+    const auto cat = [&](DeviceMemory& a, DeviceMemory& b) {
+      DeviceMemory m(a.bytes() + b.bytes());
+      cu::copy_d2d(m.as(), a.as(), a.bytes(), stream);
+      cu::copy_d2d(m.as<uint8_t>() + a.bytes(), b.as(), b.bytes(), stream);
+      return m;
+    };
+    f.w = cat(w1.w, w3.w);
+    f.scale = cat(w1.scale, w3.scale);
+    f.wbf16 = cat(w1.wbf16, w3.wbf16);
+    // The copies read w1 / w3 (and random fills still queued on the stream) before the frees.
+    cu::stream_synchronize(stream);
+    for (Linear* lin : {&w1, &w3}) {
+      lin->w.reset();
+      lin->scale.reset();
+      lin->wbf16.reset();
+    }
+    L.shared_w13 = std::move(f);
+  }
+
   Linear random_linear(Linear::Kind kind, int64_t out, int64_t in) {
     Linear lin;
     lin.kind = kind;
@@ -679,6 +720,7 @@ struct DeepseekV41Gpu::Impl {
       MS_ASSIGN_OR_RETURN(L->shared.w1, load_linear(r, sp + "w1.weight", inter, d));
       MS_ASSIGN_OR_RETURN(L->shared.w3, load_linear(r, sp + "w3.weight", inter, d));
       MS_ASSIGN_OR_RETURN(L->shared.w2, load_linear(r, sp + "w2.weight", d, inter));
+      fuse_shared_w13(*L);
       if (info.engram_index >= 0) {
         const EngramLayer& el = c.engram_layers[static_cast<size_t>(info.engram_index)];
         const std::string ep = p + "engram.";
@@ -777,6 +819,7 @@ struct DeepseekV41Gpu::Impl {
       L->shared.w1 = random_linear(K::kFp8, inter, d);
       L->shared.w3 = random_linear(K::kFp8, inter, d);
       L->shared.w2 = random_linear(K::kFp8, d, inter);
+      fuse_shared_w13(*L);
       if (info.engram_index >= 0) {
         const int64_t rows = opt.random_engram_rows;
         const int64_t dim = c.engram_head_dim;
@@ -1652,19 +1695,36 @@ struct DeepseekV41Gpu::Impl {
     }
     // Shared expert (clamped SwiGLU too, oracle choice 6) straight into y.
     float* g1 = buf<float>("moe_g", n * inter);
-    float* u1 = buf<float>("moe_u", n * inter);
-    if (L.shared.w1.act_quant && L.shared.w3.act_quant &&
-        L.shared.w1.kind == L.shared.w3.kind) {
-      const QuantRows qf =  // for w1 and w3
-          quant_rows(f, d, n, d, L.shared.w1.kind, "aq_ffn",
-                     fp8_wgmma_fits(L.shared.w1) && fp8_wgmma_fits(L.shared.w3));
-      gemm_q(qf, d, n, L.shared.w1, g1, inter);
-      gemm_q(qf, d, n, L.shared.w3, u1, inter);
+    const bool fused = L.shared_w13.kind != Linear::Kind::kNone;
+    if (opt.trace) trace.shared_w13[l] = fused;
+    if (fused) {
+      // fuse_shared_w13: one GEMM into [n, 2 inter], gate = columns [0, inter), up = the rest.
+      // The same input and GEMM path as the two below (FP8 codes only where w1 and w3 each take
+      // them), the same cost (w13 is w1's and w3's bytes and rows).
+      const Linear& w13 = L.shared_w13;
+      float* gu = buf<float>("moe_gu", n * 2 * inter);
+      if (w13.act_quant) {
+        const QuantRows qf = quant_rows(f, d, n, d, w13.kind, "aq_ffn",
+                                        fp8_wgmma_fits(L.shared.w1) && fp8_wgmma_fits(L.shared.w3));
+        gemm_q(qf, d, n, w13, gu, 2 * inter);
+      } else {
+        linear(f, d, n, w13, gu, 2 * inter);
+      }
+      swiglu(gu, gu + inter, g1, n, inter, nullptr, 2 * inter);
     } else {
-      linear(f, d, n, L.shared.w1, g1, inter);
-      linear(f, d, n, L.shared.w3, u1, inter);
+      float* u1 = buf<float>("moe_u", n * inter);
+      if (L.shared.w1.act_quant && L.shared.w3.act_quant && L.shared.w1.kind == L.shared.w3.kind) {
+        const QuantRows qf =  // for w1 and w3
+            quant_rows(f, d, n, d, L.shared.w1.kind, "aq_ffn",
+                       fp8_wgmma_fits(L.shared.w1) && fp8_wgmma_fits(L.shared.w3));
+        gemm_q(qf, d, n, L.shared.w1, g1, inter);
+        gemm_q(qf, d, n, L.shared.w3, u1, inter);
+      } else {
+        linear(f, d, n, L.shared.w1, g1, inter);
+        linear(f, d, n, L.shared.w3, u1, inter);
+      }
+      swiglu(g1, u1, g1, n, inter, nullptr);
     }
-    swiglu(g1, u1, g1, n, inter, nullptr);
     linear(g1, inter, n, L.shared.w2, y, d);
     if (local == 0) return;
     // Group the local hits by expert on the device (no host sync).
@@ -1806,14 +1866,15 @@ struct DeepseekV41Gpu::Impl {
     cu::launch_moe_combine(ye, inv, n, k, d, y, stream);
   }
 
+  // out [rows, cols] = clamped SwiGLU of g and u (pitch ld_in; 0: cols).
   void swiglu(const float* g, const float* u, float* out, int64_t rows, int64_t cols,
-              const float* row_weight) {
+              const float* row_weight, int64_t ld_in = 0) {
     if (rows == 0) return;
     cu::SwigluParams p;
     p.gate = g;
-    p.ld_gate = cols;
+    p.ld_gate = ld_in > 0 ? ld_in : cols;
     p.up = u;
-    p.ld_up = cols;
+    p.ld_up = ld_in > 0 ? ld_in : cols;
     p.out = out;
     p.ld_out = cols;
     p.rows = rows;

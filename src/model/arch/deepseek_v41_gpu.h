@@ -113,6 +113,16 @@ struct GpuModelOptions {
   // order. Otherwise the natural layout. H200, 12 experts x 192 rows: w1 + w3 247 -> 218 us, w2
   // 120 -> 108 us; the DEP32 decode step 56.2 -> 54.2 ms (MoE 25.9 -> 23.8).
   bool moe_kperm = true;
+  // true: the shared expert's w1 and w3 as one GEMM of [w1; w3] (out 2 * inter) into [rows,
+  // 2 * inter], the clamped SwiGLU reading gate and up from its two halves: one launch instead of
+  // two at decode's low-efficiency row counts. Built at load by device copies of w1 and w3, whose
+  // own copies are then freed (device bytes and the roofline's weight bytes as unfused); only
+  // where w1 and w3 have one format and shape (FP8: out % 32, whole scale blocks; the fp32 test
+  // weights of exact_linears: any), else that layer keeps the two GEMMs (trace: shared_w13).
+  // The same input, GEMM path (cuBLASLt bf16 / fp32, or the FP8 wgmma GEMM where w1 and w3 each
+  // fit it) and products; cuBLASLt may pick another algorithm for the wider N (fp32 sums in
+  // another order). Off by default: unmeasured.
+  bool fuse_shared_w13 = false;
   // true (and the config has draft stages): load / fill the DSpark draft stages and heads, and
   // allocate their context rings (dspark_commit, dspark_draft).
   bool dspark = false;
@@ -129,6 +139,7 @@ struct GpuForwardTrace {
   std::map<int32_t, std::vector<float>> ffn_out;      // MoE output [rows, D]
   std::map<int32_t, std::vector<int32_t>> experts;    // routed experts [rows, top_k]
   std::map<int32_t, bool> moe_kperm;  // grouped GEMMs on k-permuted inputs (options.moe_kperm)
+  std::map<int32_t, bool> shared_w13;  // shared expert's w1 + w3 as one GEMM (fuse_shared_w13)
   std::map<int32_t, std::vector<int32_t>> selected;  // index sources: [rows, index_topk] entries
   std::map<int32_t, std::vector<float>> scores;      // index sources: [rows, width] scores
   std::map<int32_t, int64_t> score_width;            // columns of scores[l]

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <utility>
@@ -23,11 +24,13 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/device_runtime.h"
+#include "common/fake_quant.h"
 #include "integration/model/oracle_util.h"
 #include "model/arch/deepseek_v41.h"
 #include "model/arch/deepseek_v41_gpu.h"
 #include "model/arch/dspark.h"
 #include "model/config.h"
+#include "model/safetensors.h"
 #include "model/tiny_model.h"
 
 namespace moeserve::test {
@@ -925,6 +928,132 @@ TEST(GpuForward, MoeGroupedWgmmaAgreesWithTableKernelInTheForward) {
     fmt::print("moe grouped wgmma{} vs table kernel: {} of 20 rows over 1e-5\n", name, differing);
     EXPECT_EQ(differing, 0);
   }
+  std::filesystem::remove_all(dir);
+}
+
+// GpuModelOptions::fuse_shared_w13 (the shared expert's w1 and w3 as one GEMM of [w1; w3], the
+// SwiGLU reading both halves of its output) against the two GEMMs, on the wide model (inter 128,
+// hidden 256), on each path the fused GEMM takes:
+// - cuBLASLt bf16 (the default): the same exact bf16 products, but cuBLASLt may pick another
+//   algorithm for N = 256 than for 128 (fp32 sums in another order): every row within 1e-5;
+// - the FP8 wgmma GEMM (fp8_wgmma; inter and hidden % 128): each output tile runs the same K loop
+//   either way (K = 256 is two K tiles, which the kernel never splits; N only adds tiles):
+//   bit-identical;
+// - exact_linears (fp32 weights, cuBLASLt fp32): the same fp32 products, again maybe in another
+//   order: every row within 1e-6, not necessarily bit-identical.
+// Every layer fuses (trace), and the forward's cost (weight bytes, FLOPs) is the unfused one.
+TEST(GpuForward, FusedSharedW13AgreesWithTwoGemmsInTheForward) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_shared_w13");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  struct Case {
+    const char* name;
+    bool fp8_wgmma, exact_linears;
+    double tol;  // 0: bit-identical
+  };
+  for (const Case& k :
+       {Case{"cublaslt bf16", false, false, 1e-5}, Case{"fp8 wgmma", true, false, 0.0},
+        Case{"exact fp32", false, true, 1e-6}}) {
+    SCOPED_TRACE(k.name);
+    const auto run = [&](bool fuse, arch::GpuForwardCost* cost) {
+      return traced_prefill(
+          dir, 7,
+          [&](arch::GpuModelOptions& o) {
+            o.fuse_shared_w13 = fuse;
+            o.fp8_wgmma = k.fp8_wgmma;
+            o.exact_linears = k.exact_linears;
+          },
+          cost);
+    };
+    arch::GpuForwardCost ca, cb;
+    const auto ta = run(false, &ca);
+    const auto tb = run(true, &cb);
+    ASSERT_FALSE(ta.ffn_out.empty());
+    ASSERT_FALSE(tb.shared_w13.empty());
+    ASSERT_EQ(ta.shared_w13.size(), tb.shared_w13.size());
+    for (const auto& [layer, fused] : ta.shared_w13) EXPECT_FALSE(fused) << "layer " << layer;
+    for (const auto& [layer, fused] : tb.shared_w13) EXPECT_TRUE(fused) << "layer " << layer;
+    const int32_t l = ta.ffn_out.begin()->first;
+    ASSERT_EQ(ta.ffn_in.at(l), tb.ffn_in.at(l));  // nothing before the first MoE changed
+    const auto& a = ta.ffn_out.at(l);
+    const auto& b = tb.ffn_out.at(l);
+    ASSERT_EQ(a.size(), b.size());
+    for (const float x : b) ASSERT_TRUE(std::isfinite(x));
+    const int differing = rows_differing(a, b, 20, k.tol > 0 ? k.tol : 1e-6);
+    fmt::print("fuse_shared_w13 {} vs two GEMMs: {} of 20 rows over {:.0e}, bit-identical: {}\n",
+               k.name, differing, k.tol, a == b);
+    EXPECT_EQ(differing, 0);
+    if (k.tol == 0) {
+      EXPECT_EQ(a, b) << "not bit-identical";
+    }
+    // Weight bytes and FLOPs as unfused. The routed experts' bytes count the experts with hits,
+    // so they compare only while the routing is the same in every layer (a rounding flip in a
+    // later layer may move a hit).
+    EXPECT_EQ(ca.flops, cb.flops);
+    EXPECT_EQ(ca.fp8_flops, cb.fp8_flops);
+    if (ta.experts == tb.experts) {
+      EXPECT_EQ(ca.weight_bytes, cb.weight_bytes);
+    } else {
+      fmt::print(
+          "fuse_shared_w13 {}: routing differs in a later layer, weight bytes not compared\n",
+          k.name);
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// fuse_shared_w13 where a layer cannot fuse: layer 0's shared w3 rewritten as an F32 tensor (its
+// FP8 values; w1 stays FP8, so the formats differ). Layer 0 keeps the two GEMMs, silently (the
+// load succeeds), every other layer fuses, and layer 0's output is the unfused one bit for bit
+// (the same launches on the same inputs).
+TEST(GpuForward, FusedSharedW13FallsBackWhereW1AndW3Differ) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_shared_w13_mixed");
+  const std::string json = gpu_wide_config();
+  auto config = parse_model_config(json, "config.json");
+  ASSERT_TRUE(config) << config.error().to_string();
+  std::vector<GeneratedTensor> tensors = generate_model_tensors(*config, 0);
+  const std::string w3 = "layers.0.ffn.shared_experts.w3.";
+  const auto tensor = [&](const std::string& name) {
+    return std::find_if(tensors.begin(), tensors.end(),
+                        [&](const GeneratedTensor& t) { return t.name == name; });
+  };
+  const auto wt = tensor(w3 + "weight");
+  const auto st = tensor(w3 + "scale");
+  ASSERT_TRUE(wt != tensors.end() && st != tensors.end());
+  ASSERT_EQ(wt->dtype, DType::kF8E4M3);
+  const int64_t out = config->moe_intermediate_size, in = config->hidden_size;
+  std::vector<float> w(static_cast<size_t>(out * in));
+  dequantize_fp8_block_weight_rows(wt->bytes, st->bytes, WeightShape{out, in}, 0, out, w);
+  wt->dtype = DType::kF32;
+  wt->bytes.resize(w.size() * 4);
+  std::memcpy(wt->bytes.data(), w.data(), wt->bytes.size());
+  tensors.erase(st);
+  {
+    std::ofstream f(dir / "config.json", std::ios::binary | std::ios::trunc);
+    f << json;
+    ASSERT_TRUE(f.good());
+  }
+  std::vector<TensorToWrite> views;
+  for (const GeneratedTensor& t : tensors) views.push_back({t.name, t.dtype, t.shape, t.bytes});
+  ASSERT_TRUE(write_safetensors(dir / "model.safetensors", views));
+  const auto run = [&](bool fuse) {
+    return traced_prefill(dir, 8, [&](arch::GpuModelOptions& o) { o.fuse_shared_w13 = fuse; });
+  };
+  const auto ta = run(false);
+  const auto tb = run(true);
+  ASSERT_EQ(tb.shared_w13.count(0), 1u);
+  EXPECT_FALSE(tb.shared_w13.at(0)) << "layer 0 fused although its w1 is FP8 and its w3 F32";
+  ASSERT_GT(tb.shared_w13.size(), 1u);
+  for (const auto& [layer, fused] : tb.shared_w13) {
+    if (layer != 0) {
+      EXPECT_TRUE(fused) << "layer " << layer;
+    }
+  }
+  ASSERT_EQ(ta.ffn_out.count(0), 1u);
+  ASSERT_EQ(tb.ffn_out.count(0), 1u);
+  for (const float x : tb.ffn_out.at(0)) ASSERT_TRUE(std::isfinite(x));
+  EXPECT_EQ(ta.ffn_out.at(0), tb.ffn_out.at(0));
   std::filesystem::remove_all(dir);
 }
 
