@@ -58,14 +58,17 @@ struct BenchForwardOptions {
   int32_t cached = 0;          // prefill: C
   int32_t iterations = 5;
   bool tf32 = true;
-  bool fast_attention = false;
+  // Single fp16 q and P operands (2^-11 relative, finer than FlashMLA's bf16): the serving
+  // precision; false: the hi + lo pairs the GPU-vs-CPU tests use.
+  bool fast_attention = true;
   bool indexer_wgmma = true;
   bool attention_wgmma = true;
   bool fp8_wgmma = false;
   bool moe_grouped_wgmma = true;
   bool moe_grouped_wgmma_rs = true;
   bool moe_kperm = true;
-  bool fuse_shared_w13 = false;
+  bool fuse_shared_w13 = true;
+  bool moe_shared_overlap = true;
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
   bool host_logits = false;  // copy the logits rows to the host (a server samples on the device)
@@ -220,6 +223,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_grouped_wgmma_rs = opt.moe_grouped_wgmma_rs;
   go.moe_kperm = opt.moe_kperm;
   go.fuse_shared_w13 = opt.fuse_shared_w13;
+  go.moe_shared_overlap = opt.moe_shared_overlap;
   go.cuda_graphs = decode && opt.cuda_graphs;
   go.dspark = decode && opt.dspark;
   // The draft block after the steps, and the whole cycles' verification steps.
@@ -432,6 +436,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"moe_grouped_wgmma_rs", opt.moe_grouped_wgmma_rs},
               {"moe_kperm", opt.moe_kperm},
               {"fuse_shared_w13", opt.fuse_shared_w13},
+              {"moe_shared_overlap", opt.moe_shared_overlap},
               {"cuda_graphs", decode && opt.cuda_graphs},
               {"dspark", opt.dspark},
               {"host_logits", opt.host_logits},
@@ -577,8 +582,10 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--iterations", opt->iterations, "cuda: timed steps")->capture_default_str();
   cmd->add_option("--tf32", opt->tf32, "cuda: fp32 linears on TF32 tensor cores")
       ->capture_default_str();
-  cmd->add_flag("--fast-attention", opt->fast_attention,
-                 "cuda: sparse attention on single fp16 operands instead of hi + lo pairs");
+  cmd->add_option("--fast-attention", opt->fast_attention,
+                  "cuda: the sparse attention on single fp16 q and P operands (false: hi + lo "
+                  "pairs, about fp32)")
+      ->capture_default_str();
   cmd->add_option("--indexer-wgmma", opt->indexer_wgmma,
                   "cuda: the indexer scores on the sm_90a wgmma kernel (false: mma.sync)")
       ->capture_default_str();
@@ -606,6 +613,10 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--fuse-shared-w13", opt->fuse_shared_w13,
                   "cuda: the shared expert's w1 and w3 as one GEMM of [w1; w3] (false: two "
                   "GEMMs)")
+      ->capture_default_str();
+  cmd->add_option("--moe-shared-overlap", opt->moe_shared_overlap,
+                  "cuda: the shared expert on a second stream, overlapping the routed experts "
+                  "(false: one stream)")
       ->capture_default_str();
   cmd->add_flag("--dspark", opt->dspark,
                 "cuda decode: also time one DSpark draft cycle for the batch (rings committed "

@@ -23,15 +23,22 @@ args_decode_s6="--batch 64 --context 131072 --tokens-per-seq 6 --local-experts 1
 args_decode_s1="--batch 64 --context 131072 --tokens-per-seq 1 --local-experts 12 --ep-ranks 32"
 args_decode_s6_own="--batch 64 --context 131072 --tokens-per-seq 6 --local-experts 12"
 args_decode_s1_own="--batch 64 --context 131072 --tokens-per-seq 1 --local-experts 12"
-# The same with the sparse attention on single fp16 operands (not in the default set).
-args_decode_s6_fast="$args_decode_s6 --fast-attention"
-args_decode_s1_fast="$args_decode_s1 --fast-attention"
+# The sparse attention on single fp16 operands (the default since round 8; fast: set
+# explicitly) and on hi + lo pairs (split: the default until round 7).
+args_decode_s6_fast="$args_decode_s6 --fast-attention true"
+args_decode_s1_fast="$args_decode_s1 --fast-attention true"
+args_decode_s6_split="$args_decode_s6 --fast-attention false"
+# The shared expert serialised with the routed experts (default: on a second stream).
+args_decode_s6_serial="$args_decode_s6 --moe-shared-overlap false"
+args_decode_s1_serial="$args_decode_s1 --moe-shared-overlap false"
+args_prefill8k_prod_serial="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode production --moe-shared-overlap false"
 # The indexer scores on mma.sync instead of wgmma; the dense FP8 linears on the FP8 wgmma GEMM
 # instead of cuBLASLt bf16 (not the default: slower).
 args_decode_s6_noidxw="$args_decode_s6 --indexer-wgmma false"
 # The sparse attention on mma.sync instead of wgmma (hi + lo and single fp16).
 args_decode_s6_noattw="$args_decode_s6 --attention-wgmma false"
 args_decode_s6_fast_noattw="$args_decode_s6_fast --attention-wgmma false"
+args_decode_s6_split_noattw="$args_decode_s6_split --attention-wgmma false"
 args_decode_s6_fp8w="$args_decode_s6 --fp8-wgmma true"
 # The routed experts' grouped GEMMs (rows_hint > 24: the DEP rows): the default is the
 # swapped-operand wgmma kernel (round 7); moev1: the v1 wgmma kernel (the round-6 default);
@@ -52,9 +59,10 @@ args_decode_s6_dspark="$args_decode_s6 --dspark"
 # Without CUDA graphs (every launch from the host; graphs are the decode default).
 args_decode_s6_eager="$args_decode_s6 --cuda-graphs false"
 args_decode_s1_eager="$args_decode_s1 --cuda-graphs false"
-# The shared expert's w1 and w3 as one GEMM (GpuModelOptions::fuse_shared_w13; off by default,
-# unmeasured).
+# The shared expert's w1 and w3 as one GEMM (GpuModelOptions::fuse_shared_w13; the default since
+# round 8: sw13 sets it explicitly) and as two (nosw13).
 args_decode_s6_sw13="$args_decode_s6 --fuse-shared-w13 true"
+args_decode_s6_nosw13="$args_decode_s6 --fuse-shared-w13 false"
 # Prefill after a 128K cached prefix on an 8-layer subsample (+ owners), production vs oracle.
 args_prefill8k_prod="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode production"
 args_prefill8k_prod_moev1="$args_prefill8k_prod --moe-grouped-wgmma-rs false"

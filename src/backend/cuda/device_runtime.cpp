@@ -71,6 +71,14 @@ void* event_create() {
   MS_CUDA_CHECK(cudaEventCreate(&e));
   return e;
 }
+void* event_create_ordering() {
+  cudaEvent_t e = nullptr;
+  MS_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+void stream_wait_event(void* stream, void* event) {
+  MS_CUDA_CHECK(cudaStreamWaitEvent(as_cuda_stream(stream), static_cast<cudaEvent_t>(event), 0));
+}
 void event_destroy(void* event) {
   MS_CUDA_CHECK(cudaEventDestroy(static_cast<cudaEvent_t>(event)));
 }

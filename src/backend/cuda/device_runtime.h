@@ -30,8 +30,13 @@ void copy_d2d(void* dst, const void* src, size_t bytes, void* stream);
 void memset_async(void* dst, int value, size_t bytes, void* stream);
 
 [[nodiscard]] void* event_create();
+// An event for ordering streams only (no timestamps: cheaper to record and wait on).
+[[nodiscard]] void* event_create_ordering();
 void event_destroy(void* event);
 void event_record(void* event, void* stream);
+// Work enqueued on `stream` after this call waits for the event's last record (a fork / join
+// between streams; inside a graph capture it becomes a dependency edge of the graph).
+void stream_wait_event(void* stream, void* event);
 void event_synchronize(void* event);
 // Milliseconds between two recorded (and completed) events.
 [[nodiscard]] float event_elapsed_ms(void* start, void* end);

@@ -202,6 +202,11 @@ struct DeepseekV41Gpu::Impl {
   DeviceMemory iota;
   void* stream = nullptr;
   std::unique_ptr<cu::CublasLtGemm> lt;
+  // The second stream of moe_shared_overlap, its cuBLASLt, and the fork / join events.
+  void* side_stream = nullptr;
+  std::unique_ptr<cu::CublasLtGemm> side_lt;
+  void* ev_fork = nullptr;
+  void* ev_join = nullptr;
   EngramTokenMap token_map;
   bool random_weights = false;
   std::mt19937_64 rng{1234};
@@ -424,6 +429,10 @@ struct DeepseekV41Gpu::Impl {
     if (ds_pinned.bytes > 0) cu::free_pinned_host(ds_pinned);
     ws.clear();
     lt.reset();
+    side_lt.reset();
+    for (void* e : {ev_fork, ev_join})
+      if (e != nullptr) cu::event_destroy(e);
+    if (side_stream != nullptr) cu::stream_destroy(side_stream);
     if (stream != nullptr) cu::stream_destroy(stream);
   }
 
@@ -593,6 +602,12 @@ struct DeepseekV41Gpu::Impl {
   Status init_common() {
     stream = cu::stream_create();
     lt = std::make_unique<cu::CublasLtGemm>(stream);
+    if (opt.moe_shared_overlap) {
+      side_stream = cu::stream_create();
+      side_lt = std::make_unique<cu::CublasLtGemm>(side_stream);
+      ev_fork = cu::event_create_ordering();
+      ev_join = cu::event_create_ordering();
+    }
     if (opt.layers.empty())
       for (int32_t l = 0; l < c.num_hidden_layers; ++l) opt.layers.push_back(l);
     layer_ids = opt.layers;
@@ -1659,6 +1674,11 @@ struct DeepseekV41Gpu::Impl {
     const int64_t e = c.routed_experts_of(l);
     int32_t* ids = buf<int32_t>("moe_ids", n * k);
     float* wts = buf<float>("moe_w", n * k);
+    // moe_shared_overlap: the side stream's shared expert starts from here (f is ready), not
+    // after the router.
+    const int32_t local = static_cast<int32_t>(L.experts.size());
+    const bool overlap = side_stream != nullptr && !opt.profile && local > 0;
+    if (overlap) cu::event_record(ev_fork, stream);
     cu::MoeRouterParams rp;
     rp.x = f;
     rp.ldx = d;
@@ -1679,7 +1699,6 @@ struct DeepseekV41Gpu::Impl {
     cu::launch_moe_router(rp, stream);
     cost.flops += 2.0 * n * e * d;
     cost.weight_bytes += static_cast<double>(L.gate.bytes());
-    const int32_t local = static_cast<int32_t>(L.experts.size());
     cu::MoeGroupParams gp;
     gp.ids = ids;
     gp.weights = wts;
@@ -1693,7 +1712,13 @@ struct DeepseekV41Gpu::Impl {
       gp.weights_vl = rp.topk_weights;
       gp.image = s.image.as<uint8_t>();
     }
-    // Shared expert (clamped SwiGLU too, oracle choice 6) straight into y.
+    // Shared expert (clamped SwiGLU too, oracle choice 6) straight into y; with
+    // moe_shared_overlap on the side stream, joined before the combine adds the routed hits.
+    if (overlap) {
+      cu::stream_wait_event(side_stream, ev_fork);
+      std::swap(stream, side_stream);  // every launch and cuBLASLt call below goes to the side
+      std::swap(lt, side_lt);
+    }
     float* g1 = buf<float>("moe_g", n * inter);
     const bool fused = L.shared_w13.kind != Linear::Kind::kNone;
     if (opt.trace) trace.shared_w13[l] = fused;
@@ -1726,6 +1751,11 @@ struct DeepseekV41Gpu::Impl {
       swiglu(g1, u1, g1, n, inter, nullptr);
     }
     linear(g1, inter, n, L.shared.w2, y, d);
+    if (overlap) {
+      std::swap(stream, side_stream);
+      std::swap(lt, side_lt);
+      cu::event_record(ev_join, side_stream);
+    }
     if (local == 0) return;
     // Group the local hits by expert on the device (no host sync).
     if (L.moe_offsets.bytes() == 0) L.moe_offsets = DeviceMemory(static_cast<size_t>(local + 1) * 4);
@@ -1863,6 +1893,7 @@ struct DeepseekV41Gpu::Impl {
       cu::launch_swiglu_quant_mxfp8(sq, stream);
       cu::launch_grouped_mxfp4_gemm(g2, stream);
     }
+    if (overlap) cu::stream_wait_event(stream, ev_join);  // y holds the shared expert
     cu::launch_moe_combine(ye, inv, n, k, d, y, stream);
   }
 

@@ -121,8 +121,16 @@ struct GpuModelOptions {
   // weights of exact_linears: any), else that layer keeps the two GEMMs (trace: shared_w13).
   // The same input, GEMM path (cuBLASLt bf16 / fp32, or the FP8 wgmma GEMM where w1 and w3 each
   // fit it) and products; cuBLASLt may pick another algorithm for the wider N (fp32 sums in
-  // another order). Off by default: unmeasured.
-  bool fuse_shared_w13 = false;
+  // another order). H200, DEP32 decode 64 x 6: step 54.2 -> 53.7 ms; prefill 8K after 128K: 58.1k
+  // -> 58.9k tok/s (docs/perf/forward-gpu-2026-11-30-r8.md).
+  bool fuse_shared_w13 = true;
+  // true: the shared expert runs on a second stream, forked from the main one where the MoE
+  // starts and joined before the routed experts' combine adds into its output, so its GEMMs fill
+  // the SMs the router, the grouping and the grouped GEMMs' last waves leave idle (the shared
+  // expert does not depend on the routing). Its own cuBLASLt handle and workspace; CUDA graphs
+  // capture the fork and join as edges. Not with profile (the per-component events time one
+  // stream: the breakdown then comes from serial work). Same kernels and results.
+  bool moe_shared_overlap = true;
   // true (and the config has draft stages): load / fill the DSpark draft stages and heads, and
   // allocate their context rings (dspark_commit, dspark_draft).
   bool dspark = false;

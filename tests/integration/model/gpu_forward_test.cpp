@@ -1280,6 +1280,80 @@ TEST(GpuForward, CudaGraphDecodeIsBitIdenticalToEager) {
   std::filesystem::remove_all(dir);
 }
 
+// moe_shared_overlap (the shared expert on a second stream, joined before the combine) against
+// the serial launches, eager and as CUDA graphs (the fork and join captured as graph edges): the
+// same kernels on the same inputs, so every logit is bit-identical. A prefill of three sequences,
+// then decode steps of 1 and 3 rows per sequence with the greedy tokens fed back (graphs
+// captured and replayed). A race between the streams (a scratch buffer shared, the join missing)
+// shows up as differing logits.
+TEST(GpuForward, MoeSharedOverlapIsBitIdenticalToSerial) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_shared_overlap");
+  ASSERT_TRUE(write_generated_model(dir, gpu_tiny_config(), 0));
+  arch::GpuModelOptions opt;
+  opt.max_seqs = 4;
+  opt.max_context = 256;
+  opt.max_rows = 512;
+  opt.moe_shared_overlap = false;
+  auto serial = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(serial) << serial.error().to_string();
+  opt.moe_shared_overlap = true;
+  auto overlap = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(overlap) << overlap.error().to_string();
+  opt.cuda_graphs = true;
+  auto graph = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(graph) << graph.error().to_string();
+  std::vector<DeepseekV41Gpu*> models = {serial->get(), overlap->get(), graph->get()};
+  const int64_t v = models[0]->config().vocab_size;
+  std::vector<std::vector<int32_t>> seqs(models.size());
+  std::vector<std::vector<int32_t>> toks;
+  for (uint32_t i = 0; i < 3; ++i) {
+    for (size_t m = 0; m < models.size(); ++m) seqs[m].push_back(*models[m]->new_sequence());
+    toks.push_back(test_prompt(11 + 4 * static_cast<int>(i), 70 + i, static_cast<int32_t>(v)));
+  }
+  int steps = 0;
+  // One forward on every model; outs[0] (the serial one) feeds the next tokens.
+  std::vector<arch::GpuForwardOutput> outs;
+  const auto step = [&] {
+    outs.clear();
+    for (size_t m = 0; m < models.size(); ++m) {
+      std::vector<GpuSequenceInput> in;
+      for (size_t i = 0; i < toks.size(); ++i) {
+        GpuSequenceInput a;
+        a.seq = seqs[m][i];
+        a.tokens = toks[i];
+        in.push_back(a);
+      }
+      auto o = models[m]->forward(in, ForwardMode::kProduction);
+      ASSERT_TRUE(o) << o.error().to_string();
+      outs.push_back(std::move(*o));
+    }
+    for (size_t m = 1; m < outs.size(); ++m) {
+      ASSERT_EQ(outs[0].logits.size(), outs[m].logits.size());
+      EXPECT_EQ(0, std::memcmp(outs[0].logits.data(), outs[m].logits.data(),
+                               outs[0].logits.size() * 4))
+          << "model " << m << ", step " << steps;
+      EXPECT_EQ(outs[0].greedy, outs[m].greedy) << "model " << m << ", step " << steps;
+    }
+    ++steps;
+  };
+  for (int s = 0; s < 8; ++s) {
+    step();
+    if (testing::Test::HasFatalFailure()) return;
+    const arch::GpuForwardOutput& o = outs[0];
+    const int rows = s < 4 ? 1 : 3;
+    for (size_t r = 0; r < o.logit_inputs.size(); ++r) {
+      auto& t = toks[static_cast<size_t>(o.logit_inputs[r])];
+      t = {o.greedy[r]};
+      for (int j = 1; j < rows; ++j)
+        t.push_back(static_cast<int32_t>((t.back() * 5 + j) % (v - 3) + 3));
+    }
+  }
+  EXPECT_GE(graph->get()->graph_replays(), 2);
+  EXPECT_EQ(serial->get()->graph_replays() + overlap->get()->graph_replays(), 0);
+  std::filesystem::remove_all(dir);
+}
+
 // The DSpark draft cycle as CUDA graphs (GpuModelOptions::cuda_graphs: one graph per number of
 // inputs) against the eager draft of the same model: the same kernels on the same inputs, so
 // tokens, confidences, logits and base logits are bit-identical, and so is the cost accounting.
