@@ -67,6 +67,7 @@ struct BenchForwardOptions {
   bool moe_grouped_wgmma = true;
   bool moe_grouped_wgmma_rs = true;
   bool moe_kperm = true;
+  bool moe_fuse_swiglu = false;
   bool fuse_shared_w13 = true;
   bool moe_shared_overlap = true;
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
@@ -222,6 +223,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_grouped_wgmma = opt.moe_grouped_wgmma;
   go.moe_grouped_wgmma_rs = opt.moe_grouped_wgmma_rs;
   go.moe_kperm = opt.moe_kperm;
+  go.moe_fuse_swiglu = opt.moe_fuse_swiglu;
   go.fuse_shared_w13 = opt.fuse_shared_w13;
   go.moe_shared_overlap = opt.moe_shared_overlap;
   go.cuda_graphs = decode && opt.cuda_graphs;
@@ -435,6 +437,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"moe_grouped_wgmma", opt.moe_grouped_wgmma},
               {"moe_grouped_wgmma_rs", opt.moe_grouped_wgmma_rs},
               {"moe_kperm", opt.moe_kperm},
+              {"moe_fuse_swiglu", opt.moe_fuse_swiglu},
               {"fuse_shared_w13", opt.fuse_shared_w13},
               {"moe_shared_overlap", opt.moe_shared_overlap},
               {"cuda_graphs", decode && opt.cuda_graphs},
@@ -609,6 +612,11 @@ void register_bench_forward(CLI::App& bench) {
                   "cuda: where the swapped-operand kernel takes both grouped GEMMs, the expert "
                   "inputs k-permuted per 64-wide K tile (one weight load and scale per fragment "
                   "row; false: natural k order)")
+      ->capture_default_str();
+  cmd->add_option("--moe-fuse-swiglu", opt->moe_fuse_swiglu,
+                  "cuda: where the swapped-operand kernel takes the w1 + w3 launch with it, the "
+                  "routed experts' SwiGLU and MXFP8 quantisation in that launch's epilogue (false: "
+                  "fp32 gate and up, then the SwiGLU quantiser)")
       ->capture_default_str();
   cmd->add_option("--fuse-shared-w13", opt->fuse_shared_w13,
                   "cuda: the shared expert's w1 and w3 as one GEMM of [w1; w3] (false: two "

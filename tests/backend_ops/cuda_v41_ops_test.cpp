@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -13,6 +14,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -2264,6 +2266,193 @@ TEST_F(CudaV41, GroupedMxfp4GemmRefusesKpermOffTheSwappedKernel) {
   gg.wgmma_rs = false;  // the v1 wgmma kernel (or, off Hopper, the table kernel)
   EXPECT_FALSE(cuda::grouped_mxfp4_rs_applies(gg));
   EXPECT_DEATH(cuda::launch_grouped_mxfp4_gemm(gg, stream_), "bad arguments");
+}
+
+// GroupedMxfp4GemmParams::swiglu (the SwiGLU + MXFP8 epilogue of the swapped-operand kernel's
+// w1 + w3 launch) against the unfused sequence on the same inputs: that kernel into fp32 y and
+// y_b, then launch_swiglu_quant_mxfp8 (gate y, up y_b, the device row count). The accumulators
+// are the same kernel's K loop, so the bf16 outputs must agree bit for bit, every grouped row's
+// n columns written, the pitch padding and the rows past the grouped count untouched. Uneven
+// counts per expert: empty experts, 7 and 1 rows (64-row passes), 129 and 192 (192-row passes),
+// 257 (192 + 65), 520 (passes looping past the grid's two pass CTAs); n 2304 k 5120 (the w1 / w3
+// shape), a multiple of 64 and one of 32 only (the last CTA's second 32-wide block past n).
+// Natural and k-permuted A (a_kperm) and output (kperm64), with and without row weights; limit 40
+// clamps some g and u but not most.
+TEST_F(CudaV41, GroupedMxfp4GemmSwigluEpilogueMatchesUnfused) {
+  if (cuda::device_info(0).compute_major != 9)
+    GTEST_SKIP() << "the swapped-operand kernel needs sm_90a (Hopper); device is sm_"
+                 << cuda::device_info(0).compute_major << cuda::device_info(0).compute_minor;
+  struct Case {
+    int64_t n, k;
+    std::vector<int32_t> counts;
+  };
+  const std::vector<int32_t> uneven = {7, 0, 129, 192, 1, 257, 64, 520};
+  for (const Case& c : {Case{2304, 5120, {192, 7, 0, 129}}, Case{320, 1024, uneven},
+                        Case{352, 512, {257, 7, 129, 192}}}) {
+    SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " experts " +
+                 std::to_string(c.counts.size()));
+    std::mt19937 rng(static_cast<uint32_t>(57 + c.n + c.k));
+    const int local = static_cast<int>(c.counts.size());
+    std::vector<int32_t> off(static_cast<size_t>(local + 1), 0);
+    for (int e = 0; e < local; ++e) off[e + 1] = off[e] + c.counts[static_cast<size_t>(e)];
+    const int64_t total = off[local];
+    const int64_t alloc_rows = total + 7;  // rows past the grouped count must stay untouched
+    const int64_t ldo = c.n + 8;           // and so must the pitch padding
+    const auto [a, a16] = mxfp8_rows(alloc_rows, c.k, rng);
+    const std::vector<uint16_t> a16p = kperm_rows(a16, alloc_rows, c.k, c.k);
+    // The weights only: the CPU references of these products are GroupedMxfp4GemmWgmma's.
+    const std::vector<int32_t> no_rows(static_cast<size_t>(local + 1), 0);
+    const Mxfp4Experts w1 = mxfp4_experts(no_rows, c.n, c.k, a, rng);
+    const Mxfp4Experts w3 = mxfp4_experts(no_rows, c.n, c.k, a, rng);
+    const int32_t* doff = up(off);
+    const float* weights = up(rnd(alloc_rows, rng, 0.05f, 1.5f));
+    const std::vector<uint16_t> poison(static_cast<size_t>(alloc_rows * ldo), 0x7FC1);
+    struct Variant {
+      bool a_kperm, kperm64, row_weight;
+    };
+    for (const Variant v : {Variant{false, false, true}, Variant{true, true, true},
+                            Variant{false, true, false}}) {
+      if (v.kperm64 && c.n % 64 != 0) continue;  // kperm64 permutes whole 64-wide tiles
+      SCOPED_TRACE(std::string(v.a_kperm ? "a_kperm" : "natural A") +
+                   (v.kperm64 ? ", kperm64 out" : ", natural out") +
+                   (v.row_weight ? ", row weights" : ", no row weights"));
+      cuda::GroupedMxfp4GemmParams gg;
+      gg.a = up(v.a_kperm ? a16p : a16);
+      gg.lda = c.k;
+      gg.offsets = doff;
+      gg.num_experts = local;
+      gg.max_rows = *std::max_element(c.counts.begin(), c.counts.end());
+      gg.w = up(w1.wp);
+      gg.w_scale = up(w1.sp);
+      gg.w_b = up(w3.wp);
+      gg.w_scale_b = up(w3.sp);
+      gg.ldy = c.n;
+      gg.n = c.n;
+      gg.k = c.k;
+      gg.rows_hint = 192;
+      gg.use_wgmma = true;
+      gg.wgmma_rs = true;
+      gg.a_rows = alloc_rows;
+      gg.a_kperm = v.a_kperm;
+      // Unfused: fp32 g and u, then the SwiGLU quantiser.
+      gg.y = nans(static_cast<size_t>(alloc_rows * c.n));
+      gg.y_b = nans(static_cast<size_t>(alloc_rows * c.n));
+      ASSERT_EQ(cuda::launch_grouped_mxfp4_gemm(gg, stream_), cuda::GroupedMxfp4Kernel::kWgmmaRs);
+      auto* unfused = up(poison);
+      cuda::SwigluQuantParams sq;
+      sq.gate = gg.y;
+      sq.up = gg.y_b;
+      sq.ld = c.n;
+      sq.row_weight = v.row_weight ? weights : nullptr;
+      sq.rows = alloc_rows;
+      sq.device_rows = doff + local;
+      sq.cols = c.n;
+      sq.limit = 40.0f;
+      sq.out = unfused;
+      sq.out_type = cuda::ActivationType::kBF16;
+      sq.ldo = ldo;
+      sq.kperm64 = v.kperm64;
+      cuda::launch_swiglu_quant_mxfp8(sq, stream_);
+      // Fused, twice (a rerun is bit-identical too).
+      gg.y = nullptr;
+      gg.y_b = nullptr;
+      gg.swiglu.ldo = ldo;
+      gg.swiglu.row_weight = sq.row_weight;
+      gg.swiglu.limit = sq.limit;
+      gg.swiglu.kperm64 = v.kperm64;
+      const auto want = down(unfused, poison.size());
+      for (int rep = 0; rep < 2; ++rep) {
+        auto* fused = up(poison);
+        gg.swiglu.out = fused;
+        EXPECT_TRUE(cuda::grouped_mxfp4_rs_applies(gg));
+        ASSERT_EQ(cuda::launch_grouped_mxfp4_gemm(gg, stream_), cuda::GroupedMxfp4Kernel::kWgmmaRs);
+        const auto got = down(fused, poison.size());
+        size_t diff = 0, unwritten = 0, stray = 0;
+        for (int64_t r = 0; r < alloc_rows; ++r)
+          for (int64_t col = 0; col < ldo; ++col) {
+            const size_t i = static_cast<size_t>(r * ldo + col);
+            diff += got[i] != want[i];
+            if (r < total && col < c.n) {
+              unwritten += want[i] == 0x7FC1;
+            } else {
+              stray += got[i] != 0x7FC1;
+            }
+          }
+        EXPECT_EQ(diff, 0u) << "run " << rep;
+        EXPECT_EQ(unwritten, 0u) << "the unfused output left elements unwritten";
+        EXPECT_EQ(stray, 0u) << "padding or rows past the grouped count written, run " << rep;
+      }
+    }
+  }
+}
+
+// A fused SwiGLU epilogue the swapped-operand kernel cannot take is refused as bad arguments
+// (only that kernel has it), and grouped_mxfp4_rs_applies says so beforehand: rows_hint 3 (the
+// skinny / table kernels), wgmma_rs off, no second weight set, y or y_b set, n % 32 != 0, kperm64
+// with n % 64 != 0, ldo < n, ldo % 8 != 0, out not 16-byte aligned. On Hopper the launch they are
+// variations of is taken.
+TEST_F(CudaV41, GroupedMxfp4GemmRefusesSwigluOffTheSwappedKernel) {
+  std::mt19937 rng(8);
+  const int64_t n = 128, k = 256;
+  const std::vector<int32_t> off = {0, 30, 30, 70};
+  const int local = 3;
+  std::vector<uint8_t> w(static_cast<size_t>(n * k / 2)), s(static_cast<size_t>(n * k / 32));
+  for (auto& b : w) b = static_cast<uint8_t>(rng());
+  for (auto& b : s) b = static_cast<uint8_t>(118 + rng() % 16);
+  const uint8_t* dw = up(w);
+  const uint8_t* ds = up(s);
+  cuda::GroupedMxfp4GemmParams ok;
+  ok.a = up(std::vector<uint16_t>(static_cast<size_t>(off[local] * k), 0x3F80));
+  ok.lda = k;
+  ok.offsets = up(off);
+  ok.num_experts = local;
+  ok.max_rows = 40;
+  ok.w = up(std::vector<const uint8_t*>(local, dw));
+  ok.w_scale = up(std::vector<const uint8_t*>(local, ds));
+  ok.w_b = ok.w;
+  ok.w_scale_b = ok.w_scale;
+  ok.ldy = n;
+  ok.n = n;
+  ok.k = k;
+  ok.rows_hint = 192;
+  ok.use_wgmma = true;
+  ok.wgmma_rs = true;
+  ok.a_rows = off[local];
+  auto* out = up(std::vector<uint16_t>(static_cast<size_t>(off[local] * (n + 8)), 0));
+  ok.swiglu.out = out;
+  ok.swiglu.ldo = n;
+  if (cuda::device_info(0).compute_major == 9) {
+    EXPECT_TRUE(cuda::grouped_mxfp4_rs_applies(ok));
+  }
+  float* y = nans(static_cast<size_t>(off[local] * n));
+  const std::vector<std::pair<const char*, std::function<void(cuda::GroupedMxfp4GemmParams&)>>>
+      bad = {
+          {"rows_hint 3", [](auto& p) { p.rows_hint = 3; }},
+          {"wgmma_rs off", [](auto& p) { p.wgmma_rs = false; }},
+          {"no w_b",
+           [](auto& p) {
+             p.w_b = nullptr;
+             p.w_scale_b = nullptr;
+           }},
+          {"y set", [&](auto& p) { p.y = y; }},
+          {"y_b set", [&](auto& p) { p.y_b = y; }},
+          {"n % 32", [](auto& p) { p.n = 72; }},
+          {"kperm64, n % 64", [](auto& p) {
+             p.n = 96;
+             p.swiglu.kperm64 = true;
+           }},
+          {"ldo < n", [](auto& p) { p.swiglu.ldo = n - 8; }},
+          {"ldo % 8", [](auto& p) { p.swiglu.ldo = n + 4; }},
+          {"out alignment", [&](auto& p) { p.swiglu.out = out + 4; }},
+      };
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  for (const auto& [name, spoil] : bad) {
+    SCOPED_TRACE(name);
+    cuda::GroupedMxfp4GemmParams gg = ok;
+    spoil(gg);
+    EXPECT_FALSE(cuda::grouped_mxfp4_rs_applies(gg));
+    EXPECT_DEATH(cuda::launch_grouped_mxfp4_gemm(gg, stream_), "bad arguments");
+  }
 }
 
 TEST_F(CudaV41, DequantFp8ToBf16IsExact) {

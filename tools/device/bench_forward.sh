@@ -53,6 +53,9 @@ args_decode_s1_moers="$args_decode_s1 --moe-grouped-wgmma true --moe-grouped-wgm
 # since round 7; kperm: the flag set explicitly), and on natural-order inputs (nokperm).
 args_decode_s6_kperm="$args_decode_s6 --moe-kperm true"
 args_decode_s6_nokperm="$args_decode_s6 --moe-kperm false"
+# The routed experts' SwiGLU + MXFP8 quantisation in the w1 + w3 launch's epilogue
+# (GpuModelOptions::moe_fuse_swiglu; off by default, unmeasured).
+args_decode_s6_fswq="$args_decode_s6 --moe-fuse-swiglu true"
 # The same plus one DSpark draft cycle for the batch (the draft stages' rings committed from
 # random taps): draft time, its components and roofline, step + draft.
 args_decode_s6_dspark="$args_decode_s6 --dspark"

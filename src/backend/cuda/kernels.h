@@ -212,6 +212,16 @@ struct MoeGroupParams {
 };
 void launch_moe_group(const MoeGroupParams& p, Stream stream);
 
+// The SwiGLU + MXFP8 epilogue of a grouped GEMM with two weight sets (GroupedMxfp4GemmParams::
+// swiglu): out = what launch_swiglu_quant_mxfp8 writes (bf16 output) from gate = y and up = y_b.
+struct GroupedSwigluEpilogue {
+  void* out = nullptr;                // bf16 [grouped rows, n], pitch ldo; null: no epilogue
+  int64_t ldo = 0;                    // >= n, % 8 == 0; out 16-byte aligned
+  const float* row_weight = nullptr;  // per grouped row (SwigluQuantParams::row_weight; null: 1)
+  float limit = 10.0f;                // SwigluQuantParams::limit
+  bool kperm64 = false;               // SwigluQuantParams::kperm64 (n % 64 == 0)
+};
+
 // Grouped MXFP4 GEMM over the grouped rows: for expert e and offsets[e] <= r < offsets[e + 1]:
 // y[r, :n] = a[r, :k] · dequant(W_e)^T, with a bf16 (MXFP8 values), W_e packed e2m1 [n, k/2] at
 // w[e] and ue8m0 scales [n, k/32] at w_scale[e] (device arrays of device pointers). Row counts
@@ -256,14 +266,25 @@ struct GroupedMxfp4GemmParams {
   // not take (grouped_mxfp4_rs_applies false) aborts as bad arguments instead of computing with
   // permuted columns.
   bool a_kperm = false;
+  // Optional, with w_b (the MoE's w1 + w3; swiglu.out set): y and y_b are not written (both
+  // null, ldy unused); instead the swapped-operand kernel's epilogue writes swiglu.out[r, :n] for
+  // the grouped rows r < offsets[num_experts], bit for bit what launch_swiglu_quant_mxfp8 writes
+  // (bf16 output; gate = y, up = y_b, row_weight, limit, kperm64 as in swiglu) after the unfused
+  // launch: the same fp32 accumulators (a CTA takes 64 columns of both sets, warpgroup 0 those of
+  // W and warpgroup 1 the same of W_b, instead of 128 of one set), then the same SwiGLU and MXFP8
+  // operations. Saves the fp32 y and y_b (written and read back: 16 bytes per element of out) and
+  // a launch. Only that kernel has the epilogue: grouped_mxfp4_rs_applies says whether it takes
+  // the launch, checking also w_b set, y and y_b null, n % 32 == 0 (n % 64 with kperm64), ldo
+  // and out (GroupedSwigluEpilogue); a launch it does not take aborts as bad arguments.
+  GroupedSwigluEpilogue swiglu;
 };
 // Which kernel a launch took (the last one when a second weight set ran as a second launch).
 enum class GroupedMxfp4Kernel { kNone, kTable, kSkinny, kWgmma, kWgmmaRs };
 GroupedMxfp4Kernel launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream);
 // Whether launch_grouped_mxfp4_gemm takes the swapped-operand kernel for p (the flags, shape and
 // alignment conditions, and a Hopper device; the same test the launch makes), so a caller can
-// decide on a_kperm before producing A. (A launch whose TMA descriptor the driver still refuses
-// falls back, or with a_kperm aborts.)
+// decide on a_kperm and swiglu before producing A. (A launch whose TMA descriptor the driver still
+// refuses falls back, or with a_kperm or swiglu aborts.)
 [[nodiscard]] bool grouped_mxfp4_rs_applies(const GroupedMxfp4GemmParams& p);
 
 // out[N, K] (bf16 bits) = dequant(W) of an FP8 e4m3 [N, K] weight with 32x32 ue8m0 block scales

@@ -183,6 +183,15 @@ __global__ void __launch_bounds__(kQuantThreads) act_quant_vec_kernel(ActQuantPa
   }
 }
 
+// The routed expert's clamped SwiGLU before its routing weight, in the order of
+// launch_swiglu_clamped and the CPU expert: every SwiGLU quantiser here (the two kernels below and
+// the grouped GEMM's fused epilogue) computes it through this, so they agree bit for bit.
+__device__ __forceinline__ float swiglu_clamped(float g, float u, float limit) {
+  g = fminf(g, limit);
+  u = fminf(fmaxf(u, -limit), limit);
+  return g / (1.0f + expf(-g)) * u;
+}
+
 __global__ void __launch_bounds__(kQuantThreads) swiglu_quant_vec_kernel(SwigluQuantParams p) {
   const int64_t rows = p.device_rows != nullptr ? *p.device_rows : p.rows;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kVecCols + threadIdx.x * 8;
@@ -198,10 +207,7 @@ __global__ void __launch_bounds__(kQuantThreads) swiglu_quant_vec_kernel(SwigluQ
       const float w = p.row_weight != nullptr ? p.row_weight[r] : 1.0f;
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        // Same expression order as swiglu_quant_kernel.
-        const float g = fminf(gs[e], p.limit);
-        const float u = fminf(fmaxf(us[e], -p.limit), p.limit);
-        v[e] = g / (1.0f + expf(-g)) * u;
+        v[e] = swiglu_clamped(gs[e], us[e], p.limit);
         if (p.row_weight != nullptr) v[e] *= w;
       }
     }
@@ -216,10 +222,7 @@ __global__ void __launch_bounds__(kQuantThreads) swiglu_quant_kernel(SwigluQuant
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     for (int64_t b = warp; b < blocks; b += kQuantThreads / 32) {
       const int64_t c = b * 32 + lane;
-      // Same expression order as launch_swiglu_clamped and the CPU expert.
-      const float g = fminf(p.gate[r * p.ld + c], p.limit);
-      const float u = fminf(fmaxf(p.up[r * p.ld + c], -p.limit), p.limit);
-      float v = g / (1.0f + expf(-g)) * u;
+      float v = swiglu_clamped(p.gate[r * p.ld + c], p.up[r * p.ld + c], p.limit);
       if (p.row_weight != nullptr) v *= p.row_weight[r];
       quant_store_lane(p, r, c, v);
     }
@@ -1080,6 +1083,16 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 //   without the dequantisation 86 us, with both 125 us (w1).
 // Epilogue: 4-byte stores straight from the accumulators (8 consecutive columns of 4 rows per
 // warp store: whole 32-byte sectors).
+// Fused SwiGLU epilogue (GroupedMxfp4GemmParams::swiglu; instantiations of their own, kFuse): the
+// CTA takes 64 weight rows of W into ring rows 0-63 (warpgroup 0) and the same 64 rows of W_b into
+// ring rows 64-127 (warpgroup 1), so it holds g and u of the same intermediate columns; blockIdx.x
+// covers the rows in tiles of 64, and the K loop is the unfused one (the same fp32 accumulators,
+// bit for bit). After it the ring is idle: each warpgroup stores its accumulators there as fp32
+// [grouped row][column] (pitch kEpiPitch = 68: a warp's stores hit 32 distinct banks), then every
+// thread takes 8 consecutive columns of one row as swiglu_quant_vec_kernel does (swiglu_clamped,
+// routing weight, quant_store8: the 4 lanes of a 32-wide block exchange its amax), a quarter-warp
+// reading two rows of one block (conflict-free 16-byte loads), each warp writing 128 contiguous
+// bytes of 4 rows (natural order).
 // Probe-only knobs (tools/device/moe_rs_probe.cu; the build never sets them):
 // MOESERVE_RS_PROBE 1 skips the dequantisation after tile 0, 2 the loads after the prologue,
 // 3 the wgmma; MOESERVE_RS_STAGES sets the ring depth.
@@ -1103,6 +1116,8 @@ constexpr int kStageBytes = (kABytes + kWBytes + kSBytes + 1023) / 1024 * 1024;
 constexpr int kSmemBytes = kStages * kStageBytes + 8 * kStages + 1024;  // + mbarriers, alignment
 static_assert(kABytes + kWBytes + kSBytes <= kStageBytes && kStageBytes % 1024 == 0);
 static_assert(kBW * kBK / 2 == kThreads * 16);
+constexpr int kEpiPitch = kBW / 2 + 4;  // fused epilogue: fp32 g and u tiles [row][64 columns]
+static_assert(2 * kMaxTok * kEpiPitch * 4 <= kStages * kStageBytes);
 }  // namespace grs
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1185,9 +1200,11 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-// One pass: rows [m0, m0 + rows) of expert e (rows <= kTN), weight rows [n0, n0 + 128). tc: K
-// tiles this CTA loaded before the pass (ring slot and mbarrier phase of tile kt follow tc + kt).
-template <int kTN, bool kKperm>
+// One pass: rows [m0, m0 + rows) of expert e (rows <= kTN), weight rows [n0, n0 + 128) (kFuse:
+// [n0, n0 + 64) of both sets). wexp, sexp: the expert's weights and scales in the set of the ring
+// row this thread copies (tid / 2 and tid % 128). tc: K tiles this CTA loaded before the pass
+// (ring slot and mbarrier phase of tile kt follow tc + kt).
+template <int kTN, bool kKperm, bool kFuse>
 __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const CUtensorMap* tmap_a,
                                          const uint8_t* wexp, const uint8_t* sexp, float* y,
                                          uint8_t* smem, uint32_t base, int64_t beg, int64_t m0,
@@ -1197,9 +1214,11 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
   const int wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   const int nk = static_cast<int>(p.k / kBK);
-  const uint8_t* const wsrc =
-      wexp + min(n0 + (tid >> 1), p.n - 1) * (p.k / 2) + (tid & 1) * 16;  // rows past n: row n - 1
-  const uint8_t* const ssrc = sexp + min(n0 + (tid & (kBW - 1)), p.n - 1) * (p.k / 32);
+  // The copied rows within their set, from n0 (rows past n: row n - 1).
+  const int wrow = kFuse ? (tid >> 1) % (kBW / 2) : tid >> 1;
+  const int srow = kFuse ? tid % (kBW / 2) : tid & (kBW - 1);
+  const uint8_t* const wsrc = wexp + min(n0 + wrow, p.n - 1) * (p.k / 2) + (tid & 1) * 16;
+  const uint8_t* const ssrc = sexp + min(n0 + srow, p.n - 1) * (p.k / 32);
   const int32_t row0 = static_cast<int32_t>(beg + m0);
   const uint32_t bars = base + kStages * kStageBytes;  // one mbarrier (8 B) per ring slot
   const int r0 = 64 * wg + 16 * warp + g;
@@ -1271,26 +1290,72 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
   }
   wgmma::wait_group<0>();
   wgmma::fence_operands(acc);
-  // d[4i + 2h + v] = D[r0 + 8h][8i + 2t + v]: weight row (column of y) n0 + r0 + 8h, row 8i + 2t + v.
+  if constexpr (kFuse) {
+    // d[4i + 2h + v] = D[r0 + 8h][8i + 2t + v] -> tile wg (0: g, 1: u), row 8i + 2t + v, column
+    // r0 + 8h - 64 wg (the same column in both tiles).
+    __syncthreads();  // both warpgroups' wgmma are done reading the ring
+    float* const tiles = reinterpret_cast<float*>(smem);  // [2][kTN][kEpiPitch]
+    float* const mine = tiles + wg * kTN * kEpiPitch + 16 * warp + g;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t col = n0 + r0 + 8 * h;
-    if (col >= p.n) continue;
-    float* ycol = y + (beg + m0) * p.ldy + col;
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
-    for (int i = 0; i < kTN / 8; ++i)
+      for (int i = 0; i < kTN / 8; ++i)
 #pragma unroll
-      for (int v = 0; v < 2; ++v) {
-        const int r = 8 * i + 2 * t + v;
-        if (r < rows) ycol[r * p.ldy] = acc[4 * i + 2 * h + v];
+        for (int v = 0; v < 2; ++v)
+          mine[(8 * i + 2 * t + v) * kEpiPitch + 8 * h] = acc[4 * i + 2 * h + v];
+    __syncthreads();
+    SwigluQuantParams out;  // quant_store8's view of the output (bf16)
+    out.out = p.swiglu.out;
+    out.ldo = p.swiglu.ldo;
+    out.kperm64 = p.swiglu.kperm64;
+    const float* const rw = p.swiglu.row_weight;
+    // Lane: bits 0-1 the 8-column chunk of a 32-wide block, bit 3 the block, bits 2 and 4 the row
+    // (with the warp: 32 rows per step).
+    const int c = 32 * ((lane >> 3) & 1) + 8 * (lane & 3);
+    const bool col_live = n0 + c < p.n;  // n % 32 == 0: a block is wholly in or out
+    for (int m = 4 * (tid >> 5) + 2 * (lane >> 4) + ((lane >> 2) & 1); m < kTN; m += 32) {
+      const bool live = col_live && m < rows;
+      float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (live) {
+        const auto* g4 = reinterpret_cast<const float4*>(tiles + m * kEpiPitch + c);
+        const auto* u4 = reinterpret_cast<const float4*>(tiles + (kTN + m) * kEpiPitch + c);
+        const float4 ga = g4[0], gb = g4[1], ua = u4[0], ub = u4[1];
+        const float gs[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
+        const float us[8] = {ua.x, ua.y, ua.z, ua.w, ub.x, ub.y, ub.z, ub.w};
+        const float w = rw != nullptr ? rw[beg + m0 + m] : 1.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          v[e] = swiglu_clamped(gs[e], us[e], p.swiglu.limit);
+          if (rw != nullptr) v[e] *= w;
+        }
       }
+      quant_store8(out, beg + m0 + m, n0 + c, v, live);
+    }
+    wgmma::fence_proxy_async_smem();  // these generic accesses before the next pass's TMA writes
+  } else {
+    // d[4i + 2h + v] = D[r0 + 8h][8i + 2t + v]: weight row (column of y) n0 + r0 + 8h, row
+    // 8i + 2t + v.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t col = n0 + r0 + 8 * h;
+      if (col >= p.n) continue;
+      float* ycol = y + (beg + m0) * p.ldy + col;
+#pragma unroll
+      for (int i = 0; i < kTN / 8; ++i)
+#pragma unroll
+        for (int v = 0; v < 2; ++v) {
+          const int r = 8 * i + 2 * t + v;
+          if (r < rows) ycol[r * p.ldy] = acc[4 * i + 2 * h + v];
+        }
+    }
   }
   __syncthreads();  // shared memory free for the next pass
 }
 #endif
 
-// kKperm: p.a_kperm (one instantiation each, so neither carries the other's decode).
-template <bool kKperm>
+// kKperm: p.a_kperm; kFuse: p.swiglu (one instantiation each, so none carries another's decode
+// or epilogue).
+template <bool kKperm, bool kFuse>
 __global__ void __launch_bounds__(grs::kThreads, 1)
     grouped_mxfp4_gemm_rs_kernel(const GroupedMxfp4GemmParams p,
                                  const __grid_constant__ CUtensorMap tmap_a) {
@@ -1305,30 +1370,40 @@ __global__ void __launch_bounds__(grs::kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  const int64_t wtiles = (p.n + kBW - 1) / kBW;
+  // The CTA's weight rows from n0: kBW of one set (blockIdx.x covers W's tiles, then W_b's); kFuse:
+  // 64 of W (ring rows 0-63, warpgroup 0) and the same 64 of W_b (ring rows 64-127, warpgroup 1).
+  constexpr int kRows = kFuse ? kBW / 2 : kBW;
+  const int64_t wtiles = (p.n + kRows - 1) / kRows;
   int64_t wt = blockIdx.x;
-  const bool second = wt >= wtiles;
+  const bool second = !kFuse && wt >= wtiles;
   if (second) wt -= wtiles;
   const int e = static_cast<int>(blockIdx.z);
-  const uint8_t* const wexp = (second ? p.w_b : p.w)[e];
-  const uint8_t* const sexp = (second ? p.w_scale_b : p.w_scale)[e];
+  // The set of the ring rows this thread copies: weights of row tid / 2, scales of row tid % 128.
+  const int tid = static_cast<int>(threadIdx.x);
+  const bool w_in_b = kFuse ? tid >> 1 >= kRows : second;
+  const bool s_in_b = kFuse ? (tid & (kBW - 1)) >= kRows : second;
+  const uint8_t* const wexp = (w_in_b ? p.w_b : p.w)[e];
+  const uint8_t* const sexp = (s_in_b ? p.w_scale_b : p.w_scale)[e];
   float* const y = second ? p.y_b : p.y;
   const int64_t beg = p.offsets[e];
   const int64_t cnt = p.offsets[e + 1] - beg;
-  const int64_t n0 = wt * kBW;
+  const int64_t n0 = wt * kRows;
   uint32_t tc = 0;
   for (int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxTok; m0 < cnt;
        m0 += static_cast<int64_t>(gridDim.y) * kMaxTok) {
     const int64_t rows = min(static_cast<int64_t>(kMaxTok), cnt - m0);
     switch ((rows + 63) / 64) {
       case 1:
-        grs_pass<64, kKperm>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows, n0, tc);
+        grs_pass<64, kKperm, kFuse>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows, n0,
+                                    tc);
         break;
       case 2:
-        grs_pass<128, kKperm>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows, n0, tc);
+        grs_pass<128, kKperm, kFuse>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows, n0,
+                                     tc);
         break;
       case 3:
-        grs_pass<192, kKperm>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows, n0, tc);
+        grs_pass<192, kKperm, kFuse>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows, n0,
+                                     tc);
         break;
       default: break;
     }
@@ -1372,24 +1447,40 @@ bool make_tmap_a(CUtensorMap* map, const void* a, int64_t k, int64_t rows, int64
 // Passes of 192 rows per expert in the swapped-operand kernel's grid.
 int64_t rs_passes(const GroupedMxfp4GemmParams& p) { return row_tiles_per_expert(p, grs::kMaxTok); }
 int64_t rs_wtiles(const GroupedMxfp4GemmParams& p) {
+  if (p.swiglu.out != nullptr) return ceil_div(p.n, grs::kBW / 2);  // 64 rows of both sets
   return ceil_div(p.n, grs::kBW) * (p.w_b != nullptr ? 2 : 1);
 }
 
+// The fused SwiGLU epilogue's conditions (GroupedMxfp4GemmParams::swiglu): both sets, no fp32
+// outputs, whole 32-wide quantisation blocks (whole 64-wide tiles with kperm64), 16-byte stores.
+bool swiglu_epilogue_ok(const GroupedMxfp4GemmParams& p) {
+  const GroupedSwigluEpilogue& f = p.swiglu;
+  return p.w_b != nullptr && p.y == nullptr && p.y_b == nullptr && p.n % 32 == 0 &&
+         (!f.kperm64 || p.n % 64 == 0) && f.ldo >= p.n && f.ldo % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(f.out) % 16 == 0;
+}
+
+template <bool kKperm, bool kFuse>
+void rs_smem_attribute() {
+  MS_CUDA_CHECK(cudaFuncSetAttribute(grouped_mxfp4_gemm_rs_kernel<kKperm, kFuse>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, grs::kSmemBytes));
+}
+
 // Whether the swapped-operand kernel takes p: requested, its shape, alignment and grid limits,
-// the tensor map's limits and encoder, and a Hopper device (grouped_mxfp4_rs_applies and
-// launch_grouped_mxfp4_rs both ask this, so a caller's a_kperm decision matches the launch).
+// the fused epilogue's conditions when asked for, the tensor map's limits and encoder, and a
+// Hopper device (grouped_mxfp4_rs_applies and launch_grouped_mxfp4_rs both ask this, so a
+// caller's a_kperm and swiglu decisions match the launch).
 bool rs_takes(const GroupedMxfp4GemmParams& p) {
   if (!p.use_wgmma || !p.wgmma_rs || p.rows_hint <= 24 || p.k % 128 != 0 || p.k > 0x7FFFFFFF ||
-      p.a_rows <= 0 || p.a_rows > 0x7FFFFFFF || reinterpret_cast<uintptr_t>(p.y) % 4 != 0)
+      p.a_rows <= 0 || p.a_rows > 0x7FFFFFFF || reinterpret_cast<uintptr_t>(p.y) % 4 != 0 ||
+      (p.swiglu.out != nullptr && !swiglu_epilogue_ok(p)))
     return false;
   static const bool hopper = [] {
     if (device_cc_major() != 9) return false;
-    MS_CUDA_CHECK(cudaFuncSetAttribute(grouped_mxfp4_gemm_rs_kernel<false>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       grs::kSmemBytes));
-    MS_CUDA_CHECK(cudaFuncSetAttribute(grouped_mxfp4_gemm_rs_kernel<true>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       grs::kSmemBytes));
+    rs_smem_attribute<false, false>();
+    rs_smem_attribute<true, false>();
+    rs_smem_attribute<false, true>();
+    rs_smem_attribute<true, true>();
     return true;
   }();
   return hopper && tmap_encoder() != nullptr && rs_passes(p) <= 65535 && rs_wtiles(p) <= 0x7FFFFFFF;
@@ -1402,10 +1493,13 @@ bool launch_grouped_mxfp4_rs(const GroupedMxfp4GemmParams& p, cudaStream_t strea
                   static_cast<unsigned>(p.num_experts));
   CUtensorMap tmap{};
   if (!make_tmap_a(&tmap, p.a, p.k, p.a_rows, p.lda)) return false;
-  if (p.a_kperm)
-    grouped_mxfp4_gemm_rs_kernel<true><<<grid, grs::kThreads, grs::kSmemBytes, stream>>>(p, tmap);
-  else
-    grouped_mxfp4_gemm_rs_kernel<false><<<grid, grs::kThreads, grs::kSmemBytes, stream>>>(p, tmap);
+  auto* const kernel =
+      p.swiglu.out != nullptr
+          ? (p.a_kperm ? grouped_mxfp4_gemm_rs_kernel<true, true>
+                       : grouped_mxfp4_gemm_rs_kernel<false, true>)
+          : (p.a_kperm ? grouped_mxfp4_gemm_rs_kernel<true, false>
+                       : grouped_mxfp4_gemm_rs_kernel<false, false>);
+  kernel<<<grid, grs::kThreads, grs::kSmemBytes, stream>>>(p, tmap);
   MS_CUDA_CHECK_LAUNCH();
   return true;
 }
@@ -1503,12 +1597,15 @@ void launch_moe_group(const MoeGroupParams& p, Stream stream) {
 
 GroupedMxfp4Kernel launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream) {
   if (p.num_experts == 0 || p.max_rows == 0 || p.n == 0) return GroupedMxfp4Kernel::kNone;
-  if (p.k % 32 != 0 || p.k <= 0 || p.lda % 8 != 0 || p.lda < p.k || p.ldy < p.n ||
+  // The fused epilogue writes neither y nor y_b (swiglu_epilogue_ok: both null, ldy unused).
+  const bool fused = p.swiglu.out != nullptr;
+  if (p.k % 32 != 0 || p.k <= 0 || p.lda % 8 != 0 || p.lda < p.k || (!fused && p.ldy < p.n) ||
       reinterpret_cast<uintptr_t>(p.a) % 16 != 0 || p.num_experts > 65535 ||
-      (p.w_b != nullptr) != (p.w_scale_b != nullptr) || (p.w_b != nullptr) != (p.y_b != nullptr))
+      (p.w_b != nullptr) != (p.w_scale_b != nullptr) ||
+      (!fused && (p.w_b != nullptr) != (p.y_b != nullptr)))
     bad_args("launch_grouped_mxfp4_gemm",
-             "K % 32 == 0, lda % 8 == 0, lda >= K, ldy >= N, a 16-byte aligned, w_b / w_scale_b / "
-             "y_b all set or all null");
+             "K % 32 == 0, lda % 8 == 0, lda >= K, a 16-byte aligned, w_b / w_scale_b both set or "
+             "both null; without swiglu: ldy >= N, w_b / y_b both set or both null");
   const bool small = p.rows_hint <= 24;
   const int tm = small ? 16 : 64;
   const int64_t n_tiles = ceil_div(p.n, kTileN);
@@ -1526,6 +1623,12 @@ GroupedMxfp4Kernel launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, St
     bad_args("launch_grouped_mxfp4_gemm",
              "a_kperm only where the swapped-operand kernel takes the launch "
              "(grouped_mxfp4_rs_applies)");
+  // Only that kernel has the SwiGLU epilogue.
+  if (fused)
+    bad_args("launch_grouped_mxfp4_gemm",
+             "swiglu only where the swapped-operand kernel takes the launch "
+             "(grouped_mxfp4_rs_applies): w_b set, y and y_b null, N % 32 == 0 (kperm64: "
+             "N % 64 == 0), ldo >= N, ldo % 8 == 0, out 16-byte aligned");
   if (p.w_b != nullptr) {  // the other kernels take one weight set per launch
     GroupedMxfp4GemmParams one = p;
     one.w_b = nullptr;

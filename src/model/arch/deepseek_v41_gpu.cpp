@@ -6,6 +6,8 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -1782,8 +1784,6 @@ struct DeepseekV41Gpu::Impl {
     const size_t qsize = exact ? 4 : 2;
     void* xe = buf<uint8_t>("moe_xe", cap * d * static_cast<int64_t>(qsize));
     void* he = buf<uint8_t>("moe_he", cap * inter * static_cast<int64_t>(qsize));
-    float* ge = buf<float>("moe_ge", cap * inter);
-    float* ue = buf<float>("moe_ue", cap * inter);
     float* ye = buf<float>("moe_ye", cap * d);
     const int32_t* total = offsets + local;
     cu::ActQuantParams aq;
@@ -1796,9 +1796,7 @@ struct DeepseekV41Gpu::Impl {
     aq.out = xe;
     aq.out_type = qt;
     aq.ldo = d;
-    cu::SwigluQuantParams sq;
-    sq.gate = ge;
-    sq.up = ue;
+    cu::SwigluQuantParams sq;  // gate and up: gate_up()
     sq.ld = inter;
     sq.row_weight = pw;
     sq.rows = cap;
@@ -1808,7 +1806,17 @@ struct DeepseekV41Gpu::Impl {
     sq.out = he;
     sq.out_type = qt;
     sq.ldo = inter;
+    // The fp32 w1 and w3 outputs (gate, up) of the unfused path; not allocated when the SwiGLU
+    // runs in the w1 + w3 epilogue (moe_fuse_swiglu).
+    const auto gate_up = [&] {
+      float* ge = buf<float>("moe_ge", cap * inter);
+      float* ue = buf<float>("moe_ue", cap * inter);
+      sq.gate = ge;
+      sq.up = ue;
+      return std::pair{ge, ue};
+    };
     if (exact) {
+      const auto [ge, ue] = gate_up();
       // Test mode (fp32 expert weights): the counts come to the host, one fp32 GEMM per expert.
       cu::launch_act_quant_mxfp8(aq, stream);
       std::vector<int32_t> off(static_cast<size_t>(local) + 1);
@@ -1864,11 +1872,10 @@ struct DeepseekV41Gpu::Impl {
       gg.ldy = inter;
       gg.w = ptr;
       gg.w_scale = ptr + local;
-      gg.y = ge;
-      // w1 and w3 read the same rows: one launch (kernels that take one set run it twice).
+      // w1 and w3 read the same rows: one launch (kernels that take one set run it twice); y and
+      // y_b (gate_up) once the epilogue is decided.
       gg.w_b = ptr + 2 * local;
       gg.w_scale_b = ptr + 3 * local;
-      gg.y_b = ue;
       cu::GroupedMxfp4GemmParams g2 = gg;  // w2 over he
       g2.w_b = nullptr;
       g2.w_scale_b = nullptr;
@@ -1888,9 +1895,24 @@ struct DeepseekV41Gpu::Impl {
         gg.a_kperm = g2.a_kperm = true;
       }
       if (opt.trace) trace.moe_kperm[l] = gg.a_kperm;
+      // moe_fuse_swiglu: sq's work (the same output bits) in the w1 + w3 launch's epilogue, where
+      // the swapped-operand kernel takes the launch with it.
+      cu::GroupedMxfp4GemmParams gf = gg;
+      gf.swiglu.out = he;
+      gf.swiglu.ldo = inter;
+      gf.swiglu.row_weight = pw;
+      gf.swiglu.limit = sq.limit;
+      gf.swiglu.kperm64 = sq.kperm64;
+      const bool fuse = opt.moe_fuse_swiglu && cu::grouped_mxfp4_rs_applies(gf);
+      if (opt.trace) trace.moe_fuse_swiglu[l] = fuse;
       cu::launch_act_quant_mxfp8(aq, stream);
-      cu::launch_grouped_mxfp4_gemm(gg, stream);
-      cu::launch_swiglu_quant_mxfp8(sq, stream);
+      if (fuse) {
+        cu::launch_grouped_mxfp4_gemm(gf, stream);
+      } else {
+        std::tie(gg.y, gg.y_b) = gate_up();
+        cu::launch_grouped_mxfp4_gemm(gg, stream);
+        cu::launch_swiglu_quant_mxfp8(sq, stream);
+      }
       cu::launch_grouped_mxfp4_gemm(g2, stream);
     }
     if (overlap) cu::stream_wait_event(stream, ev_join);  // y holds the shared expert

@@ -113,6 +113,13 @@ struct GpuModelOptions {
   // order. Otherwise the natural layout. H200, 12 experts x 192 rows: w1 + w3 247 -> 218 us, w2
   // 120 -> 108 us; the DEP32 decode step 56.2 -> 54.2 ms (MoE 25.9 -> 23.8).
   bool moe_kperm = true;
+  // With moe_grouped_wgmma_rs, where that kernel takes the w1 + w3 launch with the epilogue
+  // (cuda::grouped_mxfp4_rs_applies; intermediate % 32, % 64 with moe_kperm): the clamped SwiGLU,
+  // routing weight and MXFP8 fake-quant of w2's input run in that launch's epilogue
+  // (GroupedMxfp4GemmParams::swiglu: a CTA holds the same 64 intermediate columns of w1 and w3)
+  // instead of writing the fp32 gate and up for launch_swiglu_quant_mxfp8 (neither is allocated).
+  // Bit-identical w2 input. Off by default: unmeasured.
+  bool moe_fuse_swiglu = false;
   // true: the shared expert's w1 and w3 as one GEMM of [w1; w3] (out 2 * inter) into [rows,
   // 2 * inter], the clamped SwiGLU reading gate and up from its two halves: one launch instead of
   // two at decode's low-efficiency row counts. Built at load by device copies of w1 and w3, whose
@@ -147,6 +154,7 @@ struct GpuForwardTrace {
   std::map<int32_t, std::vector<float>> ffn_out;      // MoE output [rows, D]
   std::map<int32_t, std::vector<int32_t>> experts;    // routed experts [rows, top_k]
   std::map<int32_t, bool> moe_kperm;  // grouped GEMMs on k-permuted inputs (options.moe_kperm)
+  std::map<int32_t, bool> moe_fuse_swiglu;  // SwiGLU in the w1 + w3 epilogue (moe_fuse_swiglu)
   std::map<int32_t, bool> shared_w13;  // shared expert's w1 + w3 as one GEMM (fuse_shared_w13)
   std::map<int32_t, std::vector<int32_t>> selected;  // index sources: [rows, index_topk] entries
   std::map<int32_t, std::vector<float>> scores;      // index sources: [rows, width] scores

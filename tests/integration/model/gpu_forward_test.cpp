@@ -931,6 +931,50 @@ TEST(GpuForward, MoeGroupedWgmmaAgreesWithTableKernelInTheForward) {
   std::filesystem::remove_all(dir);
 }
 
+// GpuModelOptions::moe_fuse_swiglu (the routed experts' SwiGLU + MXFP8 quantisation in the
+// swapped-operand w1 + w3 launch's epilogue) against the unfused sequence, on the wide model with
+// moe_ep_ranks 8 (~40 rows per expert: the swapped-operand kernel takes the launches; intermediate
+// 128 is a multiple of 64), on natural and k-permuted expert inputs (moe_kperm): every MoE layer
+// takes the epilogue (trace), and every layer's MoE output is bit-identical (the same w2 input
+// bits, so the same forward).
+TEST(GpuForward, MoeFusedSwigluIsBitIdenticalInTheForward) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_moe_fuse_swiglu");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  const auto run = [&](bool fuse, bool kperm) {
+    return traced_prefill(dir, 9, [&](arch::GpuModelOptions& o) {
+      o.moe_ep_ranks = 8;
+      o.moe_kperm = kperm;
+      o.moe_fuse_swiglu = fuse;
+    });
+  };
+  for (const bool kperm : {false, true}) {
+    SCOPED_TRACE(kperm ? "moe_kperm" : "natural inputs");
+    const auto ta = run(false, kperm);
+    const auto tb = run(true, kperm);
+    ASSERT_FALSE(tb.moe_fuse_swiglu.empty());
+    ASSERT_EQ(ta.moe_fuse_swiglu.size(), tb.moe_fuse_swiglu.size());
+    for (const auto& [layer, fused] : ta.moe_fuse_swiglu) EXPECT_FALSE(fused) << "layer " << layer;
+    for (const auto& [layer, fused] : tb.moe_fuse_swiglu) EXPECT_TRUE(fused) << "layer " << layer;
+    for (const auto& [layer, on] : tb.moe_kperm) EXPECT_EQ(on, kperm) << "layer " << layer;
+    ASSERT_FALSE(ta.ffn_out.empty());
+    ASSERT_EQ(ta.ffn_out.size(), tb.ffn_out.size());
+    ASSERT_EQ(ta.ffn_in.begin()->second, tb.ffn_in.begin()->second);  // same first MoE input
+    int differing = 0;
+    for (const auto& [layer, a] : ta.ffn_out) {
+      ASSERT_EQ(tb.ffn_out.count(layer), 1u) << "layer " << layer;
+      const auto& b = tb.ffn_out.at(layer);
+      for (const float x : b) ASSERT_TRUE(std::isfinite(x)) << "layer " << layer;
+      differing += a != b;
+      EXPECT_TRUE(a == b) << "layer " << layer << " not bit-identical; rows over 1e-6: "
+                          << rows_differing(a, b, 20, 1e-6) << " of 20";
+    }
+    fmt::print("moe_fuse_swiglu ({}) vs unfused: {} of {} layers' MoE outputs differ\n",
+               kperm ? "kperm" : "natural", differing, ta.ffn_out.size());
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // GpuModelOptions::fuse_shared_w13 (the shared expert's w1 and w3 as one GEMM of [w1; w3], the
 // SwiGLU reading both halves of its output) against the two GEMMs, on the wide model (inter 128,
 // hidden 256), on each path the fused GEMM takes:
