@@ -66,6 +66,7 @@ struct BenchForwardOptions {
   bool moe_grouped_wgmma_rs = true;
   bool moe_kperm = true;
   bool fuse_shared_w13 = false;
+  bool router_split_tf32 = true;
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
   bool host_logits = false;  // copy the logits rows to the host (a server samples on the device)
@@ -220,6 +221,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_grouped_wgmma_rs = opt.moe_grouped_wgmma_rs;
   go.moe_kperm = opt.moe_kperm;
   go.fuse_shared_w13 = opt.fuse_shared_w13;
+  go.router_split_tf32 = opt.router_split_tf32;
   go.cuda_graphs = decode && opt.cuda_graphs;
   go.dspark = decode && opt.dspark;
   // The draft block after the steps, and the whole cycles' verification steps.
@@ -432,6 +434,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"moe_grouped_wgmma_rs", opt.moe_grouped_wgmma_rs},
               {"moe_kperm", opt.moe_kperm},
               {"fuse_shared_w13", opt.fuse_shared_w13},
+              {"router_split_tf32", opt.router_split_tf32},
               {"cuda_graphs", decode && opt.cuda_graphs},
               {"dspark", opt.dspark},
               {"host_logits", opt.host_logits},
@@ -606,6 +609,10 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--fuse-shared-w13", opt->fuse_shared_w13,
                   "cuda: the shared expert's w1 and w3 as one GEMM of [w1; w3] (false: two "
                   "GEMMs)")
+      ->capture_default_str();
+  cmd->add_option("--router-split-tf32", opt->router_split_tf32,
+                  "cuda: the MoE router logits as one TF32 GEMM on hi/lo split operands "
+                  "(fp32-class; false: cuBLASLt's exact fp32 GEMM)")
       ->capture_default_str();
   cmd->add_flag("--dspark", opt->dspark,
                 "cuda decode: also time one DSpark draft cycle for the batch (rings committed "

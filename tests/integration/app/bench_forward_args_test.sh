@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `moeserve bench forward` refuses bad arguments with a clear error and exit code != 0 before any
 # work: --ep-ranks outside 1..256 (the CUDA decode bench of one DEP rank's MoE work; the range is
-# checked when the command line is parsed, in every build).
+# checked when the command line is parsed, in every build), and a --router-split-tf32 value that
+# is not a bool (refused as that option's value, not as an unknown argument: the option exists).
 set -euo pipefail
 bin=${MOESERVE_BIN:?MOESERVE_BIN not set}
 for bad in 0 -3 257; do
@@ -12,4 +13,15 @@ for bad in 0 -3 257; do
   fi
   grep -q -- "--ep-ranks" <<<"$out" || { echo "error does not name --ep-ranks: $out"; exit 1; }
 done
+if out=$("$bin" bench forward --backend cuda --random-weights \
+    --config configs/deepseek-v4.1-flash/config.json --batch 1 --context 8 \
+    --router-split-tf32 maybe 2>&1); then
+  echo "--router-split-tf32 maybe accepted: $out"
+  exit 1
+fi
+grep -q -- "--router-split-tf32" <<<"$out" || { echo "error does not name --router-split-tf32: $out"; exit 1; }
+if grep -q "not expected" <<<"$out"; then
+  echo "--router-split-tf32 is not an option: $out"
+  exit 1
+fi
 echo "bench_forward_args: ok"
