@@ -70,6 +70,7 @@ struct BenchForwardOptions {
   bool moe_fuse_swiglu = false;
   bool fuse_shared_w13 = true;
   bool moe_shared_overlap = true;
+  bool router_split_tf32 = true;
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
   bool host_logits = false;  // copy the logits rows to the host (a server samples on the device)
@@ -226,6 +227,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_fuse_swiglu = opt.moe_fuse_swiglu;
   go.fuse_shared_w13 = opt.fuse_shared_w13;
   go.moe_shared_overlap = opt.moe_shared_overlap;
+  go.router_split_tf32 = opt.router_split_tf32;
   go.cuda_graphs = decode && opt.cuda_graphs;
   go.dspark = decode && opt.dspark;
   // The draft block after the steps, and the whole cycles' verification steps.
@@ -440,6 +442,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"moe_fuse_swiglu", opt.moe_fuse_swiglu},
               {"fuse_shared_w13", opt.fuse_shared_w13},
               {"moe_shared_overlap", opt.moe_shared_overlap},
+              {"router_split_tf32", opt.router_split_tf32},
               {"cuda_graphs", decode && opt.cuda_graphs},
               {"dspark", opt.dspark},
               {"host_logits", opt.host_logits},
@@ -625,6 +628,9 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--moe-shared-overlap", opt->moe_shared_overlap,
                   "cuda: the shared expert on a second stream, overlapping the routed experts "
                   "(false: one stream)")
+  cmd->add_option("--router-split-tf32", opt->router_split_tf32,
+                  "cuda: the MoE router logits as one TF32 GEMM on hi/lo split operands "
+                  "(fp32-class; false: cuBLASLt's exact fp32 GEMM)")
       ->capture_default_str();
   cmd->add_flag("--dspark", opt->dspark,
                 "cuda decode: also time one DSpark draft cycle for the batch (rings committed "

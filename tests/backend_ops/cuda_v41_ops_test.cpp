@@ -1595,6 +1595,208 @@ TEST_F(CudaV41, LtGemmStridedBatchMatchesCpu) {
   EXPECT_LE(rel_err(down(c, ref.size()), ref), 1e-5);
 }
 
+// ---- split-TF32 GEMM (launch_split_tf32 operands, one cuBLASLt TF32 GEMM) --------------------
+
+// x = hi + lo as SplitTf32Params defines it, written out from the definition rather than taken
+// from the kernel: hi keeps the upper 19 bits, plus one unit of bit 13 when the 13 dropped bits
+// are above half, or exactly half with bit 13 odd (nearest even); where that reaches the
+// exponent's all-ones (inf) hi is the truncation; non-finite x: {x, 0}.
+std::pair<float, float> split_tf32_ref(float x) {
+  if (!std::isfinite(x)) return {x, 0.0f};
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint32_t dropped = u & 0x1FFFu, kept = u - dropped;
+  uint32_t h = kept;
+  if (dropped > 0x1000u || (dropped == 0x1000u && (u & 0x2000u) != 0)) h += 0x2000u;
+  if ((h & 0x7F800000u) == 0x7F800000u) h = kept;
+  float hi;
+  std::memcpy(&hi, &h, 4);
+  return {hi, x - hi};
+}
+
+uint32_t float_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+
+float bits_float(uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+
+// launch_split_tf32 on random values over many binades (N(0,1) times 2^[-40, 40], never zero)
+// plus the edge cases in row 0: ties to even both ways (dropped bits 0x1000 with bit 13 even /
+// odd, either sign), one below and above a tie, the largest finite value and 0x7F7FF000 (would
+// round to inf: truncated), subnormals (one a tie), +-inf and a quiet NaN. For each lo_part, every
+// output third equals the host split bit for bit (lo in the lo_part third, hi in the others), hi
+// has its low 13 bits zero and hi + lo == x exactly (finite x), and the pitch padding of x's rows
+// is never read into the output nor the output's padding written (NaN poison stays).
+TEST_F(CudaV41, SplitTf32IsTheExactHiLoSplit) {
+  std::mt19937 rng(31);
+  const int64_t rows = 7, cols = 1000, ldx = 1003, ldo = 3 * cols + 5;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> binade(-40, 40);
+  std::vector<float> x(static_cast<size_t>(rows * ldx), kNaN);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      float v = 0.0f;
+      while (v == 0.0f) v = normal(rng);
+      x[static_cast<size_t>(r * ldx + c)] = std::ldexp(v, binade(rng));
+    }
+  const std::vector<uint32_t> edge = {
+      0x3F801000u, 0x3F803000u, 0xBF801000u, 0xBF803000u,  // ties: down (even), up (odd)
+      0x3F800FFFu, 0x3F801001u, 0x3FFFF000u,               // below / above a tie; carry to 2.0
+      0x7F7FFFFFu, 0x7F7FF000u, 0xFF7FFFFFu,               // would round to +-inf: truncated
+      0x00001234u, 0x00003000u, 0x80001001u,               // subnormals (0x3000: tie up)
+      0x7F800000u, 0xFF800000u, 0x7FC00001u};              // +-inf, quiet NaN
+  for (size_t i = 0; i < edge.size(); ++i) x[i] = bits_float(edge[i]);
+  const float* dx = up(x);
+  for (int lo_part = 0; lo_part < 3; ++lo_part) {
+    SCOPED_TRACE("lo_part " + std::to_string(lo_part));
+    float* out = nans(static_cast<size_t>(rows * ldo));
+    cuda::SplitTf32Params p;
+    p.x = dx;
+    p.ldx = ldx;
+    p.rows = rows;
+    p.cols = cols;
+    p.out = out;
+    p.ldo = ldo;
+    p.lo_part = lo_part;
+    cuda::launch_split_tf32(p, stream_);
+    const auto got = down(out, static_cast<size_t>(rows * ldo));
+    size_t wrong = 0, not_tf32 = 0, not_exact = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const float v = x[static_cast<size_t>(r * ldx + c)];
+        const auto [hi, lo] = split_tf32_ref(v);
+        for (int part = 0; part < 3; ++part) {
+          const float g = got[static_cast<size_t>(r * ldo + part * cols + c)];
+          const bool ok = float_bits(g) == float_bits(part == lo_part ? lo : hi);
+          wrong += !ok;
+          if (!ok && wrong <= 5)
+            ADD_FAILURE() << "row " << r << " col " << c << " x 0x" << std::hex << float_bits(v)
+                          << " part " << part << ": got 0x" << float_bits(g) << ", want 0x"
+                          << float_bits(part == lo_part ? lo : hi);
+        }
+        if (!std::isfinite(v)) continue;
+        const float ghi = got[static_cast<size_t>(r * ldo + (lo_part == 0 ? 1 : 0) * cols + c)];
+        const float glo = got[static_cast<size_t>(r * ldo + lo_part * cols + c)];
+        not_tf32 += (float_bits(ghi) & 0x1FFFu) != 0;
+        not_exact += ghi + glo != v;
+      }
+      for (int64_t c = 3 * cols; c < ldo; ++c)
+        ASSERT_TRUE(std::isnan(got[static_cast<size_t>(r * ldo + c)])) << r << " " << c;
+    }
+    EXPECT_EQ(wrong, 0u);
+    EXPECT_EQ(not_tf32, 0u);
+    EXPECT_EQ(not_exact, 0u);
+  }
+}
+
+// The split-TF32 product a · w^T as the GPU model's router runs it: A' = [a_lo | a_hi | a_hi]
+// (lo_part 0) times W' = [w_hi | w_lo | w_hi]^T (lo_part 1), one cuBLASLt kTf32 GEMM of K = 3 d,
+// at the router's shapes (n = 64..384 rows, e = 384 experts, d = 5120) and value ranges (a ~
+// N(0,1) as after the RMSNorm, w uniform in +-0.05, never zero), against a double product of the
+// same fp32 values. Bound: max |err| <= 4e-6 max|ref|, the exact fp32 GEMM's class. The split's
+// own terms are small: lo·lo dropped (2^-22 |a||w| per product) and lo rounded to TF32 by the GEMM
+// (2^-21), random in sign, ~1e-7 of max|ref| over 5120 products; the rest is the fp32
+// accumulation over K = 15360. A host model of this GEMM with round-to-nearest sums gives ~7e-7
+// of max|ref|, a sequential FFMA SGEMM ~2e-6.
+// NOTE: if the tensor cores' fp32 accumulation truncates (as measured on earlier generations)
+// over one chain of all 1920 k8 steps (no split-K), the same model gives ~1.3e-5 and this fails;
+// the printed mean error toward zero (a bias of the order of the error) shows that case.
+// The plain one-pass kTf32 GEMM on a and w (a and w rounded to TF32: 2^-11 per operand) must be
+// at least 10x worse (model: ~2.4e-4 of max|ref|), so the split is what makes the difference; the
+// exact kF32 GEMM's error is printed for comparison.
+TEST_F(CudaV41, SplitTf32GemmIsFp32Class) {
+  const int64_t e = 384, d = 5120;
+  std::mt19937 rng(32);
+  const auto w = rnd(e * d, rng, -0.05f, 0.05f);
+  cuda::CublasLtGemm lt(stream_);
+  const float* dw = up(w);
+  float* w_split = nans(static_cast<size_t>(e * 3 * d));
+  cuda::SplitTf32Params sw;
+  sw.x = dw;
+  sw.ldx = d;
+  sw.rows = e;
+  sw.cols = d;
+  sw.out = w_split;
+  sw.ldo = 3 * d;
+  sw.lo_part = 1;
+  cuda::launch_split_tf32(sw, stream_);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const int64_t n : {64, 200, 384}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    std::vector<float> a(static_cast<size_t>(n * d));
+    for (auto& v : a) do
+        v = normal(rng);
+      while (v == 0.0f);
+    std::vector<double> ref(static_cast<size_t>(n * e));
+    double max_ref = 0.0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < e; ++j) {
+        const float* ai = a.data() + i * d;
+        const float* wj = w.data() + j * d;
+        double acc = 0.0;
+        for (int64_t q = 0; q < d; ++q) acc += static_cast<double>(ai[q]) * wj[q];
+        ref[static_cast<size_t>(i * e + j)] = acc;
+        max_ref = std::max(max_ref, std::abs(acc));
+      }
+    const float* da = up(a);
+    float* a_split = nans(static_cast<size_t>(n * 3 * d));
+    cuda::SplitTf32Params sa = sw;
+    sa.x = da;
+    sa.rows = n;
+    sa.out = a_split;
+    sa.lo_part = 0;
+    cuda::launch_split_tf32(sa, stream_);
+    // c[n, e] = x[n, k] · y[e, k]^T on cuBLASLt.
+    const auto gemm = [&](cuda::GemmPrecision prec, const float* x, const float* y, int64_t k) {
+      float* c = nans(static_cast<size_t>(n * e));
+      cuda::LtGemmParams g;
+      g.precision = prec;
+      g.a = x;
+      g.lda = k;
+      g.b = y;
+      g.ldb = k;
+      g.b_transposed = true;
+      g.c = c;
+      g.ldc = e;
+      g.m = n;
+      g.n = e;
+      g.k = k;
+      lt.run(g);
+      return down(c, static_cast<size_t>(n * e));
+    };
+    // max |got - ref| (inf where got is not finite) and the mean error toward zero.
+    struct Err {
+      double max = 0.0, toward_zero = 0.0;
+    };
+    const auto error = [&](const std::vector<float>& got) {
+      Err r;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const double diff = static_cast<double>(got[i]) - ref[i];
+        r.max = std::isfinite(got[i]) ? std::max(r.max, std::abs(diff)) : kInf;
+        r.toward_zero += ref[i] < 0 ? diff : -diff;
+      }
+      r.toward_zero /= static_cast<double>(ref.size());
+      return r;
+    };
+    const Err split = error(gemm(cuda::GemmPrecision::kTf32, a_split, w_split, 3 * d));
+    const Err plain = error(gemm(cuda::GemmPrecision::kTf32, da, dw, d));
+    const Err exact = error(gemm(cuda::GemmPrecision::kF32, da, dw, d));
+    std::printf(
+        "split tf32 n %lld: max|ref| %.3f; max err / max|ref|: split %.2e, plain tf32 %.2e, "
+        "fp32 %.2e; mean error toward zero / max|ref|: split %.1e, fp32 %.1e\n",
+        static_cast<long long>(n), max_ref, split.max / max_ref, plain.max / max_ref,
+        exact.max / max_ref, split.toward_zero / max_ref, exact.toward_zero / max_ref);
+    EXPECT_LE(split.max, 4e-6 * max_ref);
+    EXPECT_GE(plain.max, 10.0 * split.max);
+  }
+}
+
 // The candidate-block sort of the GPU model (ascending, -1 entries last) against std::sort:
 // k = 2048 (the model's), 7 and 1000 (padded networks), with -1 padding and repeated ids.
 TEST_F(CudaV41, SortRowsAscending) {

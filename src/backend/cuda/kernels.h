@@ -316,6 +316,27 @@ struct MoeRouterParams {
 };
 void launch_moe_router(const MoeRouterParams& p, Stream stream);
 
+// One operand of a split-TF32 GEMM (an fp32-class product as ONE TF32 tensor-core GEMM of
+// K = 3 cols; the model's router logits, GpuModelOptions::router_split_tf32). Each x = hi + lo:
+// hi = x rounded to TF32 (the low 13 mantissa bits cleared, round to nearest even on the fp32
+// bits; a finite x that would round past the largest finite value is truncated instead;
+// non-finite x: hi = x, lo = 0), lo = x - hi (exact in fp32, |lo| <= 2^-11 |x|).
+// out[r, :3 cols] (pitch ldo) holds lo in third lo_part (0, 1 or 2) and hi in the other two, so
+// A' = [a_lo | a_hi | a_hi] (lo_part 0) and W' = [w_hi | w_lo | w_hi] (lo_part 1) give
+// A' · W'^T = a_lo w_hi^T + a_hi w_lo^T + a_hi w_hi^T: a · w^T without a_lo w_lo^T (2^-22 of
+// |a||w| per product); hi is exact in TF32, the GEMM's TF32 rounding of lo costs <= 2^-21 more.
+// x [rows, cols], pitch ldx.
+struct SplitTf32Params {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  float* out = nullptr;
+  int64_t ldo = 0;  // >= 3 cols
+  int lo_part = 0;
+};
+void launch_split_tf32(const SplitTf32Params& p, Stream stream);
+
 // Greedy sampling: out[r] = argmax_c logits[r, c] (ties -> lowest c; logits finite).
 // `scratch` holds `rows` uint64 (device) that the launcher overwrites.
 struct ArgmaxParams {

@@ -1,8 +1,9 @@
 // V4.1 elementwise and small-reduction ops: RoPE (angles in double), clamped SwiGLU, mHC (mixes in
 // one launch: cluster split-K register-tiled dots + a per-row finish with sigmoid/softmax/Sinkhorn;
 // collapse; expand with an optional fused collapse),
-// the Engram gate, the Engram row gather from host memory and its dequantisation, and the pinned
-// host allocation the tables live in (cuMem HOST with 2 MB granules, else cudaHostAlloc).
+// the Engram gate, the Engram row gather from host memory and its dequantisation, the pinned
+// host allocation the tables live in (cuMem HOST with 2 MB granules, else cudaHostAlloc), and the
+// hi/lo operands of the split-TF32 GEMM.
 #include <cooperative_groups.h>
 #include <cuda.h>
 
@@ -554,6 +555,41 @@ __global__ void engram_dequant_kernel(EngramDequantParams p) {
   }
 }
 
+// ---- split-TF32 operands ------------------------------------------------------------------------
+
+// x = hi + lo as SplitTf32Params states: RNE to TF32 on the bits (the carry of a mantissa that
+// rounds up moves into the exponent, which is the right result). x - hi is exact: |x - hi| is at
+// most half a TF32 ulp of x and hi is within a factor 2 of x (Sterbenz).
+__device__ __forceinline__ void split_tf32(float x, float& hi, float& lo) {
+  if (!isfinite(x)) {
+    hi = x;
+    lo = 0.0f;
+    return;
+  }
+  const uint32_t u = __float_as_uint(x);
+  uint32_t h = (u + 0xFFFu + ((u >> 13) & 1u)) & ~0x1FFFu;
+  if ((h & 0x7F800000u) == 0x7F800000u) h = u & ~0x1FFFu;  // rounded up to inf: truncate
+  hi = __uint_as_float(h);
+  lo = x - hi;
+}
+
+// blockIdx.y strides the rows, x-threads the columns (coalesced reads of x, three coalesced
+// writes).
+__global__ void split_tf32_kernel(SplitTf32Params p) {
+  for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
+    const float* x = p.x + r * p.ldx;
+    float* o = p.out + r * p.ldo;
+    for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < p.cols;
+         c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      float hi, lo;
+      split_tf32(x[c], hi, lo);
+      o[c] = p.lo_part == 0 ? lo : hi;
+      o[p.cols + c] = p.lo_part == 1 ? lo : hi;
+      o[2 * p.cols + c] = p.lo_part == 2 ? lo : hi;
+    }
+  }
+}
+
 int grid_for(int64_t total) {
   return static_cast<int>(std::clamp<int64_t>(ceil_div(total, kThreads), 1, 132 * 16));
 }
@@ -711,6 +747,18 @@ void launch_engram_gather(const EngramGatherParams& p, Stream stream) {
 void launch_engram_dequant(const EngramDequantParams& p, Stream stream) {
   if (p.n == 0) return;
   engram_dequant_kernel<<<grid_for(p.n * p.dim), kThreads, 0, as_cuda_stream(stream)>>>(p);
+  MS_CUDA_CHECK_LAUNCH();
+}
+
+void launch_split_tf32(const SplitTf32Params& p, Stream stream) {
+  if (p.rows == 0 || p.cols == 0) return;
+  if (p.lo_part < 0 || p.lo_part > 2 || p.ldx < p.cols || p.ldo < 3 * p.cols) {
+    detail::cuda_call_failed(__FILE__, __LINE__, "launch_split_tf32", "bad arguments",
+                             "0 <= lo_part <= 2, ldx >= cols, ldo >= 3 cols");
+  }
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(p.cols, kThreads), 64)),
+                  static_cast<unsigned>(std::min<int64_t>(p.rows, 65535)));
+  split_tf32_kernel<<<grid, kThreads, 0, as_cuda_stream(stream)>>>(p);
   MS_CUDA_CHECK_LAUNCH();
 }
 

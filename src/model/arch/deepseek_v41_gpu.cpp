@@ -57,6 +57,9 @@ struct Layer {
   Linear comp_wkv, comp_wgate, idx_wk, idx_wq_b, idx_wproj;
   DeviceMemory comp_norm, idx_knorm;
   DeviceMemory gate, bias, bias_vl;  // fp32 router
+  // GpuModelOptions::router_split_tf32: the gate's split-TF32 operand [w_hi | w_lo | w_hi]
+  // ([experts, 3 hidden]); empty: the router runs the exact fp32 GEMM on gate.
+  DeviceMemory gate_split;
   std::vector<Ffn> experts;          // local experts
   Ffn shared;
   // GpuModelOptions::fuse_shared_w13: [shared.w1; shared.w3] as one linear (out 2 * inter, w1's
@@ -509,6 +512,25 @@ struct DeepseekV41Gpu::Impl {
     weight_bytes += lin.wbf16.bytes();
   }
 
+  // GpuModelOptions::router_split_tf32 (not with exact_linears, the test's exact path):
+  // L.gate_split from L.gate on the device (after the gate's upload or random fill on the same
+  // stream). L.gate stays (the roofline counts its bytes, the checkpoint's).
+  void build_gate_split(Layer& L, int64_t experts) {
+    if (!opt.router_split_tf32 || opt.exact_linears) return;
+    const int64_t d = c.hidden_size;
+    L.gate_split = DeviceMemory(static_cast<size_t>(experts * 3 * d) * 4);
+    cu::SplitTf32Params p;
+    p.x = L.gate.as<float>();
+    p.ldx = d;
+    p.rows = experts;
+    p.cols = d;
+    p.out = L.gate_split.as<float>();
+    p.ldo = 3 * d;
+    p.lo_part = 1;
+    cu::launch_split_tf32(p, stream);
+    weight_bytes += L.gate_split.bytes();
+  }
+
   // GpuModelOptions::fuse_shared_w13: L.shared_w13 = [w1; w3] by device copies, when w1 and w3
   // have one format and shape (FP8: w1's rows a multiple of the 32-row scale blocks, so each
   // block stays whole; fp32: any), then w1's and w3's own copies are freed (only moe() reads
@@ -721,6 +743,7 @@ struct DeepseekV41Gpu::Impl {
         gate.w = upload_f32(gh);
       }
       L->gate = std::move(gate.w);
+      build_gate_split(*L, e);
       MS_ASSIGN_OR_RETURN(L->bias, load_dense(r, fp + "gate.bias", {e}));
       if (!info.is_draft) {
         MS_ASSIGN_OR_RETURN(L->bias_vl, load_dense(r, fp + "gate.bias_vl", {e}));
@@ -824,6 +847,7 @@ struct DeepseekV41Gpu::Impl {
       }
       const int64_t e = c.routed_experts_of(l);
       L->gate = random_f32(e * d, -0.05f, 0.05f);
+      build_gate_split(*L, e);
       L->bias = random_f32(e, -0.01f, 0.01f);
       L->bias_vl = random_f32(e, -0.01f, 0.01f);
       for (int32_t i = 0; i < local_expert_count(l); ++i) {
@@ -1694,12 +1718,33 @@ struct DeepseekV41Gpu::Impl {
     rp.route_scale = static_cast<float>(c.routed_scaling_factor);
     rp.topk_ids = ids;
     rp.topk_weights = wts;
-    // z = f · Wg^T for the whole batch as one fp32 GEMM (no TF32: routing needs fp32).
+    // z = f · Wg^T for the whole batch in fp32 (no plain TF32: routing needs fp32). With
+    // router_split_tf32, one TF32 GEMM of K = 3 d: [f_lo | f_hi | f_hi] · [w_hi | w_lo | w_hi]^T.
+    // NOTE: fp32-class, not bit-identical to the fp32 GEMM (the terms' roundings, the summation
+    // order). The lo terms come first in K in case the tensor cores' fp32 accumulation truncates
+    // (published for V100/A100): they then build on a small running sum instead of each losing up
+    // to an ulp of the full one (a host model of one K = 15360 chain: 4.6e-5 -> 1.3e-5 of max|z|;
+    // with round-to-nearest sums the order hardly matters).
     float* z = buf<float>("moe_logits", n * e);
-    lt_gemm(cu::GemmPrecision::kF32, f, d, L.gate.as<float>(), d, z, e, n, e, d);
+    if (L.gate_split.bytes() > 0) {
+      float* fs = buf<float>("moe_f_split", n * 3 * d);
+      cu::SplitTf32Params sp;
+      sp.x = f;
+      sp.ldx = d;
+      sp.rows = n;
+      sp.cols = d;
+      sp.out = fs;
+      sp.ldo = 3 * d;
+      sp.lo_part = 0;
+      cu::launch_split_tf32(sp, stream);
+      lt_gemm(cu::GemmPrecision::kTf32, fs, 3 * d, L.gate_split.as<float>(), 3 * d, z, e, n, e,
+              3 * d);
+    } else {
+      lt_gemm(cu::GemmPrecision::kF32, f, d, L.gate.as<float>(), d, z, e, n, e, d);
+    }
     rp.logits = z;
     cu::launch_moe_router(rp, stream);
-    cost.flops += 2.0 * n * e * d;
+    cost.flops += 2.0 * n * e * d;  // the logical product, split or not
     cost.weight_bytes += static_cast<double>(L.gate.bytes());
     cu::MoeGroupParams gp;
     gp.ids = ids;
@@ -2258,6 +2303,8 @@ struct DeepseekV41Gpu::Impl {
       moe(*s, l, fbuf, y);
       if (opt.trace) {
         trace_rows(trace.ffn_out, l, y, n * d);
+        const int64_t logits = n * c.routed_experts_of(l);
+        trace_rows(trace.router_logits, l, buf<float>("moe_logits", logits), logits);
         std::vector<int32_t>& ex = trace.experts[l];
         ex.resize(static_cast<size_t>(n * c.experts_per_tok_of(l)));
         cu::copy_d2h(ex.data(), buf<int32_t>("moe_ids", n * c.experts_per_tok_of(l)),

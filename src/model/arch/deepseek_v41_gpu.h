@@ -138,6 +138,16 @@ struct GpuModelOptions {
   // capture the fork and join as edges. Not with profile (the per-component events time one
   // stream: the breakdown then comes from serial work). Same kernels and results.
   bool moe_shared_overlap = true;
+  // true: the MoE router logits z = f · Wg^T (model.md §5: fp32) as ONE cuBLASLt TF32 GEMM of
+  // K = 3 hidden on split operands (cuda::launch_split_tf32: x = hi + lo, hi exact in TF32):
+  // [f_lo | f_hi | f_hi] (written per call, [rows, 3 hidden] of scratch) times
+  // [w_hi | w_lo | w_hi]^T (built at load: 3x the gate's device bytes, the gate kept), i.e.
+  // lo·hi + hi·lo + hi·hi, dropping lo·lo (2^-22 relative per product), instead of cuBLASLt's
+  // exact fp32 GEMM (an FFMA kernel: ~33 us per layer at 384 rows on the H200). fp32-class, not
+  // bit-identical to the fp32 GEMM (other roundings, another summation order). false, or with
+  // exact_linears: the exact fp32 GEMM. Not yet measured against it (bench row
+  // decode_s6_router_fp32).
+  bool router_split_tf32 = true;
   // true (and the config has draft stages): load / fill the DSpark draft stages and heads, and
   // allocate their context rings (dspark_commit, dspark_draft).
   bool dspark = false;
@@ -153,6 +163,7 @@ struct GpuForwardTrace {
   std::map<int32_t, std::vector<float>> ffn_in;       // ffn_norm output [rows, D]
   std::map<int32_t, std::vector<float>> ffn_out;      // MoE output [rows, D]
   std::map<int32_t, std::vector<int32_t>> experts;    // routed experts [rows, top_k]
+  std::map<int32_t, std::vector<float>> router_logits;  // z = f · Wg^T [rows, routed experts]
   std::map<int32_t, bool> moe_kperm;  // grouped GEMMs on k-permuted inputs (options.moe_kperm)
   std::map<int32_t, bool> moe_fuse_swiglu;  // SwiGLU in the w1 + w3 epilogue (moe_fuse_swiglu)
   std::map<int32_t, bool> shared_w13;  // shared expert's w1 + w3 as one GEMM (fuse_shared_w13)

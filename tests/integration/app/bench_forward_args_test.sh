@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `moeserve bench forward` refuses bad arguments with a clear error and exit code != 0 before any
 # work: --ep-ranks outside 1..256 (the CUDA decode bench of one DEP rank's MoE work; the range is
-# checked when the command line is parsed, in every build), and a --moe-fuse-swiglu value that is
-# not a boolean (the option exists in every build).
+# checked when the command line is parsed, in every build), and values of the boolean options
+# that are not booleans (refused as that option's value, not as an unknown argument: the options
+# exist in every build).
 set -euo pipefail
 bin=${MOESERVE_BIN:?MOESERVE_BIN not set}
 for bad in 0 -3 257; do
@@ -13,12 +14,16 @@ for bad in 0 -3 257; do
   fi
   grep -q -- "--ep-ranks" <<<"$out" || { echo "error does not name --ep-ranks: $out"; exit 1; }
 done
-if out=$("$bin" bench forward --backend cuda --random-weights \
-    --config configs/deepseek-v4.1-flash/config.json --batch 1 --context 8 \
-    --moe-fuse-swiglu maybe 2>&1); then
-  echo "--moe-fuse-swiglu maybe accepted: $out"
-  exit 1
-fi
-grep -q -- "--moe-fuse-swiglu" <<<"$out" ||
-  { echo "error does not name --moe-fuse-swiglu: $out"; exit 1; }
+for opt in --moe-fuse-swiglu --router-split-tf32 --moe-shared-overlap --fast-attention; do
+  if out=$("$bin" bench forward --backend cuda --random-weights \
+      --config configs/deepseek-v4.1-flash/config.json --batch 1 --context 8 "$opt" maybe 2>&1); then
+    echo "$opt maybe accepted: $out"
+    exit 1
+  fi
+  grep -q -- "$opt" <<<"$out" || { echo "error does not name $opt: $out"; exit 1; }
+  if grep -q "not expected" <<<"$out"; then
+    echo "$opt is not an option: $out"
+    exit 1
+  fi
+done
 echo "bench_forward_args: ok"

@@ -1101,6 +1101,107 @@ TEST(GpuForward, FusedSharedW13FallsBackWhereW1AndW3Differ) {
   std::filesystem::remove_all(dir);
 }
 
+// GpuModelOptions::router_split_tf32 (the default: the router logits as one TF32 GEMM on hi/lo
+// split operands) against the exact fp32 router GEMM, in the forward: the production path (with
+// exact_linears the router stays exact), the wide model (hidden 256: the split GEMM's K is 768;
+// 8 experts, top-2), traced oracle prefills of 6 prompts of 20 tokens, at the first MoE layer,
+// whose input both compute with the same code (asserted bit-identical). There:
+// - router logits: every row within 2e-5 of its largest |z| (a host model of both GEMMs on these
+//   shapes: <= 2.3e-6 apart, even with a truncating tensor-core accumulation; plain TF32 is
+//   4e-4..1.4e-3 from the fp32 GEMM), and not bit-identical everywhere (the split GEMM ran);
+// - routed experts: the same set on every row (a flip needs two scores within ~1e-6 of each
+//   other at the top-2 boundary; the inputs are fixed, so this is not a random failure);
+// - MoE output: the routing weights (fp32 roundings apart) enter it only through the MXFP8
+//   fake-quant of w2's input (SwigluQuantParams::row_weight), so a row is bit-identical unless
+//   one of those roundings flips (one e4m3 step of one value: up to ~1e-2 of the row's largest
+//   value; expected in well under one row per prompt): at most 2 of 20 rows per prompt over 1e-5,
+//   and every row within 5e-2.
+// Later layers see inputs that such flips moved: their routing is printed, not asserted.
+TEST(GpuForward, RouterSplitTf32AgreesWithFp32GemmInTheForward) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_router_split");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  const auto load = [&](bool split) {
+    arch::GpuModelOptions opt;
+    opt.max_seqs = 1;
+    opt.max_context = 64;
+    opt.max_rows = 64;
+    opt.trace = true;
+    opt.router_split_tf32 = split;
+    auto m = DeepseekV41Gpu::load(dir, opt);
+    if (!m) throw std::runtime_error(m.error().to_string());
+    return std::move(*m);
+  };
+  auto exact = load(false);
+  auto split = load(true);
+  const int64_t v = exact->config().vocab_size;
+  constexpr int64_t kRows = 20;
+  // Sorted expert ids of each row.
+  const auto row_sets = [](const std::vector<int32_t>& ids) {
+    const size_t k = ids.size() / kRows;
+    std::vector<std::vector<int32_t>> sets;
+    for (size_t r = 0; r < static_cast<size_t>(kRows); ++r) {
+      sets.emplace_back(ids.begin() + static_cast<std::ptrdiff_t>(r * k),
+                        ids.begin() + static_cast<std::ptrdiff_t>((r + 1) * k));
+      std::sort(sets.back().begin(), sets.back().end());
+    }
+    return sets;
+  };
+  bool logits_differ = false;
+  int later_rows = 0, later_same = 0;
+  for (uint32_t seed = 3; seed < 9; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const std::vector<int32_t> prompt =
+        test_prompt(static_cast<int32_t>(kRows), seed, static_cast<int32_t>(v));
+    const auto run = [&](DeepseekV41Gpu& m) {
+      auto seq = m.new_sequence();
+      if (!seq) throw std::runtime_error(seq.error().to_string());
+      GpuSequenceInput g;
+      g.seq = *seq;
+      g.tokens = prompt;
+      auto out = m.forward({&g, 1}, ForwardMode::kOracle);
+      if (!out) throw std::runtime_error(out.error().to_string());
+      m.release_sequence(*seq);
+      return m.trace();
+    };
+    const arch::GpuForwardTrace ta = run(*exact);
+    const arch::GpuForwardTrace tb = run(*split);
+    ASSERT_FALSE(ta.router_logits.empty());
+    const int32_t l = ta.router_logits.begin()->first;
+    ASSERT_EQ(ta.ffn_in.at(l), tb.ffn_in.at(l));  // nothing before the first router changed
+    const auto& za = ta.router_logits.at(l);
+    const auto& zb = tb.router_logits.at(l);
+    ASSERT_EQ(za.size(), zb.size());
+    for (const float z : zb) ASSERT_TRUE(std::isfinite(z));
+    EXPECT_EQ(rows_differing(za, zb, kRows, 2e-5), 0);
+    logits_differ = logits_differ || za != zb;
+    const auto sa = row_sets(ta.experts.at(l));
+    const auto sb = row_sets(tb.experts.at(l));
+    for (int64_t r = 0; r < kRows; ++r)
+      EXPECT_EQ(sa[static_cast<size_t>(r)], sb[static_cast<size_t>(r)]) << "row " << r;
+    const auto& ya = ta.ffn_out.at(l);
+    const auto& yb = tb.ffn_out.at(l);
+    ASSERT_EQ(ya.size(), yb.size());
+    for (const float y : yb) ASSERT_TRUE(std::isfinite(y));
+    const int flipped = rows_differing(ya, yb, kRows, 1e-5);
+    EXPECT_LE(flipped, 2);
+    EXPECT_EQ(rows_differing(ya, yb, kRows, 5e-2), 0);
+    for (const auto& [layer, ids] : ta.experts) {
+      if (layer == l) continue;
+      const auto la = row_sets(ids);
+      const auto lb = row_sets(tb.experts.at(layer));
+      for (size_t r = 0; r < la.size(); ++r) later_same += la[r] == lb[r];
+      later_rows += static_cast<int>(la.size());
+    }
+    fmt::print("router split tf32 vs fp32, seed {}: layer {} MoE rows over 1e-5: {} of {}\n",
+               seed, l, flipped, kRows);
+  }
+  EXPECT_TRUE(logits_differ) << "the router logits are the fp32 GEMM's bit for bit: split not run";
+  fmt::print("router split tf32 vs fp32: later layers, {} of {} rows with the same experts\n",
+             later_same, later_rows);
+  std::filesystem::remove_all(dir);
+}
+
 // Rows of [rows, width] whose relative difference (to the row's max) exceeds tol.
 int rows_differing(const std::vector<float>& ref, const std::vector<float>& got, int64_t rows,
                    double tol) {
