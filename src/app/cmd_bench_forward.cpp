@@ -628,6 +628,7 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--moe-shared-overlap", opt->moe_shared_overlap,
                   "cuda: the shared expert on a second stream, overlapping the routed experts "
                   "(false: one stream)")
+      ->capture_default_str();
   cmd->add_option("--router-split-tf32", opt->router_split_tf32,
                   "cuda: the MoE router logits as one TF32 GEMM on hi/lo split operands "
                   "(fp32-class; false: cuBLASLt's exact fp32 GEMM)")

@@ -56,6 +56,7 @@ args_decode_s6_nokperm="$args_decode_s6 --moe-kperm false"
 # The routed experts' SwiGLU + MXFP8 quantisation in the w1 + w3 launch's epilogue
 # (GpuModelOptions::moe_fuse_swiglu; off by default, unmeasured).
 args_decode_s6_fswq="$args_decode_s6 --moe-fuse-swiglu true"
+args_decode_s1_fswq="$args_decode_s1 --moe-fuse-swiglu true"
 # The same plus one DSpark draft cycle for the batch (the draft stages' rings committed from
 # random taps): draft time, its components and roofline, step + draft.
 args_decode_s6_dspark="$args_decode_s6 --dspark"
@@ -74,6 +75,8 @@ args_prefill8k_prod="--new-tokens 8192 --cached 131072 --layers 8 --local-expert
 args_prefill8k_prod_moev1="$args_prefill8k_prod --moe-grouped-wgmma-rs false"
 args_prefill8k_prod_kperm="$args_prefill8k_prod --moe-kperm true"
 args_prefill8k_prod_sw13="$args_prefill8k_prod --fuse-shared-w13 true"
+args_prefill8k_prod_fswq="$args_prefill8k_prod --moe-fuse-swiglu true"
+args_prefill8k_prod_router_fp32="$args_prefill8k_prod --router-split-tf32 false"
 args_prefill8k_oracle="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode oracle"
 args_prefill32k_prod="--new-tokens 32768 --cached 131072 --layers 8 --local-experts 12 --mode production"
 args_prefill8k_prod_noidxw="$args_prefill8k_prod --indexer-wgmma false"
