@@ -1699,18 +1699,19 @@ TEST_F(CudaV41, SplitTf32IsTheExactHiLoSplit) {
 // (lo_part 0) times W' = [w_hi | w_lo | w_hi]^T (lo_part 1), one cuBLASLt kTf32 GEMM of K = 3 d,
 // at the router's shapes (n = 64..384 rows, e = 384 experts, d = 5120) and value ranges (a ~
 // N(0,1) as after the RMSNorm, w uniform in +-0.05, never zero), against a double product of the
-// same fp32 values. Bound: max |err| <= 4e-6 max|ref|, the exact fp32 GEMM's class. The split's
-// own terms are small: lo·lo dropped (2^-22 |a||w| per product) and lo rounded to TF32 by the GEMM
-// (2^-21), random in sign, ~1e-7 of max|ref| over 5120 products; the rest is the fp32
-// accumulation over K = 15360. A host model of this GEMM with round-to-nearest sums gives ~7e-7
-// of max|ref|, a sequential FFMA SGEMM ~2e-6.
-// NOTE: if the tensor cores' fp32 accumulation truncates (as measured on earlier generations)
-// over one chain of all 1920 k8 steps (no split-K), the same model gives ~1.3e-5 and this fails;
-// the printed mean error toward zero (a bias of the order of the error) shows that case.
-// The plain one-pass kTf32 GEMM on a and w (a and w rounded to TF32: 2^-11 per operand) must be
-// at least 10x worse (model: ~2.4e-4 of max|ref|), so the split is what makes the difference; the
-// exact kF32 GEMM's error is printed for comparison.
-TEST_F(CudaV41, SplitTf32GemmIsFp32Class) {
+// same fp32 values. The split's own terms are small: lo·lo dropped (2^-22 |a||w| per product)
+// and lo rounded to TF32 by the GEMM (2^-21), random in sign, ~1e-7 of max|ref| over 5120
+// products; the rest is the fp32 accumulation over K = 15360. A host model of this GEMM with
+// round-to-nearest sums gives ~7e-7 of max|ref|; with a truncating accumulation over one chain of
+// all 1920 k8 steps, ~1.3e-5. Measured on the H200 (2026-11-30): 8.2e-7, 1.8e-6 and 6.2e-6 of
+// max|ref| at n = 64, 200, 384 (cuBLASLt picks another kernel per n), with a mean error toward
+// zero of +9e-7 at 384: the tensor cores' fp32 accumulation truncates. The exact kF32 GEMM:
+// 3e-7..6e-7. So the split is near-fp32, ~10x the fp32 GEMM's error, not fp32-class, which is why
+// router_split_tf32 is off by default. Bound: 1.5e-5 of max|ref| (the truncating model, 2.4x the
+// largest measured). The plain one-pass kTf32 GEMM on a and w (a and w rounded to TF32: 2^-11
+// per operand; measured 2.8e-4..3.2e-4) must be at least 10x worse, so the split is what makes
+// the difference.
+TEST_F(CudaV41, SplitTf32GemmIsNearFp32) {
   const int64_t e = 384, d = 5120;
   std::mt19937 rng(32);
   const auto w = rnd(e * d, rng, -0.05f, 0.05f);
@@ -1792,7 +1793,7 @@ TEST_F(CudaV41, SplitTf32GemmIsFp32Class) {
         "fp32 %.2e; mean error toward zero / max|ref|: split %.1e, fp32 %.1e\n",
         static_cast<long long>(n), max_ref, split.max / max_ref, plain.max / max_ref,
         exact.max / max_ref, split.toward_zero / max_ref, exact.toward_zero / max_ref);
-    EXPECT_LE(split.max, 4e-6 * max_ref);
+    EXPECT_LE(split.max, 1.5e-5 * max_ref);
     EXPECT_GE(plain.max, 10.0 * split.max);
   }
 }

@@ -67,9 +67,10 @@ args_decode_s1_eager="$args_decode_s1 --cuda-graphs false"
 # round 8: sw13 sets it explicitly) and as two (nosw13).
 args_decode_s6_sw13="$args_decode_s6 --fuse-shared-w13 true"
 args_decode_s6_nosw13="$args_decode_s6 --fuse-shared-w13 false"
-# The router logits on cuBLASLt's exact fp32 GEMM (an FFMA kernel) instead of the split-TF32
-# GEMM (GpuModelOptions::router_split_tf32, the default).
+# The router logits on the split-TF32 GEMM (router_tf32) instead of cuBLASLt's exact fp32 GEMM
+# (an FFMA kernel; the default); router_fp32 sets the default explicitly.
 args_decode_s6_router_fp32="$args_decode_s6 --router-split-tf32 false"
+args_decode_s6_router_tf32="$args_decode_s6 --router-split-tf32 true"
 # Prefill after a 128K cached prefix on an 8-layer subsample (+ owners), production vs oracle.
 args_prefill8k_prod="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode production"
 args_prefill8k_prod_moev1="$args_prefill8k_prod --moe-grouped-wgmma-rs false"

@@ -118,7 +118,8 @@ struct GpuModelOptions {
   // routing weight and MXFP8 fake-quant of w2's input run in that launch's epilogue
   // (GroupedMxfp4GemmParams::swiglu: a CTA holds the same 64 intermediate columns of w1 and w3)
   // instead of writing the fp32 gate and up for launch_swiglu_quant_mxfp8 (neither is allocated).
-  // Bit-identical w2 input. Off by default: unmeasured.
+  // Bit-identical w2 input. Off by default: measured slower on the H200 (DEP32 decode 64 x 6
+  // 51.9 -> 52.4 ms; docs/perf/forward-gpu-2026-11-30-r8.md).
   bool moe_fuse_swiglu = false;
   // true: the shared expert's w1 and w3 as one GEMM of [w1; w3] (out 2 * inter) into [rows,
   // 2 * inter], the clamped SwiGLU reading gate and up from its two halves: one launch instead of
@@ -143,11 +144,12 @@ struct GpuModelOptions {
   // [f_lo | f_hi | f_hi] (written per call, [rows, 3 hidden] of scratch) times
   // [w_hi | w_lo | w_hi]^T (built at load: 3x the gate's device bytes, the gate kept), i.e.
   // lo·hi + hi·lo + hi·hi, dropping lo·lo (2^-22 relative per product), instead of cuBLASLt's
-  // exact fp32 GEMM (an FFMA kernel: ~33 us per layer at 384 rows on the H200). fp32-class, not
-  // bit-identical to the fp32 GEMM (other roundings, another summation order). false, or with
-  // exact_linears: the exact fp32 GEMM. Not yet measured against it (bench row
-  // decode_s6_router_fp32).
-  bool router_split_tf32 = true;
+  // exact fp32 GEMM (an FFMA kernel: ~33 us per layer at 384 rows on the H200). Off by default:
+  // the H200's tensor cores truncate their fp32 accumulation, so the split's logits are ~10x less
+  // accurate than the fp32 GEMM's (6.2e-6 against 6.3e-7 of max|z| at 384 rows; one-pass TF32
+  // 2.8e-4), and model.md asks for fp32 routing. It saves 0.8 ms of the DEP32 decode step (52.7
+  // -> 51.9 ms) and 0.5% of prefill. Ignored with exact_linears.
+  bool router_split_tf32 = false;
   // true (and the config has draft stages): load / fill the DSpark draft stages and heads, and
   // allocate their context rings (dspark_commit, dspark_draft).
   bool dspark = false;

@@ -1101,7 +1101,7 @@ TEST(GpuForward, FusedSharedW13FallsBackWhereW1AndW3Differ) {
   std::filesystem::remove_all(dir);
 }
 
-// GpuModelOptions::router_split_tf32 (the default: the router logits as one TF32 GEMM on hi/lo
+// GpuModelOptions::router_split_tf32 (off by default: the router logits as one TF32 GEMM on hi/lo
 // split operands) against the exact fp32 router GEMM, in the forward: the production path (with
 // exact_linears the router stays exact), the wide model (hidden 256: the split GEMM's K is 768;
 // 8 experts, top-2), traced oracle prefills of 6 prompts of 20 tokens, at the first MoE layer,
