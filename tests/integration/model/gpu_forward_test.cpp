@@ -311,6 +311,19 @@ TEST(GpuForward, GreedyDecodeWideModelMatchesCpu) {
   EXPECT_GE(same_fraction(r), kMinSameFraction);
 }
 
+// One oracle prefill of `prompt` on a fresh sequence of m, which is released again (throws on
+// an error); m.trace() then holds that forward's trace (with GpuModelOptions::trace).
+void oracle_prefill(DeepseekV41Gpu& m, const std::vector<int32_t>& prompt) {
+  auto seq = m.new_sequence();
+  if (!seq) throw std::runtime_error(seq.error().to_string());
+  GpuSequenceInput g;
+  g.seq = *seq;
+  g.tokens = prompt;
+  auto out = m.forward({&g, 1}, ForwardMode::kOracle);
+  if (!out) throw std::runtime_error(out.error().to_string());
+  m.release_sequence(*seq);
+}
+
 // The forward with a wgmma kernel on against the same model with it off, layer by layer (oracle
 // prefill of 20-token prompts, traced), where the kernel first acts, before rounding flips spread:
 // - indexer_wgmma: the first index-source layer's scores (every layer before it is the same code)
@@ -352,16 +365,7 @@ TEST(GpuForward, WgmmaKernelsAgreeWithMmaSyncInTheForward) {
   for (uint32_t seed = 3; seed < 9; ++seed) {
     const std::vector<int32_t> prompt =
         test_prompt(static_cast<int32_t>(kRows), seed, static_cast<int32_t>(v));
-    const auto run = [&](DeepseekV41Gpu& m) {
-      auto seq = m.new_sequence();
-      if (!seq) throw std::runtime_error(seq.error().to_string());
-      GpuSequenceInput g;
-      g.seq = *seq;
-      g.tokens = prompt;
-      auto out = m.forward({&g, 1}, ForwardMode::kOracle);
-      if (!out) throw std::runtime_error(out.error().to_string());
-      m.release_sequence(*seq);
-    };
+    const auto run = [&](DeepseekV41Gpu& m) { oracle_prefill(m, prompt); };
     run(*ref);
     run(*idx);
     run(*fp8);
@@ -850,13 +854,7 @@ arch::GpuForwardTrace traced_prefill(const std::filesystem::path& dir, uint32_t 
   tweak(opt);
   auto m = DeepseekV41Gpu::load(dir, opt);
   if (!m) throw std::runtime_error(m.error().to_string());
-  const std::vector<int32_t> prompt =
-      test_prompt(20, seed, static_cast<int32_t>((*m)->config().vocab_size));
-  GpuSequenceInput g;
-  g.seq = *(*m)->new_sequence();
-  g.tokens = prompt;
-  auto out = (*m)->forward({&g, 1}, ForwardMode::kOracle);
-  if (!out) throw std::runtime_error(out.error().to_string());
+  oracle_prefill(**m, test_prompt(20, seed, static_cast<int32_t>((*m)->config().vocab_size)));
   if (cost != nullptr) *cost = (*m)->last_cost();
   return (*m)->trace();
 }
@@ -1154,14 +1152,7 @@ TEST(GpuForward, RouterSplitTf32AgreesWithFp32GemmInTheForward) {
     const std::vector<int32_t> prompt =
         test_prompt(static_cast<int32_t>(kRows), seed, static_cast<int32_t>(v));
     const auto run = [&](DeepseekV41Gpu& m) {
-      auto seq = m.new_sequence();
-      if (!seq) throw std::runtime_error(seq.error().to_string());
-      GpuSequenceInput g;
-      g.seq = *seq;
-      g.tokens = prompt;
-      auto out = m.forward({&g, 1}, ForwardMode::kOracle);
-      if (!out) throw std::runtime_error(out.error().to_string());
-      m.release_sequence(*seq);
+      oracle_prefill(m, prompt);
       return m.trace();
     };
     const arch::GpuForwardTrace ta = run(*exact);
