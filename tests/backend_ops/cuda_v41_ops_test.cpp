@@ -327,6 +327,33 @@ class CudaV41 : public ::testing::Test {
     return x;
   }
 
+  // The grouped launch of the refusal tests: every expert holds one random MXFP4 weight set
+  // [n, k], A is all 1.0 (bf16) over off.back() rows, the counts are `off`; the kernel choice
+  // (rows_hint, wgmma flags) and outputs are left to the test.
+  cuda::GroupedMxfp4GemmParams one_weight_launch(uint32_t seed, int64_t n, int64_t k,
+                                                 const std::vector<int32_t>& off,
+                                                 int64_t max_rows) {
+    std::mt19937 rng(seed);
+    const int local = static_cast<int>(off.size()) - 1;
+    std::vector<uint8_t> w(static_cast<size_t>(n * k / 2)), s(static_cast<size_t>(n * k / 32));
+    for (auto& b : w) b = static_cast<uint8_t>(rng());
+    for (auto& b : s) b = static_cast<uint8_t>(118 + rng() % 16);
+    const uint8_t* dw = up(w);
+    const uint8_t* ds = up(s);
+    cuda::GroupedMxfp4GemmParams g;
+    g.a = up(std::vector<uint16_t>(static_cast<size_t>(off.back() * k), 0x3F80));
+    g.lda = k;
+    g.offsets = up(off);
+    g.num_experts = local;
+    g.max_rows = max_rows;
+    g.w = up(std::vector<const uint8_t*>(local, dw));
+    g.w_scale = up(std::vector<const uint8_t*>(local, ds));
+    g.ldy = n;
+    g.n = n;
+    g.k = k;
+    return g;
+  }
+
   std::unique_ptr<Backend> backend_;
   void* stream_ = nullptr;
   std::vector<std::unique_ptr<DeviceBuffer>> bufs_;
@@ -2436,26 +2463,10 @@ TEST_F(CudaV41, GroupedMxfp4GemmTwoWeightSetsOnTheTableKernels) {
 // refused (the other kernels read A in natural k order), and grouped_mxfp4_rs_applies says so
 // beforehand.
 TEST_F(CudaV41, GroupedMxfp4GemmRefusesKpermOffTheSwappedKernel) {
-  std::mt19937 rng(6);
   const int64_t n = 72, k = 256;
   const std::vector<int32_t> off = {0, 3, 3, 10};
   const int local = 3;
-  std::vector<uint8_t> w(static_cast<size_t>(n * k / 2)), s(static_cast<size_t>(n * k / 32));
-  for (auto& b : w) b = static_cast<uint8_t>(rng());
-  for (auto& b : s) b = static_cast<uint8_t>(118 + rng() % 16);
-  const uint8_t* dw = up(w);
-  const uint8_t* ds = up(s);
-  cuda::GroupedMxfp4GemmParams gg;
-  gg.a = up(std::vector<uint16_t>(static_cast<size_t>(off[local] * k), 0x3F80));
-  gg.lda = k;
-  gg.offsets = up(off);
-  gg.num_experts = local;
-  gg.max_rows = 7;
-  gg.w = up(std::vector<const uint8_t*>(local, dw));
-  gg.w_scale = up(std::vector<const uint8_t*>(local, ds));
-  gg.ldy = n;
-  gg.n = n;
-  gg.k = k;
+  cuda::GroupedMxfp4GemmParams gg = one_weight_launch(6, n, k, off, 7);
   gg.rows_hint = 3;  // the skinny / table kernels
   gg.use_wgmma = true;
   gg.wgmma_rs = true;
@@ -2595,28 +2606,12 @@ TEST_F(CudaV41, GroupedMxfp4GemmSwigluEpilogueMatchesUnfused) {
 // with n % 64 != 0, ldo < n, ldo % 8 != 0, out not 16-byte aligned. On Hopper the launch they are
 // variations of is taken.
 TEST_F(CudaV41, GroupedMxfp4GemmRefusesSwigluOffTheSwappedKernel) {
-  std::mt19937 rng(8);
   const int64_t n = 128, k = 256;
   const std::vector<int32_t> off = {0, 30, 30, 70};
   const int local = 3;
-  std::vector<uint8_t> w(static_cast<size_t>(n * k / 2)), s(static_cast<size_t>(n * k / 32));
-  for (auto& b : w) b = static_cast<uint8_t>(rng());
-  for (auto& b : s) b = static_cast<uint8_t>(118 + rng() % 16);
-  const uint8_t* dw = up(w);
-  const uint8_t* ds = up(s);
-  cuda::GroupedMxfp4GemmParams ok;
-  ok.a = up(std::vector<uint16_t>(static_cast<size_t>(off[local] * k), 0x3F80));
-  ok.lda = k;
-  ok.offsets = up(off);
-  ok.num_experts = local;
-  ok.max_rows = 40;
-  ok.w = up(std::vector<const uint8_t*>(local, dw));
-  ok.w_scale = up(std::vector<const uint8_t*>(local, ds));
+  cuda::GroupedMxfp4GemmParams ok = one_weight_launch(8, n, k, off, 40);
   ok.w_b = ok.w;
   ok.w_scale_b = ok.w_scale;
-  ok.ldy = n;
-  ok.n = n;
-  ok.k = k;
   ok.rows_hint = 192;
   ok.use_wgmma = true;
   ok.wgmma_rs = true;
