@@ -71,6 +71,7 @@ struct BenchForwardOptions {
   bool fuse_shared_w13 = true;
   bool moe_shared_overlap = true;
   bool router_split_tf32 = false;
+  bool pdl = false;         // programmatic dependent launch of our kernels
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
   bool host_logits = false;  // copy the logits rows to the host (a server samples on the device)
@@ -228,6 +229,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.fuse_shared_w13 = opt.fuse_shared_w13;
   go.moe_shared_overlap = opt.moe_shared_overlap;
   go.router_split_tf32 = opt.router_split_tf32;
+  go.programmatic_launch = opt.pdl;
   go.cuda_graphs = decode && opt.cuda_graphs;
   go.dspark = decode && opt.dspark;
   // The draft block after the steps, and the whole cycles' verification steps.
@@ -443,6 +445,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"fuse_shared_w13", opt.fuse_shared_w13},
               {"moe_shared_overlap", opt.moe_shared_overlap},
               {"router_split_tf32", opt.router_split_tf32},
+              {"pdl", opt.pdl},
               {"cuda_graphs", decode && opt.cuda_graphs},
               {"dspark", opt.dspark},
               {"host_logits", opt.host_logits},
@@ -632,6 +635,11 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--router-split-tf32", opt->router_split_tf32,
                   "cuda: the MoE router logits as one TF32 GEMM on hi/lo split operands "
                   "(near-fp32, ~10x the fp32 GEMM's error; false: cuBLASLt's exact fp32 GEMM)")
+      ->capture_default_str();
+  cmd->add_option("--pdl", opt->pdl,
+                  "cuda: programmatic dependent launch of our kernels (each scheduled before its "
+                  "predecessor has completed, waiting on the device for its results; false: plain "
+                  "launches)")
       ->capture_default_str();
   cmd->add_flag("--dspark", opt->dspark,
                 "cuda decode: also time one DSpark draft cycle for the batch (rings committed "

@@ -29,6 +29,7 @@
 #include "backend/cuda/cublaslt_gemm.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_bench.h"
+#include "backend/cuda/device_runtime.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/model_glue.h"
 #endif
@@ -2671,6 +2672,90 @@ TEST_F(CudaV41, DequantFp8ToBf16IsExact) {
                 e4m3_to_float(w[static_cast<size_t>(r * k + c)]) *
                     ue8m0_to_float(s[static_cast<size_t>((r / 32) * 3 + c / 32)]))
           << r << "," << c;
+}
+
+// Programmatic dependent launch (cuda::set_programmatic_launch): a chain of small dependent
+// kernels - RMSNorm, RoPE in place, the MXFP8 codes, the FP8 wgmma GEMM split over a 2-CTA runtime
+// cluster (PDL and the cluster attribute in one launch), the clamped SwiGLU of the GEMM's output
+// and the RoPE output back into the RMSNorm's input - iterated with no host sync, so every kernel
+// reads what its predecessor wrote and overwrites what an earlier kernel read. With the switch on,
+// eager and captured in a CUDA graph (programmatic edges), the final state equals the plain
+// launches' bit for bit. A kernel that touches memory before its pdl_wait() races its predecessor
+// (a race need not show on every run) and the difference carries through the chain.
+TEST_F(CudaV41, ProgrammaticLaunchChainIsBitIdentical) {
+  std::mt19937 rng(31);
+  constexpr int64_t kRows = 6, kD = 256;  // 2 heads of 128 for the RoPE
+  constexpr int kIters = 200, kGraphIters = 50;
+  const auto x0 = rnd(kRows * kD, rng, -2, 2);
+  const float* norm_w = up(rnd(kD, rng, 0.5f, 1.5f));
+  const int32_t* pos = up(std::vector<int32_t>{3, 17, 100, 101, 4095, 65537});
+  const double* freqs = up(main_freqs());
+  std::vector<uint8_t> w(static_cast<size_t>(kD * kD));
+  for (auto& b : w) b = float_to_e4m3(std::uniform_real_distribution<float>(-1, 1)(rng));
+  const uint8_t* dw = up(w);
+  const uint8_t* dws = up(std::vector<uint8_t>(static_cast<size_t>(kD / 32 * (kD / 32)), 123));
+  // `iters` iterations of the chain from x0 with the switch as given, then the switch off (no
+  // assertion in between: nothing returns early with the switch left on); graph: captured as one
+  // graph of kGraphIters iterations, replayed. Returns x.
+  const auto run = [&](bool pdl, bool graph) {
+    float* x = up(x0);
+    float* n = nans(static_cast<size_t>(kRows * kD));
+    auto* codes = up(std::vector<uint8_t>(static_cast<size_t>(kRows * kD), 0));
+    auto* scales = up(std::vector<uint8_t>(static_cast<size_t>(kRows * kD / 32), 0));
+    float* y = nans(static_cast<size_t>(kRows * kD));
+    const auto iteration = [&] {
+      cuda::launch_rms_norm({x, norm_w, n, kRows, kD, kD, kD, 1e-6f}, stream_);
+      cuda::launch_rope({n, kRows, kD, 2, kD / 2, kD / 2, 64, pos, freqs, false}, stream_);
+      cuda::ActQuantParams q;
+      q.x = n;
+      q.ldx = kD;
+      q.rows = kRows;
+      q.cols = kD;
+      q.out = codes;
+      q.out_type = cuda::ActivationType::kMxfp8;
+      q.ldo = kD;
+      q.out_scale = scales;
+      q.ldo_scale = kD / 32;
+      cuda::launch_act_quant_mxfp8(q, stream_);
+      cuda::Fp8WgmmaGemmParams g;
+      g.a = codes;
+      g.lda = kD;
+      g.a_scale = scales;
+      g.lda_scale = kD / 32;
+      g.w = dw;
+      g.w_scale = dws;
+      g.y = y;
+      g.ldy = kD;
+      g.m = kRows;
+      g.n = kD;
+      g.k = kD;
+      g.split_k = 2;
+      cuda::launch_fp8_wgmma_gemm(g, stream_);
+      cuda::launch_swiglu_clamped({y, kD, n, kD, x, kD, kRows, kD, 10.0f, nullptr}, stream_);
+    };
+    cuda::set_programmatic_launch(pdl);
+    if (graph) {
+      cuda::graph_capture_begin(stream_);
+      for (int i = 0; i < kGraphIters; ++i) iteration();
+      void* exec = cuda::graph_capture_end(stream_);
+      for (int i = 0; i < kIters / kGraphIters; ++i) cuda::graph_launch(exec, stream_);
+      backend_->synchronize();
+      cuda::graph_destroy(exec);
+    } else {
+      for (int i = 0; i < kIters; ++i) iteration();
+    }
+    cuda::set_programmatic_launch(false);
+    return down(x, static_cast<size_t>(kRows * kD));
+  };
+  const std::vector<float> plain = run(false, false);
+  ASSERT_TRUE(std::all_of(plain.begin(), plain.end(), [](float v) { return std::isfinite(v); }));
+  ASSERT_TRUE(std::any_of(plain.begin(), plain.end(), [](float v) { return v != 0.0f; }));
+  for (bool graph : {false, true}) {
+    const std::vector<float> pdl = run(true, graph);
+    EXPECT_EQ(0, std::memcmp(plain.data(), pdl.data(), plain.size() * sizeof(float)))
+        << (graph ? "graph" : "eager");
+  }
+  EXPECT_FALSE(cuda::programmatic_launch());
 }
 
 #endif  // MOESERVE_HAVE_CUDA

@@ -71,6 +71,10 @@ args_decode_s6_nosw13="$args_decode_s6 --fuse-shared-w13 false"
 # (an FFMA kernel; the default); router_fp32 sets the default explicitly.
 args_decode_s6_router_fp32="$args_decode_s6 --router-split-tf32 false"
 args_decode_s6_router_tf32="$args_decode_s6 --router-split-tf32 true"
+# Programmatic dependent launch of our kernels (GpuModelOptions::programmatic_launch; off by
+# default, unmeasured).
+args_decode_s6_pdl="$args_decode_s6 --pdl true"
+args_decode_s1_pdl="$args_decode_s1 --pdl true"
 # Prefill after a 128K cached prefix on an 8-layer subsample (+ owners), production vs oracle.
 args_prefill8k_prod="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode production"
 args_prefill8k_prod_moev1="$args_prefill8k_prod --moe-grouped-wgmma-rs false"
@@ -78,6 +82,7 @@ args_prefill8k_prod_kperm="$args_prefill8k_prod --moe-kperm true"
 args_prefill8k_prod_sw13="$args_prefill8k_prod --fuse-shared-w13 true"
 args_prefill8k_prod_fswq="$args_prefill8k_prod --moe-fuse-swiglu true"
 args_prefill8k_prod_router_fp32="$args_prefill8k_prod --router-split-tf32 false"
+args_prefill8k_prod_pdl="$args_prefill8k_prod --pdl true"
 args_prefill8k_oracle="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode oracle"
 args_prefill32k_prod="--new-tokens 32768 --cached 131072 --layers 8 --local-experts 12 --mode production"
 args_prefill8k_prod_noidxw="$args_prefill8k_prod --indexer-wgmma false"

@@ -1,6 +1,7 @@
 // Shared by the standalone device probes (tools/device/*_probe.cu), which #include one kernel
-// source directly and link nothing else: the CUDA error hook the launchers call and a host ->
-// device upload. Include after the kernel source.
+// source directly and link nothing else: the CUDA error hook the launchers call, the
+// programmatic-launch switch they read (kernels.h; off: the probes time plain launches) and a
+// host -> device upload. Include after the kernel source.
 #pragma once
 
 #include <cstdio>
@@ -14,6 +15,10 @@ void cuda_call_failed(const char* file, int line, const char* expr, const char* 
   std::abort();
 }
 }  // namespace moeserve::cuda::detail
+
+namespace moeserve::cuda {
+bool programmatic_launch() { return false; }
+}  // namespace moeserve::cuda
 
 template <typename T>
 T* up(const std::vector<T>& v) {

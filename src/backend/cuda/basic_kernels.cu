@@ -12,6 +12,7 @@ constexpr int kRowThreads = 256;
 constexpr int kElemThreads = 256;
 
 __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsNormParams p) {
+  pdl_wait();
   __shared__ float scratch[32];
   const float* x = p.x + static_cast<int64_t>(blockIdx.x) * p.x_stride;
   float* out = p.out + static_cast<int64_t>(blockIdx.x) * p.out_stride;
@@ -26,6 +27,7 @@ __global__ void __launch_bounds__(kRowThreads) rms_norm_kernel(RmsNormParams p) 
 }
 
 __global__ void __launch_bounds__(kRowThreads) softmax_kernel(SoftmaxParams p) {
+  pdl_wait();
   __shared__ float scratch[32];
   const float* x = p.x + static_cast<int64_t>(blockIdx.x) * p.x_stride;
   float* out = p.out + static_cast<int64_t>(blockIdx.x) * p.out_stride;
@@ -40,6 +42,7 @@ __global__ void __launch_bounds__(kRowThreads) softmax_kernel(SoftmaxParams p) {
 }
 
 __global__ void unary_kernel(UnaryParams p) {
+  pdl_wait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < p.n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float v = p.x[i];
@@ -60,6 +63,7 @@ __global__ void unary_kernel(UnaryParams p) {
 }
 
 __global__ void binary_kernel(BinaryParams p) {
+  pdl_wait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < p.n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const float bv = p.b[p.b_n == p.n ? i : i % p.b_n];
@@ -74,6 +78,7 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
 }
 
 __global__ void fill_kernel(FillParams p, int64_t count) {
+  pdl_wait();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const uint64_t r = mix64(p.seed * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i));
@@ -118,33 +123,33 @@ int elementwise_blocks(int64_t n) {
 
 void launch_rms_norm(const RmsNormParams& p, Stream stream) {
   if (p.rows == 0) return;
-  rms_norm_kernel<<<static_cast<unsigned>(p.rows), kRowThreads, 0, as_cuda_stream(stream)>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(rms_norm_kernel, static_cast<unsigned>(p.rows), kRowThreads, 0,
+                              as_cuda_stream(stream), p));
 }
 
 void launch_softmax(const SoftmaxParams& p, Stream stream) {
   if (p.rows == 0) return;
-  softmax_kernel<<<static_cast<unsigned>(p.rows), kRowThreads, 0, as_cuda_stream(stream)>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(softmax_kernel, static_cast<unsigned>(p.rows), kRowThreads, 0,
+                              as_cuda_stream(stream), p));
 }
 
 void launch_unary(const UnaryParams& p, Stream stream) {
   if (p.n == 0) return;
-  unary_kernel<<<elementwise_blocks(p.n), kElemThreads, 0, as_cuda_stream(stream)>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(unary_kernel, elementwise_blocks(p.n), kElemThreads, 0,
+                              as_cuda_stream(stream), p));
 }
 
 void launch_binary(const BinaryParams& p, Stream stream) {
   if (p.n == 0) return;
-  binary_kernel<<<elementwise_blocks(p.n), kElemThreads, 0, as_cuda_stream(stream)>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(binary_kernel, elementwise_blocks(p.n), kElemThreads, 0,
+                              as_cuda_stream(stream), p));
 }
 
 void launch_fill_random(const FillParams& p, Stream stream) {
   const int64_t count = p.dtype == DType::kFp4E2m1 ? (p.numel + 1) / 2 : p.numel;
   if (count == 0) return;
-  fill_kernel<<<elementwise_blocks(count), kElemThreads, 0, as_cuda_stream(stream)>>>(p, count);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(fill_kernel, elementwise_blocks(count), kElemThreads, 0,
+                              as_cuda_stream(stream), p, count));
 }
 
 }  // namespace moeserve::cuda

@@ -1,12 +1,15 @@
 // CUDA-only helpers shared by src/backend/cuda/*.cu and the backend's .cpp files: error checks,
-// the opaque-stream cast and block reductions. Include only from src/backend/cuda/.
+// the opaque-stream cast, the kernel launch helper (programmatic dependent launch) and block
+// reductions. Include only from src/backend/cuda/.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "backend/cuda/cuda_error.h"
+#include "backend/cuda/kernels.h"
 
 #define MS_CUDA_CHECK(expr)                                                         \
   do {                                                                              \
@@ -16,9 +19,6 @@
                                                  cudaGetErrorName(ms_cuda_err_),    \
                                                  cudaGetErrorString(ms_cuda_err_)); \
   } while (0)
-
-// After a kernel launch: a bad configuration shows up here (asynchronous faults at the next sync).
-#define MS_CUDA_CHECK_LAUNCH() MS_CUDA_CHECK(cudaGetLastError())
 
 namespace moeserve::cuda {
 
@@ -48,6 +48,68 @@ inline int device_cc_major() {
 }
 
 #ifdef __CUDACC__
+
+// ---- Programmatic dependent launch (PDL; kernels.h set_programmatic_launch) ------------------
+// A kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may be scheduled
+// before the previous kernel of its stream has completed, and nothing orders its memory accesses
+// after that kernel's but griddepcontrol.wait. None of our kernels triggers its dependents early
+// (no griddepcontrol.launch_dependents: the trigger is implicit, as each CTA exits), so a
+// dependent grid is scheduled once every CTA of its predecessor has exited: its launch overlaps
+// the predecessor's completion (memory flush, teardown) instead of following it.
+//
+// INVARIANT: every __global__ function launched through launch_kernel / launch_kernel_clusters
+// calls pdl_wait() as its first statement, before any global memory access and before every
+// early return. It then reads no stale data and overwrites nothing its predecessor still reads:
+// the semantics of stream order. A kernel without it may run with the attribute on and race its
+// predecessor. Check: every __global__ in src/backend/cuda/*.cu is followed by pdl_wait().
+
+// Waits until the grids this one depends on programmatically have completed and their memory
+// operations are visible to it; returns at once for a grid launched without the attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Launches `kernel` (see the INVARIANT above) as <<<grid, block, smem, stream>>>(args...) would,
+// through cudaLaunchKernelEx: with the PDL attribute while programmatic_launch() is on, and with
+// a runtime thread-block cluster `cluster` when it has more than one block (kernels whose cluster
+// is compiled in with __cluster_dims__ need none). PDL and a cluster may be combined (CUTLASS's
+// ClusterLauncher sets both). Returns the launch's error: MS_CUDA_CHECK(launch_kernel(...)).
+template <typename... Params, typename... Args>
+[[nodiscard]] cudaError_t launch_kernel_clusters(void (*kernel)(Params...), dim3 grid, dim3 cluster,
+                                                 dim3 block, size_t smem, cudaStream_t stream,
+                                                 Args&&... args) {
+  cudaLaunchAttribute attrs[2] = {};
+  unsigned n = 0;
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = cluster.x;
+    attrs[n].val.clusterDim.y = cluster.y;
+    attrs[n].val.clusterDim.z = cluster.z;
+    ++n;
+  }
+  if (programmatic_launch()) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = n > 0 ? attrs : nullptr;
+  cfg.numAttrs = n;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... Params, typename... Args>
+[[nodiscard]] cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block,
+                                        size_t smem, cudaStream_t stream, Args&&... args) {
+  return launch_kernel_clusters(kernel, grid, dim3(1, 1, 1), block, smem, stream,
+                                std::forward<Args>(args)...);
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -2,9 +2,20 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include "backend/cuda/cuda_util.cuh"
 
 namespace moeserve::cuda {
+
+// kernels.h's programmatic-launch switch (read by launch_kernel at every launch).
+namespace {
+std::atomic<bool> g_programmatic_launch{false};
+}  // namespace
+void set_programmatic_launch(bool on) {
+  g_programmatic_launch.store(on, std::memory_order_relaxed);
+}
+bool programmatic_launch() { return g_programmatic_launch.load(std::memory_order_relaxed); }
 
 int device_count() {
   int n = 0;

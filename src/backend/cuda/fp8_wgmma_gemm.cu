@@ -151,6 +151,7 @@ __device__ __forceinline__ void promote(float (&acc)[64], const float (&tmp)[64]
 template <int kWarpGroups>
 __global__ void __launch_bounds__(TileConfig<kWarpGroups>::kThreads, 1)
     fp8_wgmma_gemm_kernel(const Fp8WgmmaGemmParams p) {
+  pdl_wait();
   using Cfg = TileConfig<kWarpGroups>;
   constexpr int kBlockM = Cfg::kBlockM;
   extern __shared__ uint8_t smem_raw[];
@@ -349,20 +350,10 @@ void launch_tiles(const Fp8WgmmaGemmParams& p, cudaStream_t stream) {
   }
   split = std::min(split, k_tiles);
 
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(m_tiles), static_cast<unsigned>(n_tiles),
-                     static_cast<unsigned>(split));
-  cfg.blockDim = dim3(Cfg::kThreads);
-  cfg.dynamicSmemBytes = Cfg::kSmemBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = static_cast<unsigned>(split);
-  cfg.attrs = attr;
-  cfg.numAttrs = split > 1 ? 1 : 0;
-  MS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, p));
+  const dim3 grid(static_cast<unsigned>(m_tiles), static_cast<unsigned>(n_tiles),
+                  static_cast<unsigned>(split));
+  MS_CUDA_CHECK(launch_kernel_clusters(kernel, grid, dim3(1, 1, static_cast<unsigned>(split)),
+                                       Cfg::kThreads, Cfg::kSmemBytes, stream, p));
 }
 
 }  // namespace

@@ -14,6 +14,21 @@ namespace moeserve::cuda {
 
 using Stream = void*;
 
+// ---- Programmatic dependent launch ----------------------------------------------------------
+
+// Whether the launchers below give their kernels the programmatic-stream-serialization launch
+// attribute (PDL, sm_90; cuda_util.cuh launch_kernel): a kernel may then be scheduled once every
+// CTA of the previous kernel on its stream has exited, before that kernel's completion has been
+// processed, which hides part of the launch gap at each of the decode step's ~1,800 dependent
+// launches. Invariant that keeps stream order: every kernel of ours waits on the device
+// (griddepcontrol.wait, its first statement) until its predecessor has completed and its writes
+// are visible, and none lets its dependents start early. Stream capture records the attribute
+// as a programmatic graph edge. Process-wide (every stream, thread and model), read at each
+// launch, so a captured CUDA graph keeps the setting of its capture. Off by default; cuBLASLt,
+// copies and memsets are unaffected.
+void set_programmatic_launch(bool on);
+[[nodiscard]] bool programmatic_launch();
+
 // ---- Backend-interface ops (fp32) ------------------------------------------------------------
 
 // out[r,:] = x[r,:] * 1/sqrt(mean(x[r,:]^2) + eps) * weight (weight nullptr = ones).

@@ -13,6 +13,7 @@ constexpr int kThreads = 256;
 
 __global__ void gather_rows_kernel(const float* src, int64_t ld_src, const int32_t* idx,
                                    int64_t cols, float* dst, int64_t ld_dst) {
+  pdl_wait();
   const int64_t i = blockIdx.x;
   const float* s = src + static_cast<int64_t>(idx[i]) * ld_src;
   float* d = dst + i * ld_dst;
@@ -21,6 +22,7 @@ __global__ void gather_rows_kernel(const float* src, int64_t ld_src, const int32
 
 __global__ void moe_combine_kernel(const float* src, const int32_t* inv, int k, int64_t cols,
                                    float* y) {
+  pdl_wait();
   const int64_t t = blockIdx.x;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
     float acc = y[t * cols + c];
@@ -36,6 +38,7 @@ __global__ void moe_combine_kernel(const float* src, const int32_t* inv, int k, 
 // are added in the same order, so the result is bit-identical to moe_combine_kernel.
 __global__ void moe_combine_vec_kernel(const float* src, const int32_t* inv, int k, int64_t cols,
                                        float* y) {
+  pdl_wait();
   const int64_t t = blockIdx.x;
   __shared__ int32_t hit[16];
   if (threadIdx.x < k) hit[threadIdx.x] = inv[t * k + threadIdx.x];
@@ -59,6 +62,7 @@ __global__ void moe_combine_vec_kernel(const float* src, const int32_t* inv, int
 __global__ void resolve_kernel(const int32_t* idx_in, const int32_t* cand, int64_t n_cand,
                                const int64_t* row_slot, int64_t slot_stride, int64_t rows, int k,
                                int32_t* out) {
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * k) return;
   const int64_t r = i / k;
@@ -68,6 +72,7 @@ __global__ void resolve_kernel(const int32_t* idx_in, const int32_t* cand, int64
 }
 
 __global__ void fp4_index_to_float_kernel(const uint8_t* rec, int64_t n, int dim, float* out) {
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n * dim) return;
   const int64_t r = i / dim;
@@ -80,6 +85,7 @@ __global__ void fp4_index_to_float_kernel(const uint8_t* rec, int64_t n, int dim
 
 __global__ void copy_records_kernel(const uint8_t* src, int64_t rec_bytes, const int64_t* dst_idx,
                                     uint8_t* dst) {
+  pdl_wait();
   const int64_t i = blockIdx.x;
   const int64_t d = dst_idx[i];
   if (d < 0) return;
@@ -88,6 +94,7 @@ __global__ void copy_records_kernel(const uint8_t* src, int64_t rec_bytes, const
 }
 
 __global__ void fill_f32_kernel(float* x, int64_t n, float v) {
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = v;
 }
@@ -102,6 +109,7 @@ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
 __global__ void fill_records_kernel(uint8_t* rec, int64_t total, int64_t code_bytes,
                                     int64_t rec_bytes, bool fp8_codes, int lo, int hi,
                                     uint64_t seed) {
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
   const int64_t b = i % rec_bytes;
@@ -120,6 +128,7 @@ __global__ void fill_records_kernel(uint8_t* rec, int64_t total, int64_t code_by
 // over the next power of two, padded with INT32_MAX. Equal keys are equal values, so the
 // network's instability does not show.
 __global__ void sort_rows_kernel(int32_t* x, int k) {
+  pdl_wait();
   __shared__ int32_t keys[2048];
   int32_t* row = x + static_cast<int64_t>(blockIdx.x) * k;
   int n2 = 1;
@@ -154,9 +163,8 @@ unsigned blocks_for(int64_t n) { return static_cast<unsigned>(ceil_div(n, kThrea
 void launch_gather_rows(const float* src, int64_t ld_src, const int32_t* idx, int64_t n,
                         int64_t cols, float* dst, int64_t ld_dst, Stream stream) {
   if (n == 0) return;
-  gather_rows_kernel<<<static_cast<unsigned>(n), kThreads, 0, as_cuda_stream(stream)>>>(
-      src, ld_src, idx, cols, dst, ld_dst);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(gather_rows_kernel, static_cast<unsigned>(n), kThreads, 0,
+                              as_cuda_stream(stream), src, ld_src, idx, cols, dst, ld_dst));
 }
 
 void launch_moe_combine(const float* src, const int32_t* inv, int64_t rows, int k, int64_t cols,
@@ -164,52 +172,45 @@ void launch_moe_combine(const float* src, const int32_t* inv, int64_t rows, int 
   if (rows == 0) return;
   const bool vec = k <= 16 && cols % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(y) % 16 == 0;
-  if (vec) {
-    moe_combine_vec_kernel<<<static_cast<unsigned>(rows), kThreads, 0, as_cuda_stream(stream)>>>(
-        src, inv, k, cols, y);
-  } else {
-    moe_combine_kernel<<<static_cast<unsigned>(rows), kThreads, 0, as_cuda_stream(stream)>>>(
-        src, inv, k, cols, y);
-  }
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(vec ? moe_combine_vec_kernel : moe_combine_kernel,
+                              static_cast<unsigned>(rows), kThreads, 0, as_cuda_stream(stream), src,
+                              inv, k, cols, y));
 }
 
 void launch_resolve_selection(const int32_t* idx_in, const int32_t* cand, int64_t n_cand,
                               const int64_t* row_slot, int64_t slot_stride, int64_t rows, int k,
                               int32_t* out, Stream stream) {
   if (rows * k == 0) return;
-  resolve_kernel<<<blocks_for(rows * k), kThreads, 0, as_cuda_stream(stream)>>>(
-      idx_in, cand, n_cand, row_slot, slot_stride, rows, k, out);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(resolve_kernel, blocks_for(rows * k), kThreads, 0,
+                              as_cuda_stream(stream), idx_in, cand, n_cand, row_slot, slot_stride,
+                              rows, k, out));
 }
 
 void launch_fp4_index_records_to_float(const uint8_t* rec, int64_t n, int dim, float* out,
                                        Stream stream) {
   if (n == 0) return;
-  fp4_index_to_float_kernel<<<blocks_for(n * dim), kThreads, 0, as_cuda_stream(stream)>>>(rec, n,
-                                                                                          dim, out);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(fp4_index_to_float_kernel, blocks_for(n * dim), kThreads, 0,
+                              as_cuda_stream(stream), rec, n, dim, out));
 }
 
 void launch_copy_records(const uint8_t* src, int64_t n, int64_t rec_bytes, const int64_t* dst_idx,
                          uint8_t* dst, Stream stream) {
   if (n == 0) return;
-  copy_records_kernel<<<static_cast<unsigned>(n), 128, 0, as_cuda_stream(stream)>>>(src, rec_bytes,
-                                                                                    dst_idx, dst);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(copy_records_kernel, static_cast<unsigned>(n), 128, 0,
+                              as_cuda_stream(stream), src, rec_bytes, dst_idx, dst));
 }
 
 void launch_fill_f32(float* x, int64_t n, float value, Stream stream) {
   if (n == 0) return;
-  fill_f32_kernel<<<blocks_for(n), kThreads, 0, as_cuda_stream(stream)>>>(x, n, value);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(fill_f32_kernel, blocks_for(n), kThreads, 0, as_cuda_stream(stream),
+                              x, n, value));
 }
 
 void launch_sort_rows_ascending(int32_t* x, int64_t rows, int k, Stream stream) {
   if (rows == 0 || k == 0) return;
   if (k > 2048) detail::cuda_call_failed(__FILE__, __LINE__, "sort rows", "k <= 2048", "");
-  sort_rows_kernel<<<static_cast<unsigned>(rows), 256, 0, as_cuda_stream(stream)>>>(x, k);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(sort_rows_kernel, static_cast<unsigned>(rows), 256, 0,
+                              as_cuda_stream(stream), x, k));
 }
 
 void launch_fill_records(uint8_t* rec, int64_t n, int64_t code_bytes, int64_t scale_bytes,
@@ -217,9 +218,9 @@ void launch_fill_records(uint8_t* rec, int64_t n, int64_t code_bytes, int64_t sc
   const int64_t rec_bytes = code_bytes + scale_bytes;
   const int64_t total = n * rec_bytes;
   if (total == 0) return;
-  fill_records_kernel<<<blocks_for(total), kThreads, 0, as_cuda_stream(stream)>>>(
-      rec, total, code_bytes, rec_bytes, fp8_codes, scale_lo, scale_hi, seed);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(fill_records_kernel, blocks_for(total), kThreads, 0,
+                              as_cuda_stream(stream), rec, total, code_bytes, rec_bytes, fp8_codes,
+                              scale_lo, scale_hi, seed));
 }
 
 }  // namespace moeserve::cuda

@@ -87,6 +87,7 @@ __device__ __forceinline__ void quant_store_lane(const P& p, int64_t r, int64_t 
 }
 
 __global__ void __launch_bounds__(kQuantThreads) act_quant_kernel(ActQuantParams p) {
+  pdl_wait();
   const int64_t rows = p.device_rows != nullptr ? *p.device_rows : p.rows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t blocks = p.cols / 32;
@@ -165,6 +166,7 @@ __device__ __forceinline__ void quant_store8(const P& p, int64_t r, int64_t c, f
 constexpr int kVecCols = kQuantThreads * 8;  // columns per block of the vector kernels
 
 __global__ void __launch_bounds__(kQuantThreads) act_quant_vec_kernel(ActQuantParams p) {
+  pdl_wait();
   const int64_t rows = p.device_rows != nullptr ? *p.device_rows : p.rows;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kVecCols + threadIdx.x * 8;
   // cols % 32 == 0: a 4-lane group is wholly inside or outside the row, and the shuffles of
@@ -193,6 +195,7 @@ __device__ __forceinline__ float swiglu_clamped(float g, float u, float limit) {
 }
 
 __global__ void __launch_bounds__(kQuantThreads) swiglu_quant_vec_kernel(SwigluQuantParams p) {
+  pdl_wait();
   const int64_t rows = p.device_rows != nullptr ? *p.device_rows : p.rows;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kVecCols + threadIdx.x * 8;
   const bool live = c < p.cols;
@@ -216,6 +219,7 @@ __global__ void __launch_bounds__(kQuantThreads) swiglu_quant_vec_kernel(SwigluQ
 }
 
 __global__ void __launch_bounds__(kQuantThreads) swiglu_quant_kernel(SwigluQuantParams p) {
+  pdl_wait();
   const int64_t rows = p.device_rows != nullptr ? *p.device_rows : p.rows;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t blocks = p.cols / 32;
@@ -232,6 +236,7 @@ __global__ void __launch_bounds__(kQuantThreads) swiglu_quant_kernel(SwigluQuant
 constexpr int kGroupThreads = 1024;
 
 __global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeGroupParams p) {
+  pdl_wait();
   extern __shared__ int32_t group_smem[];
   int32_t* count = group_smem;
   int32_t* cursor = group_smem + p.local;
@@ -465,6 +470,7 @@ __device__ __forceinline__ void grouped_mxfp4_gemm_body(const GroupedMxfp4GemmPa
 template <int kTM, int kTK>
 __global__ void __launch_bounds__(kGemmThreads) grouped_mxfp4_gemm_kernel(
     GroupedMxfp4GemmParams p) {
+  pdl_wait();
   grouped_mxfp4_gemm_body<kTM, kTK, 1>(p);
 }
 
@@ -472,6 +478,7 @@ constexpr int kKSplit = 4;
 template <int kTM, int kTK>
 __global__ void __cluster_dims__(kKSplit, 1, 1) __launch_bounds__(kGemmThreads)
     grouped_mxfp4_gemm_split_kernel(GroupedMxfp4GemmParams p) {
+  pdl_wait();
   grouped_mxfp4_gemm_body<kTM, kTK, kKSplit>(p);
 }
 
@@ -617,6 +624,7 @@ __host__ __device__ constexpr size_t skinny_smem_bytes(int64_t steps_per_rank, i
 template <int kNT>
 __global__ void __launch_bounds__(kSkinnyThreads, kNT <= 2 ? 4 : 3)
     grouped_mxfp4_gemm_skinny_kernel(GroupedMxfp4GemmParams p) {
+  pdl_wait();
   namespace cg = cooperative_groups;
   constexpr int kT = 8 * kNT;
   extern __shared__ uint4 skinny_smem[];
@@ -816,24 +824,11 @@ bool launch_grouped_mxfp4_skinny(const GroupedMxfp4GemmParams& p, cudaStream_t s
   const int64_t chunks = row_tiles_per_expert(p, tokens);  // token-chunk CTAs per expert
   if (tiles * split > 0x7FFFFFFF || chunks > 65535) return false;
 
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(tiles * split), static_cast<unsigned>(chunks),
-                     static_cast<unsigned>(p.num_experts));
-  cfg.blockDim = dim3(kSkinnyThreads);
-  cfg.dynamicSmemBytes = smem_for(split);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(split);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = split > 1 ? 1 : 0;
-  if (nt == 2) {
-    MS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, grouped_mxfp4_gemm_skinny_kernel<2>, p));
-  } else {
-    MS_CUDA_CHECK(cudaLaunchKernelEx(&cfg, grouped_mxfp4_gemm_skinny_kernel<4>, p));
-  }
+  const dim3 grid(static_cast<unsigned>(tiles * split), static_cast<unsigned>(chunks),
+                  static_cast<unsigned>(p.num_experts));
+  MS_CUDA_CHECK(launch_kernel_clusters(
+      nt == 2 ? grouped_mxfp4_gemm_skinny_kernel<2> : grouped_mxfp4_gemm_skinny_kernel<4>, grid,
+      dim3(static_cast<unsigned>(split)), kSkinnyThreads, smem_for(split), stream, p));
   return true;
 }
 
@@ -888,6 +883,7 @@ static_assert(kBM * 8 % kThreads == 0 && kBN == kThreads);
 
 __global__ void __launch_bounds__(gwg::kThreads, 1)
     grouped_mxfp4_gemm_wgmma_kernel(GroupedMxfp4GemmParams p) {
+  pdl_wait();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace gwg;
   extern __shared__ uint8_t gwg_smem_raw[];
@@ -1030,8 +1026,8 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
   if (m_tiles > 65535 || n_tiles > 0x7FFFFFFF) return false;
   const dim3 grid(static_cast<unsigned>(n_tiles), static_cast<unsigned>(m_tiles),
                   static_cast<unsigned>(p.num_experts));
-  grouped_mxfp4_gemm_wgmma_kernel<<<grid, gwg::kThreads, gwg::kSmemBytes, stream>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(grouped_mxfp4_gemm_wgmma_kernel, grid, gwg::kThreads, gwg::kSmemBytes,
+                              stream, p));
   return true;
 }
 
@@ -1359,6 +1355,7 @@ template <bool kKperm, bool kFuse>
 __global__ void __launch_bounds__(grs::kThreads, 1)
     grouped_mxfp4_gemm_rs_kernel(const GroupedMxfp4GemmParams p,
                                  const __grid_constant__ CUtensorMap tmap_a) {
+  pdl_wait();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace grs;
   extern __shared__ uint8_t grs_smem_raw[];
@@ -1499,13 +1496,13 @@ bool launch_grouped_mxfp4_rs(const GroupedMxfp4GemmParams& p, cudaStream_t strea
                        : grouped_mxfp4_gemm_rs_kernel<false, true>)
           : (p.a_kperm ? grouped_mxfp4_gemm_rs_kernel<true, false>
                        : grouped_mxfp4_gemm_rs_kernel<false, false>);
-  kernel<<<grid, grs::kThreads, grs::kSmemBytes, stream>>>(p, tmap);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(kernel, grid, grs::kThreads, grs::kSmemBytes, stream, p, tmap));
   return true;
 }
 
 __global__ void dequant_fp8_kernel(const uint8_t* w, const uint8_t* s, int64_t n, int64_t k,
                                    __nv_bfloat16* out) {
+  pdl_wait();
   const int64_t total = n * k;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -1537,11 +1534,10 @@ void launch_quant_rows(void (*vec_kernel)(P), void (*scalar_kernel)(P), bool vec
   if (vec) {
     const dim3 grid(static_cast<unsigned>(ceil_div(p.cols, kVecCols)),
                     static_cast<unsigned>(vec_row_blocks(p.rows, p.device_rows != nullptr)));
-    vec_kernel<<<grid, kQuantThreads, 0, s>>>(p);
+    MS_CUDA_CHECK(launch_kernel(vec_kernel, grid, kQuantThreads, 0, s, p));
   } else {
-    scalar_kernel<<<quant_grid(p.rows), kQuantThreads, 0, s>>>(p);
+    MS_CUDA_CHECK(launch_kernel(scalar_kernel, quant_grid(p.rows), kQuantThreads, 0, s, p));
   }
-  MS_CUDA_CHECK_LAUNCH();
 }
 
 // The scale output of kMxfp8 (the other output types ignore it).
@@ -1591,8 +1587,7 @@ void launch_moe_group(const MoeGroupParams& p, Stream stream) {
       p.rows * p.k * p.replicas > int64_t{1} << 30)
     bad_args("launch_moe_group", "0 < local <= 4096, k > 0, 1 <= replicas, rows * k * replicas <= 2^30");
   const size_t smem = sizeof(int32_t) * 2 * static_cast<size_t>(p.local);
-  moe_group_kernel<<<1, kGroupThreads, smem, as_cuda_stream(stream)>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(moe_group_kernel, 1, kGroupThreads, smem, as_cuda_stream(stream), p));
 }
 
 GroupedMxfp4Kernel launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream) {
@@ -1642,16 +1637,11 @@ GroupedMxfp4Kernel launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, St
   }
   if (launch_grouped_mxfp4_wgmma(p, s)) return GroupedMxfp4Kernel::kWgmma;
   if (launch_grouped_mxfp4_skinny(p, s)) return GroupedMxfp4Kernel::kSkinny;
-  if (split) {
-    grouped_mxfp4_gemm_split_kernel<16, 128><<<grid, kGemmThreads, 0, s>>>(p);
-  } else if (small && p.k % 128 == 0) {
-    grouped_mxfp4_gemm_kernel<16, 128><<<grid, kGemmThreads, 0, s>>>(p);
-  } else if (small) {
-    grouped_mxfp4_gemm_kernel<16, 32><<<grid, kGemmThreads, 0, s>>>(p);
-  } else {
-    grouped_mxfp4_gemm_kernel<64, 32><<<grid, kGemmThreads, 0, s>>>(p);
-  }
-  MS_CUDA_CHECK_LAUNCH();
+  auto* const kernel = split                     ? grouped_mxfp4_gemm_split_kernel<16, 128>
+                       : small && p.k % 128 == 0 ? grouped_mxfp4_gemm_kernel<16, 128>
+                       : small                   ? grouped_mxfp4_gemm_kernel<16, 32>
+                                                 : grouped_mxfp4_gemm_kernel<64, 32>;
+  MS_CUDA_CHECK(launch_kernel(kernel, grid, kGemmThreads, 0, s, p));
   return GroupedMxfp4Kernel::kTable;
 }
 
@@ -1663,9 +1653,8 @@ void launch_dequant_fp8_block_to_bf16(const uint8_t* w, const uint8_t* w_scale, 
   if (k % 32 != 0) bad_args("launch_dequant_fp8_block_to_bf16", "K % 32 == 0");
   const int64_t total = n * k;
   const int grid = static_cast<int>(std::min<int64_t>(ceil_div(total, 256), 65535));
-  dequant_fp8_kernel<<<grid, 256, 0, as_cuda_stream(stream)>>>(w, w_scale, n, k,
-                                                               static_cast<__nv_bfloat16*>(out));
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(dequant_fp8_kernel, grid, 256, 0, as_cuda_stream(stream), w, w_scale,
+                              n, k, static_cast<__nv_bfloat16*>(out)));
 }
 
 }  // namespace moeserve::cuda

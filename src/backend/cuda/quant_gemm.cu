@@ -75,6 +75,7 @@ struct GemmArgs {
 
 template <typename XT, WeightFormat kFormat>
 __global__ void __launch_bounds__(kThreads) block_scaled_gemm_kernel(GemmArgs p) {
+  pdl_wait();
   using namespace nvcuda;
   __shared__ alignas(128) __nv_bfloat16 a_tile[kTileM][kPadK];
   __shared__ alignas(128) __nv_bfloat16 b_tile[kTileN][kPadK];
@@ -183,13 +184,10 @@ void launch_block_scaled_gemm(const GemmArgs& args, ActivationType x_type, Strea
   if (args.m == 0 || args.n == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(args.n, kTileN)),
                   static_cast<unsigned>(ceil_div(args.m, kTileM)));
-  if (x_type == ActivationType::kF32) {
-    block_scaled_gemm_kernel<float, kFormat><<<grid, kThreads, 0, as_cuda_stream(stream)>>>(args);
-  } else {
-    block_scaled_gemm_kernel<__nv_bfloat16, kFormat>
-        <<<grid, kThreads, 0, as_cuda_stream(stream)>>>(args);
-  }
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(x_type == ActivationType::kF32
+                                  ? block_scaled_gemm_kernel<float, kFormat>
+                                  : block_scaled_gemm_kernel<__nv_bfloat16, kFormat>,
+                              grid, kThreads, 0, as_cuda_stream(stream), args));
 }
 
 void check_args(const GemmArgs& a, ActivationType x_type, const char* what) {

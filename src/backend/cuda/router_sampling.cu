@@ -15,6 +15,7 @@ constexpr int kMaxTopK = 16;
 constexpr int kArgmaxThreads = 256;
 
 __global__ void __launch_bounds__(kRouterThreads) moe_router_kernel(MoeRouterParams p) {
+  pdl_wait();
   extern __shared__ float smem[];
   float* xs = smem;                       // [hidden]
   float* score = xs + (p.logits ? 0 : p.hidden);  // [num_experts] s = sqrt(softplus(z))
@@ -93,6 +94,7 @@ __device__ __forceinline__ uint64_t argmax_key(float v, int32_t index) {
 
 __global__ void __launch_bounds__(kArgmaxThreads)
     argmax_segment_kernel(ArgmaxParams p, int64_t segment_len, bool vector_ok) {
+  pdl_wait();
   __shared__ ArgMax warp_best[32];
   const int64_t row = blockIdx.y;
   const float* x = p.logits + row * p.ld;
@@ -135,6 +137,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 }
 
 __global__ void argmax_finish_kernel(ArgmaxParams p) {
+  pdl_wait();
   const int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (row < p.rows)
     p.out[row] = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(p.scratch[row]));
@@ -154,9 +157,8 @@ void launch_moe_router(const MoeRouterParams& p, Stream stream) {
     MS_CUDA_CHECK(cudaFuncSetAttribute(
         moe_router_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   }
-  moe_router_kernel<<<static_cast<unsigned>(p.num_tokens), kRouterThreads, smem,
-                      as_cuda_stream(stream)>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(moe_router_kernel, static_cast<unsigned>(p.num_tokens),
+                              kRouterThreads, smem, as_cuda_stream(stream), p));
 }
 
 void launch_argmax_rows(const ArgmaxParams& p, Stream stream) {
@@ -175,10 +177,10 @@ void launch_argmax_rows(const ArgmaxParams& p, Stream stream) {
   cudaStream_t s = as_cuda_stream(stream);
   MS_CUDA_CHECK(cudaMemsetAsync(p.scratch, 0, sizeof(uint64_t) * static_cast<size_t>(p.rows), s));
   const dim3 grid(static_cast<unsigned>(segments), static_cast<unsigned>(p.rows));
-  argmax_segment_kernel<<<grid, kArgmaxThreads, 0, s>>>(p, segment_len, vector_ok);
-  MS_CUDA_CHECK_LAUNCH();
-  argmax_finish_kernel<<<static_cast<unsigned>(ceil_div(p.rows, 256)), 256, 0, s>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(
+      launch_kernel(argmax_segment_kernel, grid, kArgmaxThreads, 0, s, p, segment_len, vector_ok));
+  MS_CUDA_CHECK(launch_kernel(argmax_finish_kernel, static_cast<unsigned>(ceil_div(p.rows, 256)),
+                              256, 0, s, p));
 }
 
 }  // namespace moeserve::cuda

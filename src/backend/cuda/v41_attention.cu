@@ -209,6 +209,7 @@ __device__ __forceinline__ void decode_tile(const int32_t* list, int nk, int t0,
 template <int kMt, bool kSplit>
 __global__ void __launch_bounds__(kThreads, MOESERVE_ATTN_MIN_BLOCKS)
     sparse_attention_kernel(SparseAttentionParams p) {
+  pdl_wait();
   constexpr int kWpm = kWarps / kMt;       // warps per m-tile
   constexpr int kSlice = kHd / kWpm;       // channels per warp (logits and output)
   constexpr int kQSteps = kSlice / 16;     // k-steps of the logits per warp
@@ -473,7 +474,8 @@ void launch_flash(const SparseAttentionParams& p, cudaStream_t stream) {
   }();
   (void)configured;
   const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads / (16 * kMt)));
-  sparse_attention_kernel<kMt, kSplit><<<grid, kThreads, kSmemBytes, stream>>>(p);
+  MS_CUDA_CHECK(
+      launch_kernel(sparse_attention_kernel<kMt, kSplit>, grid, kThreads, kSmemBytes, stream, p));
 }
 
 constexpr int kF64Threads = 128;
@@ -496,6 +498,7 @@ __device__ __forceinline__ float key_value(const SparseAttentionParams& p, int i
 // logits), denominator exp(sink - m) + sum exp(logit - m) in key order, acc[d] in key order,
 // out = float(acc / den); then the inverse RoPE in double as Rope::apply.
 __global__ void __launch_bounds__(kF64Threads) sparse_attention_f64_kernel(SparseAttentionParams p) {
+  pdl_wait();
   __shared__ int32_t list[kMaxKeys];
   __shared__ double logit[kMaxKeys];
   __shared__ float qs[kHd];
@@ -591,7 +594,6 @@ void launch_sparse_attention(const SparseAttentionParams& p, Stream stream) {
     if (p.split_precision) launch_flash<1, true>(p, st);
     else launch_flash<1, false>(p, st);
   }
-  MS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_sparse_attention_f64(const SparseAttentionParams& p, Stream stream) {
@@ -600,8 +602,8 @@ void launch_sparse_attention_f64(const SparseAttentionParams& p, Stream stream) 
     detail::cuda_call_failed(__FILE__, __LINE__, "sparse attention shape",
                              "head_dim 512, swa_k + glob_k <= 1024", "");
   const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads));
-  sparse_attention_f64_kernel<<<grid, kF64Threads, 0, as_cuda_stream(stream)>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(
+      launch_kernel(sparse_attention_f64_kernel, grid, kF64Threads, 0, as_cuda_stream(stream), p));
 }
 
 }  // namespace moeserve::cuda

@@ -340,6 +340,7 @@ __device__ __forceinline__ void issue_s(float (&s)[16], uint32_t q_half, uint32_
 template <bool kSplit, int kNB>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_attention_wgmma_kernel(SparseAttentionParams p) {
+  pdl_wait();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Smem<kSplit, kNB>;
   constexpr int kParts = kSplit ? 2 : 1;
@@ -770,8 +771,8 @@ void launch(const SparseAttentionParams& p, cudaStream_t stream) {
   const int64_t items = p.rows * (p.heads / kHeads);
   if (items <= 0) return;
   const auto grid = static_cast<unsigned>(std::min<int64_t>(items, sms));
-  sparse_attention_wgmma_kernel<kSplit, kNB>
-      <<<grid, kThreads, Smem<kSplit, kNB>::kBytes, stream>>>(p);
+  MS_CUDA_CHECK(launch_kernel(sparse_attention_wgmma_kernel<kSplit, kNB>, grid, kThreads,
+                              Smem<kSplit, kNB>::kBytes, stream, p));
 }
 }  // namespace attn_wg
 
@@ -789,7 +790,6 @@ void launch_sparse_attention_wgmma(const SparseAttentionParams& p, cudaStream_t 
     attn_wg::launch<true, attn_wg::kNBSplit>(p, stream);
   else
     attn_wg::launch<false, attn_wg::kNBHalf>(p, stream);
-  MS_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace moeserve::cuda

@@ -21,6 +21,7 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void rope_kernel(RopeParams p) {
+  pdl_wait();
   const int half = p.rd / 2;
   const int64_t total = p.rows * p.heads * half;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -40,6 +41,7 @@ __global__ void rope_kernel(RopeParams p) {
 }
 
 __global__ void swiglu_kernel(SwigluParams p) {
+  pdl_wait();
   const int64_t total = p.rows * p.cols;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -150,6 +152,7 @@ __device__ void hc_mixes_finish_row(const HcMixesParams& p,
 template <int HC, int RPT, bool kVec>
 __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, RPT == 2 ? 2 : 1)
     hc_mixes_kernel(HcMixesParams p, int wr) {
+  pdl_wait();
   constexpr int M = (2 + HC) * HC;
   constexpr int MA = M + 1;
   constexpr int N = RPT * MA;
@@ -301,6 +304,7 @@ struct StagedMixes {
 template <int HC, int RPT>
 __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, RPT == 4 ? 1 : 2)
     hc_mixes_staged_kernel(HcMixesParams p) {
+  pdl_wait();
   using Cfg = StagedMixes<HC, RPT>;
   constexpr int M = Cfg::kM, MA = Cfg::kMA, BR = Cfg::kRows;
   constexpr int kVecs = kStageK / 4;  // float4 per chunk row: one per lane
@@ -441,6 +445,7 @@ __device__ __forceinline__ void store_v(float* p, const float (&o)[V]) {
 // Grid (chunks of dim / V, rows); grid-stride in both.
 template <int V>
 __global__ void hc_collapse_kernel(HcCollapseParams p) {
+  pdl_wait();
   const int64_t chunks = p.dim / V;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y)
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < chunks;
@@ -463,6 +468,7 @@ __global__ void hc_collapse_kernel(HcCollapseParams p) {
 
 template <int V>
 __global__ void hc_expand_kernel(HcExpandParams p) {
+  pdl_wait();
   const int64_t chunks = p.dim / V;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y)
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < chunks;
@@ -505,6 +511,7 @@ __global__ void hc_expand_kernel(HcExpandParams p) {
 
 // One block per (row, stream).
 __global__ void __launch_bounds__(kThreads) engram_gate_kernel(EngramGateParams p) {
+  pdl_wait();
   __shared__ float scratch[32];
   const int64_t t = blockIdx.x / p.hc;
   const int k = static_cast<int>(blockIdx.x % p.hc);
@@ -532,6 +539,7 @@ __global__ void __launch_bounds__(kThreads) engram_gate_kernel(EngramGateParams 
 
 // One warp per gathered row: 16-byte reads of the codes, then the scales.
 __global__ void engram_gather_kernel(EngramGatherParams p) {
+  pdl_wait();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (i >= p.n) return;
@@ -545,6 +553,7 @@ __global__ void engram_gather_kernel(EngramGatherParams p) {
 }
 
 __global__ void engram_dequant_kernel(EngramDequantParams p) {
+  pdl_wait();
   const int64_t total = p.n * p.dim;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -576,6 +585,7 @@ __device__ __forceinline__ void split_tf32(float x, float& hi, float& lo) {
 // blockIdx.y strides the rows, x-threads the columns (coalesced reads of x, three coalesced
 // writes).
 __global__ void split_tf32_kernel(SplitTf32Params p) {
+  pdl_wait();
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
     const float* x = p.x + r * p.ldx;
     float* o = p.out + r * p.ldo;
@@ -599,14 +609,14 @@ int grid_for(int64_t total) {
 void launch_rope(const RopeParams& p, Stream stream) {
   const int64_t total = p.rows * p.heads * (p.rd / 2);
   if (total == 0) return;
-  rope_kernel<<<grid_for(total), kThreads, 0, as_cuda_stream(stream)>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(
+      launch_kernel(rope_kernel, grid_for(total), kThreads, 0, as_cuda_stream(stream), p));
 }
 
 void launch_swiglu_clamped(const SwigluParams& p, Stream stream) {
   if (p.rows * p.cols == 0) return;
-  swiglu_kernel<<<grid_for(p.rows * p.cols), kThreads, 0, as_cuda_stream(stream)>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(swiglu_kernel, grid_for(p.rows * p.cols), kThreads, 0,
+                              as_cuda_stream(stream), p));
 }
 
 namespace {
@@ -615,8 +625,9 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 template <int HC, int RPT, bool kVec>
 void launch_mixes(const HcMixesParams& p, int wr, int64_t tiles, cudaStream_t s) {
-  hc_mixes_kernel<HC, RPT, kVec>
-      <<<dim3(kMixCluster, static_cast<unsigned>(tiles)), kThreads, 0, s>>>(p, wr);
+  MS_CUDA_CHECK(launch_kernel(hc_mixes_kernel<HC, RPT, kVec>,
+                              dim3(kMixCluster, static_cast<unsigned>(tiles)), kThreads, 0, s, p,
+                              wr));
 }
 
 template <int HC, int RPT>
@@ -624,7 +635,8 @@ void launch_staged_mixes(const HcMixesParams& p, int64_t tiles, cudaStream_t s) 
   constexpr int kSmem = StagedMixes<HC, RPT>::kSmemBytes;
   const auto kernel = hc_mixes_staged_kernel<HC, RPT>;
   MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  kernel<<<dim3(kMixCluster, static_cast<unsigned>(tiles)), kThreads, kSmem, s>>>(p);
+  MS_CUDA_CHECK(launch_kernel(kernel, dim3(kMixCluster, static_cast<unsigned>(tiles)), kThreads,
+                              kSmem, s, p));
 }
 
 // Grid of the row-wise mHC kernels: (chunks per row, rows), both capped.
@@ -679,7 +691,6 @@ void launch_hc_mixes(const HcMixesParams& p, Stream stream) {
       default:
         break;
     }
-    MS_CUDA_CHECK_LAUNCH();
     return;
   }
   // Scalar loads (odd widths or pitches): 2 rows per thread.
@@ -703,7 +714,6 @@ void launch_hc_mixes(const HcMixesParams& p, Stream stream) {
       launch_mixes<1, 2, false>(p, wr, tiles, s);
       break;
   }
-  MS_CUDA_CHECK_LAUNCH();
 }
 
 void launch_hc_collapse(const HcCollapseParams& p, Stream stream) {
@@ -712,10 +722,11 @@ void launch_hc_collapse(const HcCollapseParams& p, Stream stream) {
     detail::cuda_call_failed(__FILE__, __LINE__, "hc <= 4", "bad hc", "");
   const cudaStream_t s = as_cuda_stream(stream);
   if (p.dim % 4 == 0 && aligned16(p.x) && aligned16(p.out))
-    hc_collapse_kernel<4><<<hc_row_grid(p.rows, p.dim / 4), kThreads, 0, s>>>(p);
+    MS_CUDA_CHECK(
+        launch_kernel(hc_collapse_kernel<4>, hc_row_grid(p.rows, p.dim / 4), kThreads, 0, s, p));
   else
-    hc_collapse_kernel<1><<<hc_row_grid(p.rows, p.dim), kThreads, 0, s>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+    MS_CUDA_CHECK(
+        launch_kernel(hc_collapse_kernel<1>, hc_row_grid(p.rows, p.dim), kThreads, 0, s, p));
 }
 
 void launch_hc_expand(const HcExpandParams& p, Stream stream) {
@@ -724,30 +735,29 @@ void launch_hc_expand(const HcExpandParams& p, Stream stream) {
     detail::cuda_call_failed(__FILE__, __LINE__, "hc <= 4", "bad hc", "");
   const cudaStream_t s = as_cuda_stream(stream);
   if (p.dim % 4 == 0 && aligned16(p.x) && aligned16(p.y) && aligned16(p.collapse_out))
-    hc_expand_kernel<4><<<hc_row_grid(p.rows, p.dim / 4), kThreads, 0, s>>>(p);
+    MS_CUDA_CHECK(
+        launch_kernel(hc_expand_kernel<4>, hc_row_grid(p.rows, p.dim / 4), kThreads, 0, s, p));
   else
-    hc_expand_kernel<1><<<hc_row_grid(p.rows, p.dim), kThreads, 0, s>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+    MS_CUDA_CHECK(
+        launch_kernel(hc_expand_kernel<1>, hc_row_grid(p.rows, p.dim), kThreads, 0, s, p));
 }
 
 void launch_engram_gate(const EngramGateParams& p, Stream stream) {
   if (p.rows == 0) return;
-  engram_gate_kernel<<<static_cast<unsigned>(p.rows * p.hc), kThreads, 0, as_cuda_stream(stream)>>>(
-      p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(engram_gate_kernel, static_cast<unsigned>(p.rows * p.hc), kThreads, 0,
+                              as_cuda_stream(stream), p));
 }
 
 void launch_engram_gather(const EngramGatherParams& p, Stream stream) {
   if (p.n == 0) return;
-  engram_gather_kernel<<<static_cast<unsigned>(ceil_div(p.n, 8)), 256, 0, as_cuda_stream(stream)>>>(
-      p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(engram_gather_kernel, static_cast<unsigned>(ceil_div(p.n, 8)), 256, 0,
+                              as_cuda_stream(stream), p));
 }
 
 void launch_engram_dequant(const EngramDequantParams& p, Stream stream) {
   if (p.n == 0) return;
-  engram_dequant_kernel<<<grid_for(p.n * p.dim), kThreads, 0, as_cuda_stream(stream)>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(engram_dequant_kernel, grid_for(p.n * p.dim), kThreads, 0,
+                              as_cuda_stream(stream), p));
 }
 
 void launch_split_tf32(const SplitTf32Params& p, Stream stream) {
@@ -758,8 +768,7 @@ void launch_split_tf32(const SplitTf32Params& p, Stream stream) {
   }
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(p.cols, kThreads), 64)),
                   static_cast<unsigned>(std::min<int64_t>(p.rows, 65535)));
-  split_tf32_kernel<<<grid, kThreads, 0, as_cuda_stream(stream)>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(split_tf32_kernel, grid, kThreads, 0, as_cuda_stream(stream), p));
 }
 
 // ---- pinned host memory -------------------------------------------------------------------------

@@ -17,6 +17,7 @@ namespace {
 
 // Grid: (dim/32, rows); one warp per 32-channel block.
 __global__ void swa_write_kernel(SwaWriteParams p) {
+  pdl_wait();
   const int64_t r = blockIdx.y;
   const int lane = threadIdx.x & 31;
   const int blk = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
@@ -33,6 +34,7 @@ __global__ void swa_write_kernel(SwaWriteParams p) {
 }
 
 __global__ void swa_index_kernel(SwaIndexParams p) {
+  pdl_wait();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= p.rows * p.window) return;
   const int64_t r = i / p.window;
@@ -79,6 +81,7 @@ __device__ __forceinline__ int64_t fp4_bytes(Fp4Record format, int dim) {
 
 // Grid: (dim/32 / 8, rows, grid-stride); one warp per 32 channels.
 __global__ void fp4_write_kernel(Fp4CacheWriteParams p) {
+  pdl_wait();
   const int lane = threadIdx.x & 31;
   const int chunk = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
   if (chunk >= p.dim / 32) return;
@@ -90,6 +93,7 @@ __global__ void fp4_write_kernel(Fp4CacheWriteParams p) {
 
 // Grid: (max dim/32 / 8, max rows, count); row r of write z to record entries[r].
 __global__ void fp4_scatter_kernel(Fp4ScatterWriteParams p) {
+  pdl_wait();
   const Fp4CacheWriteParams w = blockIdx.z == 0 ? p.write[0] : p.write[1];
   const int lane = threadIdx.x & 31;
   const int chunk = blockIdx.x * (blockDim.x / 32) + (threadIdx.x >> 5);
@@ -156,6 +160,7 @@ __device__ __forceinline__ void store_partial(const float* kv, const float* gate
 
 // One block per completed group.
 __global__ void compressor_kernel(CompressorParams p) {
+  pdl_wait();
   __shared__ float scratch[32];
   const int64_t first = (p.start_pos / p.ratio + blockIdx.x) * p.ratio;
   compress_group(p.kv, p.gate, p.ld, p.dim, p.ratio, p.start_pos, p.state_kv, p.state_gate,
@@ -165,6 +170,7 @@ __global__ void compressor_kernel(CompressorParams p) {
 
 // The trailing partial group's rows into the state (after compressor_kernel read it).
 __global__ void compressor_state_kernel(CompressorParams p, int64_t first_pos) {
+  pdl_wait();
   const int64_t pos = first_pos + blockIdx.x;
   store_partial(p.kv, p.gate, p.ld, p.dim, p.ratio, p.start_pos, pos, pos + 1, p.state_kv,
                 p.state_gate);
@@ -184,6 +190,7 @@ __host__ __device__ inline int64_t partial_begin(int64_t start_pos, int64_t rows
 // trailing partial group. Only group 0 reads the state, and the same threads write it after
 // reading (thread c: channel c), so one launch keeps the per-sequence order.
 __global__ void compressor_batch_kernel(CompressorBatchParams p) {
+  pdl_wait();
   __shared__ float scratch[32];
   const int64_t item = blockIdx.x;
   int lo = 0, hi = p.num_seqs - 1;  // the last sequence with item_begin <= item
@@ -221,24 +228,21 @@ __global__ void compressor_batch_kernel(CompressorBatchParams p) {
 void launch_swa_write_fp8(const SwaWriteParams& p, Stream stream) {
   if (p.rows == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(p.dim / 32, 8)), static_cast<unsigned>(p.rows));
-  swa_write_kernel<<<grid, 256, 0, as_cuda_stream(stream)>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(swa_write_kernel, grid, 256, 0, as_cuda_stream(stream), p));
 }
 
 void launch_swa_index(const SwaIndexParams& p, Stream stream) {
   const int64_t total = p.rows * p.window;
   if (total == 0) return;
-  swa_index_kernel<<<static_cast<unsigned>(ceil_div(total, 256)), 256, 0,
-                     as_cuda_stream(stream)>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(swa_index_kernel, static_cast<unsigned>(ceil_div(total, 256)), 256, 0,
+                              as_cuda_stream(stream), p));
 }
 
 void launch_fp4_cache_write(const Fp4CacheWriteParams& p, Stream stream) {
   if (p.rows == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(p.dim / 32, 8)),
                   static_cast<unsigned>(std::min<int64_t>(p.rows, 65535)));
-  fp4_write_kernel<<<grid, 256, 0, as_cuda_stream(stream)>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(fp4_write_kernel, grid, 256, 0, as_cuda_stream(stream), p));
 }
 
 void launch_fp4_cache_scatter_write(const Fp4ScatterWriteParams& p, Stream stream) {
@@ -254,8 +258,7 @@ void launch_fp4_cache_scatter_write(const Fp4ScatterWriteParams& p, Stream strea
   const dim3 grid(static_cast<unsigned>(ceil_div(dim / 32, 8)),
                   static_cast<unsigned>(std::min<int64_t>(rows, 65535)),
                   static_cast<unsigned>(p.count));
-  fp4_scatter_kernel<<<grid, 256, 0, as_cuda_stream(stream)>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(fp4_scatter_kernel, grid, 256, 0, as_cuda_stream(stream), p));
 }
 
 void launch_compressor(const CompressorParams& p, Stream stream) {
@@ -263,15 +266,14 @@ void launch_compressor(const CompressorParams& p, Stream stream) {
   const int64_t groups = groups_of(p.start_pos, p.rows, p.ratio);
   const int threads = static_cast<int>(ceil_div(p.dim, 32) * 32);
   if (groups > 0) {
-    compressor_kernel<<<static_cast<unsigned>(groups), threads, 0, as_cuda_stream(stream)>>>(p);
-    MS_CUDA_CHECK_LAUNCH();
+    MS_CUDA_CHECK(launch_kernel(compressor_kernel, static_cast<unsigned>(groups), threads, 0,
+                                as_cuda_stream(stream), p));
   }
   const int64_t end = p.start_pos + p.rows;
   const int64_t first = partial_begin(p.start_pos, p.rows, p.ratio);
   if (end > first) {
-    compressor_state_kernel<<<static_cast<unsigned>(end - first), 256, 0, as_cuda_stream(stream)>>>(
-        p, first);
-    MS_CUDA_CHECK_LAUNCH();
+    MS_CUDA_CHECK(launch_kernel(compressor_state_kernel, static_cast<unsigned>(end - first), 256, 0,
+                                as_cuda_stream(stream), p, first));
   }
 }
 
@@ -284,9 +286,8 @@ int64_t compressor_items(int64_t start_pos, int64_t rows, int ratio) {
 void launch_compressor_batch(const CompressorBatchParams& p, Stream stream) {
   if (p.num_items == 0 || p.num_seqs == 0) return;
   const int threads = static_cast<int>(ceil_div(p.dim, 32) * 32);
-  compressor_batch_kernel<<<static_cast<unsigned>(p.num_items), threads, 0,
-                            as_cuda_stream(stream)>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(compressor_batch_kernel, static_cast<unsigned>(p.num_items), threads,
+                              0, as_cuda_stream(stream), p));
 }
 
 }  // namespace moeserve::cuda

@@ -165,6 +165,7 @@ constexpr int idx_min_ctas(bool cand, int split) { return cand && split == 1 ? 3
 template <int kSplit, bool kCand>
 __global__ void __launch_bounds__(kIdxThreads, idx_min_ctas(kCand, kSplit))
     indexer_mma_kernel(IndexerScoreParams p, IdxLaunch L) {
+  pdl_wait();
   // Accumulator tiles (8 heads each) per warp. NOTE: with candidates the tiles are the head groups
   // of one row, so 4 cover a launch's 32 heads; the q fragments then take 64 (kSplit 1) or 128
   // registers instead of 128 / 256, and with kSplit 1 three CTAs fit on an SM (candidate mode is
@@ -422,6 +423,7 @@ __device__ __forceinline__ void wg_store_key(const IdxRaw& r, uint8_t* tile, int
 template <int kRows>
 __global__ void __launch_bounds__(kWgThreads, 2)
     indexer_wgmma_kernel(IndexerScoreParams p, IdxLaunch L) {
+  pdl_wait();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(kRows % 2 == 0 && kRows <= kIdxMaxSlots, "row slots pair up in the quad reduction");
   constexpr int kN = 32 * kRows;  // wgmma N: query columns
@@ -592,6 +594,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 }
 
 __global__ void block_max_kernel(BlockMaxParams p, int64_t nb) {
+  pdl_wait();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= p.rows * nb) return;
   const int64_t t = i / nb, b = i % nb;
@@ -607,6 +610,7 @@ __global__ void block_max_kernel(BlockMaxParams p, int64_t nb) {
 }
 
 __global__ void blocks_to_cand_kernel(BlocksToCandidatesParams p) {
+  pdl_wait();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= p.rows * p.kb * p.block) return;
   const int e = static_cast<int>(i % p.block);
@@ -706,6 +710,7 @@ __device__ void tk_find_digit(TkShared& S, int nbins, uint32_t krem) {
 // survivors on (key, ~index) gives the order. Rows up to kTkCacheMax scores are read from HBM once
 // into shared memory; longer rows are streamed four times.
 __global__ void __launch_bounds__(kTkThreads) topk_radix_kernel(TopkParams p, bool cache) {
+  pdl_wait();
   extern __shared__ __align__(16) uint8_t tk_smem[];
   TkShared& S = *reinterpret_cast<TkShared*>(tk_smem);
   float* rowc = reinterpret_cast<float*>(tk_smem + (sizeof(TkShared) + 15) / 16 * 16);
@@ -829,6 +834,7 @@ __global__ void __launch_bounds__(kTkThreads) topk_radix_kernel(TopkParams p, bo
 // One warp per row over the sorted top-k (values descending).
 __global__ void sample_kernel(SampleParams p, const int32_t* idx, const float* val,
                               const int32_t* count) {
+  pdl_wait();
   const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (r >= p.rows) return;
@@ -895,8 +901,7 @@ void launch_indexer_mma(const IndexerScoreParams& p, const IdxLaunch& L, int64_t
       cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kIdxSmemBytes));
   const dim3 grid(static_cast<unsigned>(n_seqs * L.blocks_per_seq),
                   static_cast<unsigned>(ceil_div(L.width, kIdxChunk)));
-  fn<<<grid, kIdxThreads, kIdxSmemBytes, s>>>(p, L);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(fn, grid, kIdxThreads, kIdxSmemBytes, s, p, L));
 }
 
 template <int kRows>
@@ -907,8 +912,7 @@ void launch_indexer_wgmma(const IndexerScoreParams& p, const IdxLaunch& L, int64
   MS_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const dim3 grid(static_cast<unsigned>(n_seqs * L.blocks_per_seq),
                   static_cast<unsigned>(ceil_div(L.width, kWgChunk)));
-  fn<<<grid, kWgThreads, kSmem, s>>>(p, L);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(fn, grid, kWgThreads, kSmem, s, p, L));
 }
 
 }  // namespace
@@ -981,25 +985,22 @@ void launch_topk(const TopkParams& p, Stream stream) {
   const size_t smem = base + (cache ? static_cast<size_t>(p.n) * 4 : 0);
   MS_CUDA_CHECK(cudaFuncSetAttribute(topk_radix_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(base + kTkCacheMax * 4)));
-  topk_radix_kernel<<<static_cast<unsigned>(p.rows), kTkThreads, smem, as_cuda_stream(stream)>>>(
-      p, cache);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(topk_radix_kernel, static_cast<unsigned>(p.rows), kTkThreads, smem,
+                              as_cuda_stream(stream), p, cache));
 }
 
 void launch_block_max_scores(const BlockMaxParams& p, Stream stream) {
   const int64_t nb = ceil_div(p.n, p.block);
   if (p.rows * nb == 0) return;
-  block_max_kernel<<<static_cast<unsigned>(ceil_div(p.rows * nb, 256)), 256, 0,
-                     as_cuda_stream(stream)>>>(p, nb);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(block_max_kernel, static_cast<unsigned>(ceil_div(p.rows * nb, 256)),
+                              256, 0, as_cuda_stream(stream), p, nb));
 }
 
 void launch_blocks_to_candidates(const BlocksToCandidatesParams& p, Stream stream) {
   const int64_t total = p.rows * p.kb * p.block;
   if (total == 0) return;
-  blocks_to_cand_kernel<<<static_cast<unsigned>(ceil_div(total, 256)), 256, 0,
-                          as_cuda_stream(stream)>>>(p);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(blocks_to_cand_kernel, static_cast<unsigned>(ceil_div(total, 256)),
+                              256, 0, as_cuda_stream(stream), p));
 }
 
 size_t sample_scratch_bytes(int64_t rows, int64_t vocab, int top_k) {
@@ -1014,9 +1015,8 @@ void launch_sample(const SampleParams& p, Stream stream) {
   auto* val = reinterpret_cast<float*>(idx + p.rows * p.top_k);
   auto* count = reinterpret_cast<int32_t*>(val + p.rows * p.top_k);
   launch_topk({p.logits, p.rows, p.vocab, p.ld, p.top_k, idx, val, count, p.scratch}, stream);
-  sample_kernel<<<static_cast<unsigned>(ceil_div(p.rows, 4)), 128, 0, as_cuda_stream(stream)>>>(
-      p, idx, val, count);
-  MS_CUDA_CHECK_LAUNCH();
+  MS_CUDA_CHECK(launch_kernel(sample_kernel, static_cast<unsigned>(ceil_div(p.rows, 4)), 128, 0,
+                              as_cuda_stream(stream), p, idx, val, count));
 }
 
 }  // namespace moeserve::cuda

@@ -624,6 +624,7 @@ struct DeepseekV41Gpu::Impl {
   }
 
   Status init_common() {
+    cu::set_programmatic_launch(opt.programmatic_launch);  // process-wide (see the option)
     stream = cu::stream_create();
     lt = std::make_unique<cu::CublasLtGemm>(stream);
     if (opt.moe_shared_overlap) {

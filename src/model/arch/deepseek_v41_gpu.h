@@ -150,6 +150,15 @@ struct GpuModelOptions {
   // 2.8e-4), and model.md asks for fp32 routing. It saves 0.8 ms of the DEP32 decode step (52.7
   // -> 51.9 ms) and 0.5% of prefill. Ignored with exact_linears.
   bool router_split_tf32 = false;
+  // true: our kernels are launched with programmatic dependent launch (PDL, sm_90;
+  // cuda::set_programmatic_launch): each may be scheduled once every CTA of its predecessor on
+  // the stream has exited, and waits on the device (its first statement) until that predecessor
+  // has completed and its writes are visible, so the ~1,800 dependent launches of a decode step
+  // hide part of their launch gap; CUDA graphs capture them as programmatic edges. cuBLASLt,
+  // copies and memsets launch as before. Same kernels and results. PROCESS-WIDE: set when the
+  // model is created (load / random), so the last model created decides for every model and
+  // stream of the process from then on (graphs keep the setting of their capture).
+  bool programmatic_launch = false;
   // true (and the config has draft stages): load / fill the DSpark draft stages and heads, and
   // allocate their context rings (dspark_commit, dspark_draft).
   bool dspark = false;

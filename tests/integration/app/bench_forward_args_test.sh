@@ -14,7 +14,7 @@ for bad in 0 -3 257; do
   fi
   grep -q -- "--ep-ranks" <<<"$out" || { echo "error does not name --ep-ranks: $out"; exit 1; }
 done
-for opt in --moe-fuse-swiglu --router-split-tf32 --moe-shared-overlap --fast-attention; do
+for opt in --moe-fuse-swiglu --router-split-tf32 --moe-shared-overlap --fast-attention --pdl; do
   if out=$("$bin" bench forward --backend cuda --random-weights \
       --config configs/deepseek-v4.1-flash/config.json --batch 1 --context 8 "$opt" maybe 2>&1); then
     echo "$opt maybe accepted: $out"

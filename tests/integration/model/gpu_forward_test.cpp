@@ -24,6 +24,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/device_runtime.h"
+#include "backend/cuda/kernels.h"
 #include "common/fake_quant.h"
 #include "integration/model/oracle_util.h"
 #include "model/arch/deepseek_v41.h"
@@ -1416,30 +1417,13 @@ TEST(GpuForward, CudaGraphDecodeIsBitIdenticalToEager) {
   std::filesystem::remove_all(dir);
 }
 
-// moe_shared_overlap (the shared expert on a second stream, joined before the combine) against
-// the serial launches, eager and as CUDA graphs (the fork and join captured as graph edges): the
-// same kernels on the same inputs, so every logit is bit-identical. A prefill of three sequences,
-// then decode steps of 1 and 3 rows per sequence with the greedy tokens fed back (graphs
-// captured and replayed). A race between the streams (a scratch buffer shared, the join missing)
-// shows up as differing logits.
-TEST(GpuForward, MoeSharedOverlapIsBitIdenticalToSerial) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
-  const std::filesystem::path dir = make_temp_dir("gpu_shared_overlap");
-  ASSERT_TRUE(write_generated_model(dir, gpu_tiny_config(), 0));
-  arch::GpuModelOptions opt;
-  opt.max_seqs = 4;
-  opt.max_context = 256;
-  opt.max_rows = 512;
-  opt.moe_shared_overlap = false;
-  auto serial = DeepseekV41Gpu::load(dir, opt);
-  ASSERT_TRUE(serial) << serial.error().to_string();
-  opt.moe_shared_overlap = true;
-  auto overlap = DeepseekV41Gpu::load(dir, opt);
-  ASSERT_TRUE(overlap) << overlap.error().to_string();
-  opt.cuda_graphs = true;
-  auto graph = DeepseekV41Gpu::load(dir, opt);
-  ASSERT_TRUE(graph) << graph.error().to_string();
-  std::vector<DeepseekV41Gpu*> models = {serial->get(), overlap->get(), graph->get()};
+// The same forwards on every model, models[0]'s greedy tokens fed back: a prefill of three
+// sequences (11, 15 and 19 tokens), then 3 decode steps of 1 row and 4 of 3 rows per sequence (a
+// CUDA-graph model runs each decode shape eagerly, captures it, then replays it). At every step
+// each model's logits and greedy tokens must equal models[0]'s bit for bit. before_forward(m)
+// runs before model m's forward (if set).
+void expect_bit_identical_forwards(const std::vector<DeepseekV41Gpu*>& models,
+                                   const std::function<void(size_t)>& before_forward = {}) {
   const int64_t v = models[0]->config().vocab_size;
   std::vector<std::vector<int32_t>> seqs(models.size());
   std::vector<std::vector<int32_t>> toks;
@@ -1448,7 +1432,7 @@ TEST(GpuForward, MoeSharedOverlapIsBitIdenticalToSerial) {
     toks.push_back(test_prompt(11 + 4 * static_cast<int>(i), 70 + i, static_cast<int32_t>(v)));
   }
   int steps = 0;
-  // One forward on every model; outs[0] (the serial one) feeds the next tokens.
+  // One forward on every model; outs[0] feeds the next tokens.
   std::vector<arch::GpuForwardOutput> outs;
   const auto step = [&] {
     outs.clear();
@@ -1460,6 +1444,7 @@ TEST(GpuForward, MoeSharedOverlapIsBitIdenticalToSerial) {
         a.tokens = toks[i];
         in.push_back(a);
       }
+      if (before_forward) before_forward(m);
       auto o = models[m]->forward(in, ForwardMode::kProduction);
       ASSERT_TRUE(o) << o.error().to_string();
       outs.push_back(std::move(*o));
@@ -1485,8 +1470,79 @@ TEST(GpuForward, MoeSharedOverlapIsBitIdenticalToSerial) {
         t.push_back(static_cast<int32_t>((t.back() * 5 + j) % (v - 3) + 3));
     }
   }
+}
+
+// moe_shared_overlap (the shared expert on a second stream, joined before the combine) against
+// the serial launches, eager and as CUDA graphs (the fork and join captured as graph edges): the
+// same kernels on the same inputs, so every logit is bit-identical (expect_bit_identical_forwards).
+// A race between the streams (a scratch buffer shared, the join missing) shows up as differing
+// logits.
+TEST(GpuForward, MoeSharedOverlapIsBitIdenticalToSerial) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_shared_overlap");
+  ASSERT_TRUE(write_generated_model(dir, gpu_tiny_config(), 0));
+  arch::GpuModelOptions opt;
+  opt.max_seqs = 4;
+  opt.max_context = 256;
+  opt.max_rows = 512;
+  opt.moe_shared_overlap = false;
+  auto serial = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(serial) << serial.error().to_string();
+  opt.moe_shared_overlap = true;
+  auto overlap = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(overlap) << overlap.error().to_string();
+  opt.cuda_graphs = true;
+  auto graph = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(graph) << graph.error().to_string();
+  expect_bit_identical_forwards({serial->get(), overlap->get(), graph->get()});
+  if (testing::Test::HasFatalFailure()) return;
   EXPECT_GE(graph->get()->graph_replays(), 2);
   EXPECT_EQ(serial->get()->graph_replays() + overlap->get()->graph_replays(), 0);
+  std::filesystem::remove_all(dir);
+}
+
+// Turns the process-wide programmatic-launch switch off when it leaves scope, also when a test
+// fails half-way, so the tests after it run plain launches.
+struct ProgrammaticLaunchOffAtExit {
+  ProgrammaticLaunchOffAtExit() = default;
+  ProgrammaticLaunchOffAtExit(const ProgrammaticLaunchOffAtExit&) = delete;
+  ProgrammaticLaunchOffAtExit& operator=(const ProgrammaticLaunchOffAtExit&) = delete;
+  ~ProgrammaticLaunchOffAtExit() { cuda::set_programmatic_launch(false); }
+};
+
+// GpuModelOptions::programmatic_launch (PDL: each kernel of ours may be scheduled before its
+// predecessor has completed and waits for it on the device as its first statement) against plain
+// launches, eager and as CUDA graphs (captured as programmatic edges): the same kernels on the
+// same inputs, so every logit is bit-identical (expect_bit_identical_forwards). The switch is
+// process-wide, so it is set before each model's forward (plain: off). A kernel that touches
+// memory before its wait races its predecessor and shows up as differing logits (a race need not
+// show on every run). The wide model with fp8_wgmma, so that the wgmma attention, indexer and FP8
+// GEMM (split-K over a runtime cluster: PDL and the cluster attribute in one launch) run too.
+TEST(GpuForward, ProgrammaticLaunchIsBitIdenticalToPlain) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const ProgrammaticLaunchOffAtExit off_at_exit;
+  const std::filesystem::path dir = make_temp_dir("gpu_pdl");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  arch::GpuModelOptions opt;
+  opt.max_seqs = 4;
+  opt.max_context = 256;
+  opt.max_rows = 512;
+  opt.fp8_wgmma = true;
+  auto plain = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(plain) << plain.error().to_string();
+  EXPECT_FALSE(cuda::programmatic_launch());
+  opt.programmatic_launch = true;
+  auto pdl = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(pdl) << pdl.error().to_string();
+  EXPECT_TRUE(cuda::programmatic_launch());  // set by the option at load
+  opt.cuda_graphs = true;
+  auto graph = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(graph) << graph.error().to_string();
+  expect_bit_identical_forwards({plain->get(), pdl->get(), graph->get()},
+                                [](size_t m) { cuda::set_programmatic_launch(m > 0); });
+  if (testing::Test::HasFatalFailure()) return;
+  EXPECT_GE(graph->get()->graph_replays(), 2);
+  EXPECT_EQ(plain->get()->graph_replays() + pdl->get()->graph_replays(), 0);
   std::filesystem::remove_all(dir);
 }
 
