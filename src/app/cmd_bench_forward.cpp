@@ -67,6 +67,7 @@ struct BenchForwardOptions {
   bool moe_grouped_wgmma = true;
   bool moe_grouped_wgmma_rs = true;
   bool moe_kperm = true;
+  int32_t moe_rs_max_pass = 192;
   bool moe_fuse_swiglu = false;
   bool fuse_shared_w13 = true;
   bool moe_shared_overlap = true;
@@ -225,6 +226,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_grouped_wgmma = opt.moe_grouped_wgmma;
   go.moe_grouped_wgmma_rs = opt.moe_grouped_wgmma_rs;
   go.moe_kperm = opt.moe_kperm;
+  go.moe_rs_max_pass = opt.moe_rs_max_pass;
   go.moe_fuse_swiglu = opt.moe_fuse_swiglu;
   go.fuse_shared_w13 = opt.fuse_shared_w13;
   go.moe_shared_overlap = opt.moe_shared_overlap;
@@ -441,6 +443,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"moe_grouped_wgmma", opt.moe_grouped_wgmma},
               {"moe_grouped_wgmma_rs", opt.moe_grouped_wgmma_rs},
               {"moe_kperm", opt.moe_kperm},
+              {"moe_rs_max_pass", opt.moe_rs_max_pass},
               {"moe_fuse_swiglu", opt.moe_fuse_swiglu},
               {"fuse_shared_w13", opt.fuse_shared_w13},
               {"moe_shared_overlap", opt.moe_shared_overlap},
@@ -618,6 +621,11 @@ void register_bench_forward(CLI::App& bench) {
                   "cuda: where the swapped-operand kernel takes both grouped GEMMs, the expert "
                   "inputs k-permuted per 64-wide K tile (one weight load and scale per fragment "
                   "row; false: natural k order)")
+      ->capture_default_str();
+  cmd->add_option("--moe-rs-max-pass", opt->moe_rs_max_pass,
+                  "cuda: the most grouped rows of one expert per pass of the swapped-operand "
+                  "kernel, 192 or 224 (each pass decodes the expert's weights again)")
+      ->check(CLI::IsMember({192, 224}))
       ->capture_default_str();
   cmd->add_option("--moe-fuse-swiglu", opt->moe_fuse_swiglu,
                   "cuda: where the swapped-operand kernel takes the w1 + w3 launch with it, the "

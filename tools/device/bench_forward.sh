@@ -53,6 +53,11 @@ args_decode_s1_moers="$args_decode_s1 --moe-grouped-wgmma true --moe-grouped-wgm
 # since round 7; kperm: the flag set explicitly), and on natural-order inputs (nokperm).
 args_decode_s6_kperm="$args_decode_s6 --moe-kperm true"
 args_decode_s6_nokperm="$args_decode_s6 --moe-kperm false"
+# The swapped-operand kernel with passes of up to 224 grouped rows (GpuModelOptions::
+# moe_rs_max_pass; 192 by default, unmeasured): experts of 193-224 rows take one weight decode
+# instead of two (1.40 -> 1.25 passes per expert at 64 x 6).
+args_decode_s6_pass224="$args_decode_s6 --moe-rs-max-pass 224"
+args_decode_s1_pass224="$args_decode_s1 --moe-rs-max-pass 224"
 # The routed experts' SwiGLU + MXFP8 quantisation in the w1 + w3 launch's epilogue
 # (GpuModelOptions::moe_fuse_swiglu; off by default, unmeasured).
 args_decode_s6_fswq="$args_decode_s6 --moe-fuse-swiglu true"

@@ -260,12 +260,18 @@ struct GroupedMxfp4GemmParams {
   // Hopper, the table kernels. Off here; the model turns it on (GpuModelOptions).
   bool use_wgmma = false;
   // With use_wgmma: the swapped-operand kernel instead (D = W · A^T per expert: 128 weight rows
-  // per CTA as wgmma's register operand, dequantised straight into the fragment; up to 256 rows
-  // of A per pass as the shared-memory operand). Same conditions as use_wgmma, except y needs only
-  // 4-byte alignment, and a_rows > 0.
+  // per CTA as wgmma's register operand, dequantised straight into the fragment; up to 192 rows
+  // of A per pass as the shared-memory operand, 224 with rs_max_pass). Same conditions as
+  // use_wgmma, except y needs only 4-byte alignment, and a_rows > 0.
   bool wgmma_rs = false;
+  // With wgmma_rs: the most grouped rows of one expert in one CTA pass (0 or 192: 192, or 224).
+  // Every pass decodes the CTA's weight tile again, so an expert of R rows costs ceil(R / max)
+  // decodes; a pass takes the shape of its rows rounded up to 64 (64, 128, 192), or 224 for
+  // 193-224 rows. Other values: launch_grouped_mxfp4_gemm aborts as bad arguments.
+  int rs_max_pass = 0;
   // Rows of A the kernel may read (allocated, whatever the counts): the swapped-operand kernel
-  // loads A by TMA in boxes of 64 rows and needs this bound; 0 (unknown): it is not taken.
+  // loads A by TMA in boxes of 64 rows (32 with rs_max_pass 224) and needs this bound; 0
+  // (unknown): it is not taken.
   int64_t a_rows = 0;
   // Optional second weight set over the same A (the MoE's w1 and w3 in one launch):
   // y_b = A · dequant(w_b)^T with the same n, k and ldy. Kernels that cannot take both in one

@@ -1041,16 +1041,22 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 // the grouped activations are the B operand, K-major 128-byte swizzle, loaded by TMA into a ring
 // (64-row boxes on one mbarrier per slot; the weights and scales by cp.async into the same slot).
 //
-// CTA = (128 weight rows, up to 192 grouped rows of one expert), 2 warpgroups (256 threads), each
-// warpgroup 64 weight rows x kTN rows of fp32 accumulators (kTN = the rows rounded up to 64: 64,
-// 128 or 192, one specialisation per case so no wgmma is wasted on a short tail beyond the 64-row
-// granule; 256 would need 128 accumulators and ptxas then serialises the wgmma, C7512).
+// CTA = (128 weight rows, up to 192 grouped rows of one expert: one pass), 2 warpgroups (256
+// threads), each warpgroup 64 weight rows x kTN rows of fp32 accumulators (kTN = the rows rounded
+// up to 64: 64, 128 or 192, one specialisation per case so no wgmma is wasted on a short tail
+// beyond the 64-row granule). Every pass decodes the weight tile again, so an expert with more
+// rows than a pass pays the decode twice (often for a second pass of a few dozen rows): with
+// GroupedMxfp4GemmParams::rs_max_pass = 224 a second kernel instantiation takes passes of up to
+// 224 rows (a fourth shape, kTN = 224 for 193-224 rows; 112 accumulators). 256-row passes (128
+// accumulators) do not compile cleanly: ptxas serialises the wgmma (C7512) or spills, with two
+// fragment buffers as with three.
 // blockIdx.x covers the weight rows of W, then those of W_b (w1 and w3 in one launch), blockIdx.y
-// passes of 192 rows, blockIdx.z the expert.
+// passes (192 or 224 rows; all full but an expert's last), blockIdx.z the expert.
 //
-// Shared memory per slot (6 slots): A bf16 [192 rows][64 k] swizzled (24 KB), the packed e2m1
-// weights [128 rows][32 B] (4 KB), one scale word per weight row (512 B; k % 128 == 0 keeps the
-// word aligned, and it serves two K tiles), padded to 29 KB; then the slots' mbarriers.
+// Shared memory per slot (6 slots): A bf16 [192 rows][64 k] swizzled (24 KB; 224 rows: 28 KB), the
+// packed e2m1 weights [128 rows][32 B] (4 KB), one scale word per weight row (512 B; k % 128 == 0
+// keeps the word aligned, and it serves two K tiles), padded to 29 KB (33 KB); then the slots'
+// mbarriers. A comes in TMA boxes of 64 rows (224-row kernel: 32, so that 224 is whole boxes).
 //
 // Fragment of k16 step s (A-fragment layout of wgmma.h): thread (warp w, g = lane / 4,
 // t = lane % 4) holds rows r = 16 w + g and r + 8 at k 16 s + 2 t (+1) and 16 s + 2 t + 8 (+9),
@@ -1091,35 +1097,61 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 // bytes of 4 rows (natural order).
 // Probe-only knobs (tools/device/moe_rs_probe.cu; the build never sets them):
 // MOESERVE_RS_PROBE 1 skips the dequantisation after tile 0, 2 the loads after the prologue,
-// 3 the wgmma; MOESERVE_RS_STAGES sets the ring depth.
+// 3 the wgmma; MOESERVE_RS_STAGES sets the ring depth; MOESERVE_RS_WIDE_BUFS 3 gives the 224-row
+// passes three fragment buffers; MOESERVE_RS_LOOP 1 gives the 192-row kernel the K loop of the
+// 224-row one (see grs_pass).
 #ifndef MOESERVE_RS_PROBE
 #define MOESERVE_RS_PROBE 0
 #endif
 #ifndef MOESERVE_RS_STAGES
 #define MOESERVE_RS_STAGES 6
 #endif
+#ifndef MOESERVE_RS_WIDE_BUFS
+#define MOESERVE_RS_WIDE_BUFS 2
+#endif
+#ifndef MOESERVE_RS_LOOP
+#define MOESERVE_RS_LOOP 0
+#endif
 
 namespace grs {
 constexpr int kThreads = 256;
-constexpr int kBW = 128;     // weight rows per CTA (64 per warpgroup)
-constexpr int kMaxTok = 192;  // grouped rows per pass
+constexpr int kBW = 128;  // weight rows per CTA (64 per warpgroup)
 constexpr int kBK = 64;
 constexpr int kStages = MOESERVE_RS_STAGES;
-constexpr int kABytes = kMaxTok * kBK * 2;  // 24576
-constexpr int kWBytes = kBW * kBK / 2;      // 4096
-constexpr int kSBytes = kBW * 4;            // 512
-constexpr int kStageBytes = (kABytes + kWBytes + kSBytes + 1023) / 1024 * 1024;
-constexpr int kSmemBytes = kStages * kStageBytes + 8 * kStages + 1024;  // + mbarriers, alignment
-static_assert(kABytes + kWBytes + kSBytes <= kStageBytes && kStageBytes % 1024 == 0);
+constexpr int kWBytes = kBW * kBK / 2;  // 4096
+constexpr int kSBytes = kBW * 4;        // 512
 static_assert(kBW * kBK / 2 == kThreads * 16);
 constexpr int kEpiPitch = kBW / 2 + 4;  // fused epilogue: fp32 g and u tiles [row][64 columns]
-static_assert(2 * kMaxTok * kEpiPitch * 4 <= kStages * kStageBytes);
+// The wider pass of GroupedMxfp4GemmParams::rs_max_pass (see above: 256 rows do not compile
+// cleanly) and its fragment buffers: two (wait_group 1, as before the three-buffer ring: 1-2%
+// slower at 192 rows), since with three the k-permuted unfused kernel spills (12 bytes, 255
+// registers; the probe can set three).
+constexpr int kWidePass = 224;
+template <int kTN>
+constexpr int kBufsFor = kTN > 192 ? MOESERVE_RS_WIDE_BUFS : 3;
+// The ring of a kernel whose passes take up to kMaxTok grouped rows (192, or kWidePass): every
+// slot holds kMaxTok rows of A, loaded in TMA boxes of kBoxRows rows: 64, or 32 where kMaxTok is
+// no multiple of 64, so that every pass shape is whole boxes and nothing past it is loaded.
+template <int kMaxTok>
+struct Ring {
+  static constexpr int kBoxRows = kMaxTok % 64 == 0 ? 64 : 32;
+  static constexpr int kABytes = kMaxTok * kBK * 2;  // 24576 at 192 rows, 28672 at 224
+  // 29 KB at 192 rows, 33 KB at 224
+  static constexpr int kStageBytes = (kABytes + kWBytes + kSBytes + 1023) / 1024 * 1024;
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes + 8 * kStages + 1024;  // + mbarriers, alignment
+  static_assert(kMaxTok % 32 == 0 && kMaxTok <= 256);
+  static_assert(kABytes + kWBytes + kSBytes <= kStageBytes && kStageBytes % 1024 == 0);
+  static_assert(kSmemBytes <= 227 * 1024);
+  static_assert(2 * kMaxTok * kEpiPitch * 4 <= kStages * kStageBytes);
+};
 }  // namespace grs
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// Fragments of one K tile for the thread's rows r0 and r0 + 8 (f[s][i]: k16 step s, register i).
+// Fragments of one K tile for the thread's rows r0 and r0 + 8 (f[s][i]: k16 step s, register i)
+// from ring slot st (weights at kABytes, the size of its A rows, then the scales).
 // kKperm: the activations are k-permuted (a_kperm), so the fragments are bytes 8 t .. 8 t + 7.
-template <bool kKperm>
+template <bool kKperm, int kABytes>
 __device__ __forceinline__ void grs_dequant(const uint8_t* st, int r0, int t, int kt,
                                             uint32_t (&f)[4][4]) {
   // o[j] of word q = the pair of step 2 q + j / 2, k low (j even) / high (j odd), in both layouts.
@@ -1135,9 +1167,9 @@ __device__ __forceinline__ void grs_dequant(const uint8_t* st, int r0, int t, in
       const int r = r0 + 8 * h;
       // Bytes 8 t .. 8 t + 7 of the row (word q: steps 2 q, 2 q + 1), and the scale byte of its
       // block t / 2 of the tile (the row's scale word holds blocks 2 kt, 2 kt + 1 at 2 (kt % 2)).
-      const uint2 w = *reinterpret_cast<const uint2*>(st + grs::kABytes + r * 32 + 8 * t);
+      const uint2 w = *reinterpret_cast<const uint2*>(st + kABytes + r * 32 + 8 * t);
       const float sf =
-          v41::ue8m0_decode(st[grs::kABytes + grs::kWBytes + r * 4 + 2 * (kt & 1) + (t >> 1)]);
+          v41::ue8m0_decode(st[kABytes + grs::kWBytes + r * 4 + 2 * (kt & 1) + (t >> 1)]);
       const __nv_bfloat162 s2 = __floats2bfloat162_rn(sf, sf);
       uint32_t o[4];
       e2m1x8_to_bf16(w.x, s2, o);
@@ -1150,10 +1182,9 @@ __device__ __forceinline__ void grs_dequant(const uint8_t* st, int r0, int t, in
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = r0 + 8 * h;
-      const uint4 lo = *reinterpret_cast<const uint4*>(st + grs::kABytes + r * 32);
-      const uint4 hi = *reinterpret_cast<const uint4*>(st + grs::kABytes + r * 32 + 16);
-      const uint32_t sw =
-          *reinterpret_cast<const uint32_t*>(st + grs::kABytes + grs::kWBytes + r * 4);
+      const uint4 lo = *reinterpret_cast<const uint4*>(st + kABytes + r * 32);
+      const uint4 hi = *reinterpret_cast<const uint4*>(st + kABytes + r * 32 + 16);
+      const uint32_t sw = *reinterpret_cast<const uint32_t*>(st + kABytes + grs::kWBytes + r * 4);
       const uint32_t x[2] = {prmt(prmt(lo.x, lo.y, sel), prmt(lo.z, lo.w, sel), 0x5410u),
                              prmt(prmt(hi.x, hi.y, sel), prmt(hi.z, hi.w, sel), 0x5410u)};
 #pragma unroll
@@ -1197,15 +1228,20 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
 }
 
 // One pass: rows [m0, m0 + rows) of expert e (rows <= kTN), weight rows [n0, n0 + 128) (kFuse:
-// [n0, n0 + 64) of both sets). wexp, sexp: the expert's weights and scales in the set of the ring
-// row this thread copies (tid / 2 and tid % 128). tc: K tiles this CTA loaded before the pass
-// (ring slot and mbarrier phase of tile kt follow tc + kt).
-template <int kTN, bool kKperm, bool kFuse>
+// [n0, n0 + 64) of both sets), in the ring of a kernel with passes of up to kMaxTok rows.
+// wexp, sexp: the expert's weights and scales in the set of the ring row this thread copies
+// (tid / 2 and tid % 128). tc: K tiles this CTA loaded before the pass (ring slot and mbarrier
+// phase of tile kt follow tc + kt).
+template <int kTN, int kMaxTok, bool kKperm, bool kFuse>
 __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const CUtensorMap* tmap_a,
                                          const uint8_t* wexp, const uint8_t* sexp, float* y,
                                          uint8_t* smem, uint32_t base, int64_t beg, int64_t m0,
                                          int64_t rows, int64_t n0, uint32_t tc) {
   using namespace grs;
+  using R = Ring<kMaxTok>;
+  constexpr int kStageBytes = R::kStageBytes, kABytes = R::kABytes, kBoxRows = R::kBoxRows;
+  constexpr int kBufs = kBufsFor<kTN>;
+  static_assert(kTN <= kMaxTok && kTN % kBoxRows == 0);
   const int tid = static_cast<int>(threadIdx.x);
   const int wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -1220,17 +1256,17 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
   const int r0 = 64 * wg + 16 * warp + g;
   const auto slot = [&](int kt) { return (tc + static_cast<uint32_t>(kt)) % kStages; };
 
-  // The A rows by TMA (thread 0: kTN / 64 boxes of 64 rows x 64 k, 128-byte swizzle, on the
-  // slot's mbarrier; rows past the pass are other experts' rows or zero fill past a_rows, and
-  // their accumulator columns are never stored), the weights and scales by cp.async.
+  // The A rows by TMA (thread 0: kTN / kBoxRows boxes of kBoxRows rows x 64 k, 128-byte swizzle,
+  // on the slot's mbarrier; rows past the pass are other experts' rows or zero fill past a_rows,
+  // and their accumulator columns are never stored), the weights and scales by cp.async.
   const auto load_tile = [&](int kt) {
     const uint32_t sl = slot(kt);
     if (tid == 0) {
       mbar_expect_tx(bars + 8 * sl, kTN * 128);
 #pragma unroll
-      for (int b = 0; b < kTN / 64; ++b)
-        tma_load_2d(base + sl * kStageBytes + b * 8192, tmap_a, kt * kBK, row0 + 64 * b,
-                    bars + 8 * sl);
+      for (int b = 0; b < kTN / kBoxRows; ++b)
+        tma_load_2d(base + sl * kStageBytes + b * kBoxRows * 128, tmap_a, kt * kBK,
+                    row0 + kBoxRows * b, bars + 8 * sl);
     }
     uint8_t* st = smem + sl * kStageBytes;
     cp_async16_zfill(st + kABytes + tid * 16, wsrc + kt * (kBK / 2), true);
@@ -1240,25 +1276,29 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
   float acc[kTN / 2];
 #pragma unroll
   for (int i = 0; i < kTN / 2; ++i) acc[i] = 0.0f;
-  uint32_t f0[4][4], f1[4][4], f2[4][4];
+  // f[kt % kBufs]: the fragments of K tile kt. kBufs - 1 tiles of wgmma stay in flight while the
+  // next tile is decoded, so a tile's slot is free kBufs - 1 tiles after its own and the ring
+  // keeps kStages - kBufs + 1 tiles loaded ahead.
+  uint32_t f[kBufs][4][4];
+  constexpr int kAhead = kStages - kBufs + 1;
 
 #pragma unroll
-  for (int s = 0; s < kStages - 2; ++s) {
+  for (int s = 0; s < kAhead; ++s) {
     if (s < nk) load_tile(s);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
   }
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 3) : "memory");  // weights of tile 0
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kAhead - 1) : "memory");  // weights of tile 0
   __syncthreads();
-  grs_dequant<kKperm>(smem + slot(0) * kStageBytes, r0, t, 0, f0);
-  if (MOESERVE_RS_PROBE == 1) {
-    grs_dequant<kKperm>(smem + slot(0) * kStageBytes, r0, t, 0, f1);
-    grs_dequant<kKperm>(smem + slot(0) * kStageBytes, r0, t, 0, f2);
-  }
+  grs_dequant<kKperm, kABytes>(smem + slot(0) * kStageBytes, r0, t, 0, f[0]);
+  if (MOESERVE_RS_PROBE == 1)
+#pragma unroll
+    for (int b = 1; b < kBufs; ++b)
+      grs_dequant<kKperm, kABytes>(smem + slot(0) * kStageBytes, r0, t, 0, f[b]);
 
   // K tile kt on fragments fc; the fragments of kt + 1 into fn.
   const auto step = [&](int kt, const uint32_t (&fc)[4][4], uint32_t (&fn)[4][4]) {
     const uint32_t sl = slot(kt);
-    if (MOESERVE_RS_PROBE != 2 || kt < kStages - 2)
+    if (MOESERVE_RS_PROBE != 2 || kt < kAhead)
       mbar_wait(bars + 8 * sl, ((tc + static_cast<uint32_t>(kt)) / kStages) & 1);  // A landed
     const uint32_t b_tile = base + sl * kStageBytes;
     wgmma::fence_operands(acc);
@@ -1268,21 +1308,35 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
       if (MOESERVE_RS_PROBE != 3)
         wgmma::bf16_rs<kTN>(acc, fc[s], wgmma::desc_k_sw128_addr(b_tile + 32 * s), 1);
     wgmma::commit_group();
-    wgmma::wait_group<2>();  // tile kt - 2 done; tiles kt - 1 and kt keep the tensor cores busy
+    // Tile kt - kBufs + 1 done (three buffers: tiles kt - 1 and kt keep the tensor cores busy).
+    wgmma::wait_group<kBufs - 1>();
     wgmma::fence_operands(acc);
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 4) : "memory");  // weights of kt + 1
-    __syncthreads();  // weights of kt + 1 visible; both warpgroups done with tile kt - 2's slot
-    if (kt + kStages - 2 < nk && MOESERVE_RS_PROBE != 2) load_tile(kt + kStages - 2);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kAhead - 2) : "memory");  // weights of kt + 1
+    __syncthreads();  // weights of kt + 1 visible; both warpgroups done with that tile's slot
+    if (kt + kAhead < nk && MOESERVE_RS_PROBE != 2) load_tile(kt + kAhead);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     if (kt + 1 < nk && MOESERVE_RS_PROBE != 1)
-      grs_dequant<kKperm>(smem + slot(kt + 1) * kStageBytes, r0, t, kt + 1, fn);
+      grs_dequant<kKperm, kABytes>(smem + slot(kt + 1) * kStageBytes, r0, t, kt + 1, fn);
   };
-  // Three fragment buffers: tile kt + 1 is decoded while the wgmma of kt - 1 and kt run.
+  // Tile kt + 1 is decoded while the wgmma of the kBufs - 1 tiles up to kt run. The two loops
+  // below give the same PTX but for its register numbering, which ptxas's allocation follows:
+  // with the explicit calls every 224-row kernel had its wgmma serialised (C7512, with two
+  // fragment buffers or three), with the unrolled loop none has; the 192-row kernel keeps the
+  // explicit calls, the code it was measured with (254 registers; the unrolled loop gives it 226
+  // and another schedule: MOESERVE_RS_LOOP 1).
+  if constexpr (kMaxTok > 192 || MOESERVE_RS_LOOP == 1) {
 #pragma unroll 1
-  for (int kt = 0; kt < nk; kt += 3) {
-    step(kt, f0, f1);
-    if (kt + 1 < nk) step(kt + 1, f1, f2);
-    if (kt + 2 < nk) step(kt + 2, f2, f0);
+    for (int kt = 0; kt < nk; kt += kBufs)
+#pragma unroll
+      for (int b = 0; b < kBufs; ++b)
+        if (kt + b < nk) step(kt + b, f[b], f[(b + 1) % kBufs]);
+  } else {
+#pragma unroll 1
+    for (int kt = 0; kt < nk; kt += 3) {
+      step(kt, f[0], f[1]);
+      if (kt + 1 < nk) step(kt + 1, f[1], f[2]);
+      if (kt + 2 < nk) step(kt + 2, f[2], f[0]);
+    }
   }
   wgmma::wait_group<0>();
   wgmma::fence_operands(acc);
@@ -1349,15 +1403,16 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
 }
 #endif
 
-// kKperm: p.a_kperm; kFuse: p.swiglu (one instantiation each, so none carries another's decode
-// or epilogue).
-template <bool kKperm, bool kFuse>
+// kKperm: p.a_kperm; kFuse: p.swiglu; kMaxTok: rows per pass, 192 or kWidePass (p.rs_max_pass)
+// (one instantiation each, so none carries another's decode, epilogue or pass shapes).
+template <bool kKperm, bool kFuse, int kMaxTok>
 __global__ void __launch_bounds__(grs::kThreads, 1)
     grouped_mxfp4_gemm_rs_kernel(const GroupedMxfp4GemmParams p,
                                  const __grid_constant__ CUtensorMap tmap_a) {
   pdl_wait();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace grs;
+  constexpr int kStageBytes = Ring<kMaxTok>::kStageBytes;
   extern __shared__ uint8_t grs_smem_raw[];
   const auto raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(grs_smem_raw));
   const uint32_t base = (raw_addr + 1023u) & ~1023u;
@@ -1389,18 +1444,24 @@ __global__ void __launch_bounds__(grs::kThreads, 1)
   for (int64_t m0 = static_cast<int64_t>(blockIdx.y) * kMaxTok; m0 < cnt;
        m0 += static_cast<int64_t>(gridDim.y) * kMaxTok) {
     const int64_t rows = min(static_cast<int64_t>(kMaxTok), cnt - m0);
+    // The pass shape: the rows rounded up to 64, past 192 the wide pass (rows <= kMaxTok).
     switch ((rows + 63) / 64) {
       case 1:
-        grs_pass<64, kKperm, kFuse>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows, n0,
-                                    tc);
+        grs_pass<64, kMaxTok, kKperm, kFuse>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows,
+                                             n0, tc);
         break;
       case 2:
-        grs_pass<128, kKperm, kFuse>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows, n0,
-                                     tc);
+        grs_pass<128, kMaxTok, kKperm, kFuse>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows,
+                                              n0, tc);
         break;
       case 3:
-        grs_pass<192, kKperm, kFuse>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows, n0,
-                                     tc);
+        grs_pass<192, kMaxTok, kKperm, kFuse>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0, rows,
+                                              n0, tc);
+        break;
+      case 4:
+        if constexpr (kMaxTok > 192)
+          grs_pass<kMaxTok, kMaxTok, kKperm, kFuse>(p, &tmap_a, wexp, sexp, y, smem, base, beg, m0,
+                                                    rows, n0, tc);
         break;
       default: break;
     }
@@ -1426,14 +1487,15 @@ PFN_cuTensorMapEncodeTiled_v12000 tmap_encoder() {
   return encode;
 }
 
-// The activations [a_rows, k] (row stride lda) as a TMA map of 64 x 64 bf16 boxes, 128-byte
+// The activations [a_rows, k] (row stride lda) as a TMA map of box_rows x 64 bf16 boxes, 128-byte
 // swizzle (the layout desc_k_sw128 reads).
-bool make_tmap_a(CUtensorMap* map, const void* a, int64_t k, int64_t rows, int64_t lda) {
+bool make_tmap_a(CUtensorMap* map, const void* a, int64_t k, int64_t rows, int64_t lda,
+                 int box_rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tmap_encoder();
   if (encode == nullptr || rows <= 0 || rows > 0x7FFFFFFF || k > 0x7FFFFFFF) return false;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(lda) * 2};
-  const cuuint32_t box[2] = {64, 64};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t estr[2] = {1, 1};
   return encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(a), dims, strides, box,
                 estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -1441,8 +1503,19 @@ bool make_tmap_a(CUtensorMap* map, const void* a, int64_t k, int64_t rows, int64
                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// Passes of 192 rows per expert in the swapped-operand kernel's grid.
-int64_t rs_passes(const GroupedMxfp4GemmParams& p) { return row_tiles_per_expert(p, grs::kMaxTok); }
+// The most rows of a pass (GroupedMxfp4GemmParams::rs_max_pass); whether p asks for a supported
+// value (launch_grouped_mxfp4_gemm refuses others).
+int rs_max_pass(const GroupedMxfp4GemmParams& p) {
+  return p.rs_max_pass == 0 ? 192 : p.rs_max_pass;
+}
+bool rs_max_pass_ok(const GroupedMxfp4GemmParams& p) {
+  return rs_max_pass(p) == 192 || rs_max_pass(p) == grs::kWidePass;
+}
+// Passes per expert in the swapped-operand kernel's grid (an expert of R rows runs
+// ceil(R / max pass) passes, all full but the last).
+int64_t rs_passes(const GroupedMxfp4GemmParams& p) {
+  return row_tiles_per_expert(p, rs_max_pass(p));
+}
 int64_t rs_wtiles(const GroupedMxfp4GemmParams& p) {
   if (p.swiglu.out != nullptr) return ceil_div(p.n, grs::kBW / 2);  // 64 rows of both sets
   return ceil_div(p.n, grs::kBW) * (p.w_b != nullptr ? 2 : 1);
@@ -1457,10 +1530,30 @@ bool swiglu_epilogue_ok(const GroupedMxfp4GemmParams& p) {
          reinterpret_cast<uintptr_t>(f.out) % 16 == 0;
 }
 
-template <bool kKperm, bool kFuse>
-void rs_smem_attribute() {
-  MS_CUDA_CHECK(cudaFuncSetAttribute(grouped_mxfp4_gemm_rs_kernel<kKperm, kFuse>,
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize, grs::kSmemBytes));
+template <int kMaxTok>
+void rs_smem_attributes() {
+  for (auto* k : {grouped_mxfp4_gemm_rs_kernel<false, false, kMaxTok>,
+                  grouped_mxfp4_gemm_rs_kernel<true, false, kMaxTok>,
+                  grouped_mxfp4_gemm_rs_kernel<false, true, kMaxTok>,
+                  grouped_mxfp4_gemm_rs_kernel<true, true, kMaxTok>})
+    MS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       grs::Ring<kMaxTok>::kSmemBytes));
+}
+
+// The swapped-operand kernel for p (its passes, decode and epilogue) with its launch shape.
+struct RsKernel {
+  void (*kernel)(GroupedMxfp4GemmParams, CUtensorMap);
+  int smem;      // dynamic shared memory
+  int box_rows;  // of the tensor map
+};
+template <int kMaxTok>
+RsKernel rs_kernel(const GroupedMxfp4GemmParams& p) {
+  auto* const kernel = p.swiglu.out != nullptr
+                           ? (p.a_kperm ? grouped_mxfp4_gemm_rs_kernel<true, true, kMaxTok>
+                                        : grouped_mxfp4_gemm_rs_kernel<false, true, kMaxTok>)
+                           : (p.a_kperm ? grouped_mxfp4_gemm_rs_kernel<true, false, kMaxTok>
+                                        : grouped_mxfp4_gemm_rs_kernel<false, false, kMaxTok>);
+  return {kernel, grs::Ring<kMaxTok>::kSmemBytes, grs::Ring<kMaxTok>::kBoxRows};
 }
 
 // Whether the swapped-operand kernel takes p: requested, its shape, alignment and grid limits,
@@ -1468,16 +1561,15 @@ void rs_smem_attribute() {
 // Hopper device (grouped_mxfp4_rs_applies and launch_grouped_mxfp4_rs both ask this, so a
 // caller's a_kperm and swiglu decisions match the launch).
 bool rs_takes(const GroupedMxfp4GemmParams& p) {
-  if (!p.use_wgmma || !p.wgmma_rs || p.rows_hint <= 24 || p.k % 128 != 0 || p.k > 0x7FFFFFFF ||
-      p.a_rows <= 0 || p.a_rows > 0x7FFFFFFF || reinterpret_cast<uintptr_t>(p.y) % 4 != 0 ||
+  if (!p.use_wgmma || !p.wgmma_rs || !rs_max_pass_ok(p) || p.rows_hint <= 24 || p.k % 128 != 0 ||
+      p.k > 0x7FFFFFFF || p.a_rows <= 0 || p.a_rows > 0x7FFFFFFF ||
+      reinterpret_cast<uintptr_t>(p.y) % 4 != 0 ||
       (p.swiglu.out != nullptr && !swiglu_epilogue_ok(p)))
     return false;
   static const bool hopper = [] {
     if (device_cc_major() != 9) return false;
-    rs_smem_attribute<false, false>();
-    rs_smem_attribute<true, false>();
-    rs_smem_attribute<false, true>();
-    rs_smem_attribute<true, true>();
+    rs_smem_attributes<192>();
+    rs_smem_attributes<grs::kWidePass>();
     return true;
   }();
   return hopper && tmap_encoder() != nullptr && rs_passes(p) <= 65535 && rs_wtiles(p) <= 0x7FFFFFFF;
@@ -1488,15 +1580,10 @@ bool launch_grouped_mxfp4_rs(const GroupedMxfp4GemmParams& p, cudaStream_t strea
   if (!rs_takes(p)) return false;
   const dim3 grid(static_cast<unsigned>(rs_wtiles(p)), static_cast<unsigned>(rs_passes(p)),
                   static_cast<unsigned>(p.num_experts));
+  const RsKernel k = rs_max_pass(p) == 192 ? rs_kernel<192>(p) : rs_kernel<grs::kWidePass>(p);
   CUtensorMap tmap{};
-  if (!make_tmap_a(&tmap, p.a, p.k, p.a_rows, p.lda)) return false;
-  auto* const kernel =
-      p.swiglu.out != nullptr
-          ? (p.a_kperm ? grouped_mxfp4_gemm_rs_kernel<true, true>
-                       : grouped_mxfp4_gemm_rs_kernel<false, true>)
-          : (p.a_kperm ? grouped_mxfp4_gemm_rs_kernel<true, false>
-                       : grouped_mxfp4_gemm_rs_kernel<false, false>);
-  MS_CUDA_CHECK(launch_kernel(kernel, grid, grs::kThreads, grs::kSmemBytes, stream, p, tmap));
+  if (!make_tmap_a(&tmap, p.a, p.k, p.a_rows, p.lda, k.box_rows)) return false;
+  MS_CUDA_CHECK(launch_kernel(k.kernel, grid, grs::kThreads, k.smem, stream, p, tmap));
   return true;
 }
 
@@ -1597,10 +1684,11 @@ GroupedMxfp4Kernel launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, St
   if (p.k % 32 != 0 || p.k <= 0 || p.lda % 8 != 0 || p.lda < p.k || (!fused && p.ldy < p.n) ||
       reinterpret_cast<uintptr_t>(p.a) % 16 != 0 || p.num_experts > 65535 ||
       (p.w_b != nullptr) != (p.w_scale_b != nullptr) ||
-      (!fused && (p.w_b != nullptr) != (p.y_b != nullptr)))
+      (!fused && (p.w_b != nullptr) != (p.y_b != nullptr)) || !rs_max_pass_ok(p))
     bad_args("launch_grouped_mxfp4_gemm",
              "K % 32 == 0, lda % 8 == 0, lda >= K, a 16-byte aligned, w_b / w_scale_b both set or "
-             "both null; without swiglu: ldy >= N, w_b / y_b both set or both null");
+             "both null; without swiglu: ldy >= N, w_b / y_b both set or both null; rs_max_pass "
+             "0, 192 or 224");
   const bool small = p.rows_hint <= 24;
   const int tm = small ? 16 : 64;
   const int64_t n_tiles = ceil_div(p.n, kTileN);

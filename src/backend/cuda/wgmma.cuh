@@ -84,9 +84,11 @@ struct Shape {};
   MS_WGMMA_D64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75" \
   ", %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87" \
   ", %88, %89, %90, %91, %92, %93, %94, %95"
-#define MS_WGMMA_D128 \
+#define MS_WGMMA_D112 \
   MS_WGMMA_D96 ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107" \
-  ", %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119" \
+  ", %108, %109, %110, %111"
+#define MS_WGMMA_D128 \
+  MS_WGMMA_D112 ", %112, %113, %114, %115, %116, %117, %118, %119" \
   ", %120, %121, %122, %123, %124, %125, %126, %127"
 #define MS_WGMMA_ACC8(c, d, i) \
   c(d[i]), c(d[i + 1]), c(d[i + 2]), c(d[i + 3]), c(d[i + 4]), c(d[i + 5]), c(d[i + 6]), c(d[i + 7])
@@ -98,9 +100,10 @@ struct Shape {};
 #define MS_WGMMA_ACC96(c, d) \
   MS_WGMMA_ACC64(c, d), MS_WGMMA_ACC8(c, d, 64), MS_WGMMA_ACC8(c, d, 72), \
       MS_WGMMA_ACC8(c, d, 80), MS_WGMMA_ACC8(c, d, 88)
+#define MS_WGMMA_ACC112(c, d) \
+  MS_WGMMA_ACC96(c, d), MS_WGMMA_ACC8(c, d, 96), MS_WGMMA_ACC8(c, d, 104)
 #define MS_WGMMA_ACC128(c, d) \
-  MS_WGMMA_ACC96(c, d), MS_WGMMA_ACC8(c, d, 96), MS_WGMMA_ACC8(c, d, 104), \
-      MS_WGMMA_ACC8(c, d, 112), MS_WGMMA_ACC8(c, d, 120)
+  MS_WGMMA_ACC112(c, d), MS_WGMMA_ACC8(c, d, 112), MS_WGMMA_ACC8(c, d, 120)
 
 // One wrapper per accumulator count: bf16 operands, A and B from shared memory (SS) or A from
 // registers (RS), both K-major (no transpose); P0.. are the operand numbers after the
@@ -149,6 +152,7 @@ __device__ __forceinline__ void bf16_ss(float (&d)[kN / 2], uint64_t desc_a, uin
 MS_WGMMA_BF16_RS(64, 32, 32, 33, 34, 35, 36, 37)
 MS_WGMMA_BF16_RS(128, 64, 64, 65, 66, 67, 68, 69)
 MS_WGMMA_BF16_RS(192, 96, 96, 97, 98, 99, 100, 101)
+MS_WGMMA_BF16_RS(224, 112, 112, 113, 114, 115, 116, 117)
 MS_WGMMA_BF16_RS(256, 128, 128, 129, 130, 131, 132, 133)
 
 template <int kN>

@@ -1910,6 +1910,7 @@ struct DeepseekV41Gpu::Impl {
       gg.rows_hint = (n * k * reps + e - 1) / e;
       gg.use_wgmma = opt.moe_grouped_wgmma;
       gg.wgmma_rs = opt.moe_grouped_wgmma_rs;
+      gg.rs_max_pass = opt.moe_rs_max_pass;
       gg.a_rows = cap;  // moe_xe and moe_he hold cap rows
       gg.a = xe;
       gg.lda = d;

@@ -113,6 +113,13 @@ struct GpuModelOptions {
   // order. Otherwise the natural layout. H200, 12 experts x 192 rows: w1 + w3 247 -> 218 us, w2
   // 120 -> 108 us; the DEP32 decode step 56.2 -> 54.2 ms (MoE 25.9 -> 23.8).
   bool moe_kperm = true;
+  // With moe_grouped_wgmma_rs: the most grouped rows of one expert that one pass of that kernel
+  // takes (GroupedMxfp4GemmParams::rs_max_pass): 0 (192) or 224. Each pass decodes the expert's
+  // weight tile again; under uniform DEP32 decode routing (32 x Binomial(2304, 1/384) rows per
+  // expert, mean 192) an expert runs 1.40 passes at 192 and 1.25 at 224. Same products, each row
+  // summed over K in one pass either way (whether wgmma's bits depend on the pass width:
+  // CudaV41.GroupedMxfp4GemmWgmma prints it). Unmeasured; off.
+  int moe_rs_max_pass = 0;
   // With moe_grouped_wgmma_rs, where that kernel takes the w1 + w3 launch with the epilogue
   // (cuda::grouped_mxfp4_rs_applies; intermediate % 32, % 64 with moe_kperm): the clamped SwiGLU,
   // routing weight and MXFP8 fake-quant of w2's input run in that launch's epilogue

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `moeserve bench forward` refuses bad arguments with a clear error and exit code != 0 before any
 # work: --ep-ranks outside 1..256 (the CUDA decode bench of one DEP rank's MoE work; the range is
-# checked when the command line is parsed, in every build), and values of the boolean options
-# that are not booleans (refused as that option's value, not as an unknown argument: the options
-# exist in every build).
+# checked when the command line is parsed, in every build), --moe-rs-max-pass other than the
+# pass widths the swapped-operand kernel has (192, 224), and values of the boolean options that
+# are not booleans (refused as that option's value, not as an unknown argument: the options exist
+# in every build).
 set -euo pipefail
 bin=${MOESERVE_BIN:?MOESERVE_BIN not set}
 for bad in 0 -3 257; do
@@ -13,6 +14,14 @@ for bad in 0 -3 257; do
     exit 1
   fi
   grep -q -- "--ep-ranks" <<<"$out" || { echo "error does not name --ep-ranks: $out"; exit 1; }
+done
+for bad in 0 64 193 256 maybe; do
+  if out=$("$bin" bench forward --backend cuda --random-weights \
+      --config configs/deepseek-v4.1-flash/config.json --batch 1 --context 8 --moe-rs-max-pass "$bad" 2>&1); then
+    echo "--moe-rs-max-pass $bad accepted: $out"
+    exit 1
+  fi
+  grep -q -- "--moe-rs-max-pass" <<<"$out" || { echo "error does not name --moe-rs-max-pass: $out"; exit 1; }
 done
 for opt in --moe-fuse-swiglu --router-split-tf32 --moe-shared-overlap --fast-attention --pdl; do
   if out=$("$bin" bench forward --backend cuda --random-weights \

@@ -930,6 +930,51 @@ TEST(GpuForward, MoeGroupedWgmmaAgreesWithTableKernelInTheForward) {
   std::filesystem::remove_all(dir);
 }
 
+// GpuModelOptions::moe_rs_max_pass 224 (the swapped-operand kernel's passes of up to 224 rows)
+// against the WMMA table kernel in the forward, as above but with moe_ep_ranks 40: an expert's
+// rows are 40 times its hits among the 20 x top-2, so 5 hits (the mean) give 200 rows (one
+// 224-row pass where 192 would take two), 6 or more a second pass; on natural and k-permuted
+// inputs (moe_kperm), and the default 192 for comparison. The first MoE layer's output agrees to
+// fp32 summation order in every row.
+TEST(GpuForward, MoeWideRsPassAgreesWithTableKernelInTheForward) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_moe_wide_pass");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  const auto run = [&](bool rs, bool kperm, int max_pass) {
+    return traced_prefill(dir, 6, [&](arch::GpuModelOptions& o) {
+      o.moe_ep_ranks = 40;
+      o.moe_grouped_wgmma = rs;
+      o.moe_grouped_wgmma_rs = rs;
+      o.moe_kperm = kperm;
+      o.moe_rs_max_pass = max_pass;
+    });
+  };
+  const auto ta = run(false, false, 0);
+  ASSERT_FALSE(ta.ffn_out.empty());
+  const int32_t l = ta.ffn_out.begin()->first;
+  const auto& a = ta.ffn_out.at(l);
+  struct Variant {
+    bool kperm;
+    int max_pass;
+  };
+  for (const Variant v : {Variant{false, 0}, Variant{false, 224}, Variant{true, 224}}) {
+    const std::string name = fmt::format("rs max pass {}{}", v.max_pass == 0 ? 192 : v.max_pass,
+                                         v.kperm ? " kperm" : "");
+    SCOPED_TRACE(name);
+    const auto tb = run(true, v.kperm, v.max_pass);
+    ASSERT_EQ(ta.ffn_in.at(l), tb.ffn_in.at(l));
+    ASSERT_EQ(tb.moe_kperm.count(l), 1u);
+    EXPECT_EQ(tb.moe_kperm.at(l), v.kperm) << "moe_kperm not taken";
+    const auto& b = tb.ffn_out.at(l);
+    ASSERT_EQ(a.size(), b.size());
+    for (const float x : b) ASSERT_TRUE(std::isfinite(x));
+    const int differing = rows_differing(a, b, 20, 1e-5);
+    fmt::print("moe {} vs table kernel (40 ep ranks): {} of 20 rows over 1e-5\n", name, differing);
+    EXPECT_EQ(differing, 0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // GpuModelOptions::moe_fuse_swiglu (the routed experts' SwiGLU + MXFP8 quantisation in the
 // swapped-operand w1 + w3 launch's epilogue) against the unfused sequence, on the wide model with
 // moe_ep_ranks 8 (~40 rows per expert: the swapped-operand kernel takes the launches; intermediate
