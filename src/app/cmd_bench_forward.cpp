@@ -72,7 +72,7 @@ struct BenchForwardOptions {
   bool fuse_shared_w13 = true;
   bool moe_shared_overlap = true;
   bool router_split_tf32 = false;
-  bool pdl = false;         // programmatic dependent launch of our kernels
+  bool pdl = true;          // programmatic dependent launch of our kernels
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
   bool host_logits = false;  // copy the logits rows to the host (a server samples on the device)

@@ -8,7 +8,9 @@
 #          the GPU forward benchmarks of tools/device/bench_forward.sh), JOBS (default nproc),
 #          BUILD_TARGETS (build only these targets), TEST_FILTER (gtest filter of the op tests),
 #          GPU_FWD_ARGS (extra arguments of the GPU forward test, e.g. a gtest filter),
-#          MEMCHECK=0 (skip the compute-sanitizer passes of the test step)
+#          MEMCHECK=0 (skip the compute-sanitizer passes of the test step), BUILD_DIR (default
+#          build/cuda-release), CMAKE_EXTRA (more configure arguments, e.g. a variant's
+#          -DCMAKE_CUDA_FLAGS=-DMOESERVE_PDL_NO_TRIGGER in its own BUILD_DIR)
 #
 # Everything is compiled on the device with its own compiler (googletest too); from the sysroot
 # only headers and C libraries are used (fmt and spdlog header-only), so no C++ ABI crosses
@@ -19,7 +21,7 @@ out=${1:?usage: build_and_test.sh OUT_DIR}
 mkdir -p "$out"
 root=$(pwd)
 sysroot="$root/.device/sysroot"
-build="$root/build/cuda-release"
+build="$root/${BUILD_DIR:-build/cuda-release}"
 jobs=${JOBS:-$(nproc)}
 steps=${STEPS:-env unpack gtest configure build test bench torch}
 log="$out/build_and_test.log"
@@ -83,7 +85,8 @@ step_gtest() {
 
 step_configure() {
   # NOTE: CMake < 3.26 has no CUDA20 flag for nvcc; these give it (newer CMake sets the same).
-  cmake --preset cuda-release \
+  # shellcheck disable=SC2086  # CMAKE_EXTRA: words on purpose
+  cmake --preset cuda-release -B "$build" ${CMAKE_EXTRA:-} \
     -DCMAKE_CUDA_ARCHITECTURES=90a \
     -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20 \
     -DMOESERVE_HEADER_ONLY_DEPS=ON \

@@ -1556,7 +1556,8 @@ struct ProgrammaticLaunchOffAtExit {
 };
 
 // GpuModelOptions::programmatic_launch (PDL: each kernel of ours may be scheduled before its
-// predecessor has completed and waits for it on the device as its first statement) against plain
+// predecessor has completed, waits for it on the device as its first statement and then lets its
+// own dependent launch) against plain
 // launches, eager and as CUDA graphs (captured as programmatic edges): the same kernels on the
 // same inputs, so every logit is bit-identical (expect_bit_identical_forwards). The switch is
 // process-wide, so it is set before each model's forward (plain: off). A kernel that touches
@@ -1573,6 +1574,7 @@ TEST(GpuForward, ProgrammaticLaunchIsBitIdenticalToPlain) {
   opt.max_context = 256;
   opt.max_rows = 512;
   opt.fp8_wgmma = true;
+  opt.programmatic_launch = false;  // the default is on
   auto plain = DeepseekV41Gpu::load(dir, opt);
   ASSERT_TRUE(plain) << plain.error().to_string();
   EXPECT_FALSE(cuda::programmatic_launch());
