@@ -10,7 +10,7 @@
 #          GPU_FWD_ARGS (extra arguments of the GPU forward test, e.g. a gtest filter),
 #          MEMCHECK=0 (skip the compute-sanitizer passes of the test step), BUILD_DIR (default
 #          build/cuda-release), CMAKE_EXTRA (more configure arguments, e.g. a variant's
-#          -DCMAKE_CUDA_FLAGS=-DMOESERVE_PDL_NO_TRIGGER in its own BUILD_DIR)
+#          -DCMAKE_CUDA_FLAGS=-DMOESERVE_PDL_EARLY_TRIGGER in its own BUILD_DIR)
 #
 # Everything is compiled on the device with its own compiler (googletest too); from the sysroot
 # only headers and C libraries are used (fmt and spdlog header-only), so no C++ ABI crosses

@@ -52,13 +52,16 @@ inline int device_cc_major() {
 // ---- Programmatic dependent launch (PDL; kernels.h set_programmatic_launch) ------------------
 // A kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may be scheduled
 // before the previous kernel of its stream has completed, and nothing orders its memory accesses
-// after that kernel's but griddepcontrol.wait. Every kernel of ours lets its dependents launch
-// (griddepcontrol.launch_dependents) right after its own wait has returned: the next kernel's
-// CTAs are then scheduled as this one's last wave runs, onto the SM room it leaves, and wait there
-// on the device, so its launch and CTA set-up overlap this kernel's tail instead of following its
-// completion. The trigger comes after the wait, so at most one kernel ahead is ever in flight per
-// stream, never a chain of waiting grids. Built with -DMOESERVE_PDL_NO_TRIGGER the trigger is
-// implicit (as each CTA exits) instead; tools/device/ measures the two.
+// after that kernel's but griddepcontrol.wait. None of our kernels triggers its dependents early
+// by default (the trigger is implicit, as each CTA exits), so a dependent grid is scheduled once
+// every CTA of its predecessor has exited: its launch overlaps the predecessor's completion
+// (memory flush, teardown) instead of following it.
+// Built with -DMOESERVE_PDL_EARLY_TRIGGER, pdl_wait() also lets the dependents launch
+// (griddepcontrol.launch_dependents) right after its wait returns, so the next kernel's CTAs are
+// scheduled during this one's last wave and wait there. Measured (H200, 2026-11-30, DEP32 decode,
+// docs/perf/forward-gpu-2026-11-30-r9.md): slower than the implicit trigger, 64x6 51.7 against
+// 51.3 ms and 64x1 24.2 against 23.8 ms (likely: the waiting CTAs hold SM room the running tail
+// and the shared expert's side stream could use); hence off.
 //
 // INVARIANT: every __global__ function launched through launch_kernel / launch_kernel_clusters
 // calls pdl_wait() as its first statement, before any global memory access and before every
@@ -68,12 +71,12 @@ inline int device_cc_major() {
 
 // Waits until the grids this one depends on programmatically have completed and their memory
 // operations are visible to it; returns at once for a grid launched without the attribute.
-// Then lets this grid's dependents launch (see above). Both are no-ops for a grid launched
-// without the attribute and for one without programmatic dependents.
+// With MOESERVE_PDL_EARLY_TRIGGER it then lets this grid's dependents launch (see above); a no-op
+// without programmatic dependents.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-#ifndef MOESERVE_PDL_NO_TRIGGER
+#ifdef MOESERVE_PDL_EARLY_TRIGGER
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 #endif

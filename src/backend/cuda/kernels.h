@@ -17,9 +17,10 @@ using Stream = void*;
 // ---- Programmatic dependent launch ----------------------------------------------------------
 
 // Whether the launchers below give their kernels the programmatic-stream-serialization launch
-// attribute (PDL, sm_90; cuda_util.cuh launch_kernel): a kernel may then be scheduled while the
-// previous kernel on its stream still runs (that kernel lets it launch once its own wait has
-// returned), which hides the launch gap at each of the decode step's ~1,800 dependent launches.
+// attribute (PDL, sm_90; cuda_util.cuh launch_kernel): a kernel may then be scheduled once every
+// CTA of the previous kernel on its stream has exited, before that kernel's completion has been
+// processed, which hides part of the launch gap at each of the decode step's ~1,800 dependent
+// launches.
 // Invariant that keeps stream order: every kernel of ours waits on the device
 // (griddepcontrol.wait, its first statement) until its predecessor has completed and its writes
 // are visible. Stream capture records the attribute as a programmatic graph edge. Process-wide

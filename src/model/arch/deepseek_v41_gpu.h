@@ -158,13 +158,13 @@ struct GpuModelOptions {
   // -> 51.9 ms) and 0.5% of prefill. Ignored with exact_linears.
   bool router_split_tf32 = false;
   // true: our kernels are launched with programmatic dependent launch (PDL, sm_90;
-  // cuda::set_programmatic_launch): each may be scheduled while its predecessor on the stream
-  // still runs, and waits on the device (its first statement) until that predecessor has
-  // completed and its writes are visible, so the ~1,800 dependent launches of a decode step
-  // hide their launch gap; CUDA graphs capture them as programmatic edges. cuBLASLt, copies and
-  // memsets launch as before. Same kernels and results (GpuForward.ProgrammaticLaunch*).
-  // Measured (H200, docs/perf/forward-gpu-2026-11-30-r9.md): DEP32 decode 64x6 52.1 -> 51.4 ms
-  // with the implicit trigger. PROCESS-WIDE: set when the model is created (load / random), so
+  // cuda::set_programmatic_launch): each may be scheduled once every CTA of its predecessor on
+  // the stream has exited, and waits on the device (its first statement) until that predecessor
+  // has completed and its writes are visible, so the ~1,800 dependent launches of a decode step
+  // hide part of their launch gap; CUDA graphs capture them as programmatic edges. cuBLASLt,
+  // copies and memsets launch as before. Same kernels and results (GpuForward.ProgrammaticLaunch*).
+  // Measured (H200, docs/perf/forward-gpu-2026-11-30-r9.md): DEP32 decode 64x6 52.1 -> 51.4 ms,
+  // 64x1 24.1 -> 23.7 ms, prefill 8K +0.8%. PROCESS-WIDE: set when the model is created (load / random), so
   // the last model created decides for every model and stream of the process from then on
   // (graphs keep the setting of their capture).
   bool programmatic_launch = true;

@@ -1556,8 +1556,7 @@ struct ProgrammaticLaunchOffAtExit {
 };
 
 // GpuModelOptions::programmatic_launch (PDL: each kernel of ours may be scheduled before its
-// predecessor has completed, waits for it on the device as its first statement and then lets its
-// own dependent launch) against plain
+// predecessor has completed and waits for it on the device as its first statement) against plain
 // launches, eager and as CUDA graphs (captured as programmatic edges): the same kernels on the
 // same inputs, so every logit is bit-identical (expect_bit_identical_forwards). The switch is
 // process-wide, so it is set before each model's forward (plain: off). A kernel that touches
