@@ -320,6 +320,18 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
     v /= opt.iterations;
     gpu_ms += v;
   }
+  auto parts = model->part_ms();  // "<component>.<part>" -> ms
+  for (auto& [name, v] : parts) v /= opt.iterations;
+  // The parts of component i, largest first.
+  const auto parts_of = [&](size_t i) {
+    const std::string prefix =
+        std::string(arch::gpu_component_name(static_cast<arch::GpuComponent>(i))) + ".";
+    std::vector<std::pair<std::string, double>> v;
+    for (const auto& [name, ms] : parts)
+      if (name.starts_with(prefix)) v.emplace_back(name, ms);
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+    return v;
+  };
   // DSpark: every request's rings get the last `window` positions committed from random taps
   // (commit time reported per request), then one draft cycle for the whole batch is timed.
   std::vector<double> draft_s, commit_s, cycle_s, verify_taps_s, device_commit_s;
@@ -457,6 +469,8 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   nlohmann::json comps = nlohmann::json::object();
   for (size_t i = 0; i < comp.size(); ++i)
     comps[arch::gpu_component_name(static_cast<arch::GpuComponent>(i))] = comp[i];
+  nlohmann::json part_json = nlohmann::json::object();
+  for (const auto& [name, ms] : parts) part_json[name] = ms;
   r.results = {{"load_s", load_s},
                {"weight_bytes_device", model->weight_bytes()},
                {"cache_bytes_device", model->cache_bytes()},
@@ -467,6 +481,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
                {"graph_captures", model->graph_captures()},
                {"gpu_ms_profiled_sum", gpu_ms},
                {"component_gpu_ms", comps},
+               {"part_gpu_ms", part_json},
                {"rows", rows},
                {"tokens_per_s", rows / (step_ms * 1e-3)}};
   r.roofline = {{"weight_bytes", cost.weight_bytes},
@@ -497,11 +512,14 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   std::printf("%-28s %14.3f\n", "synthetic fill s (median)", median(fill_s));
   std::printf("%-28s %14.3f\n", "step ms (median wall)", step_ms);
   std::printf("%-28s %14.1f\n", "tokens/s", rows / (step_ms * 1e-3));
-  for (size_t i = 0; i < comp.size(); ++i)
+  for (size_t i = 0; i < comp.size(); ++i) {
     std::printf(
         "  %-26s %14.3f\n",
         fmt::format("{} ms", arch::gpu_component_name(static_cast<arch::GpuComponent>(i))).c_str(),
         comp[i]);
+    for (const auto& [name, ms] : parts_of(i))
+      std::printf("    %-24s %14.3f\n", fmt::format("{} ms", name).c_str(), ms);
+  }
   std::printf("%-28s %14.3f\n", "GPU ms (profiled sum)", gpu_ms);
   std::printf("%-28s %14.3e\n", "bytes (weights + kv)", bytes);
   std::printf("%-28s %14.3e\n", "matrix FLOPs", cost.flops);

@@ -54,12 +54,12 @@ args_decode_s1_moers="$args_decode_s1 --moe-grouped-wgmma true --moe-grouped-wgm
 args_decode_s6_kperm="$args_decode_s6 --moe-kperm true"
 args_decode_s6_nokperm="$args_decode_s6 --moe-kperm false"
 # The swapped-operand kernel with passes of up to 224 grouped rows (GpuModelOptions::
-# moe_rs_max_pass; 192 by default, unmeasured): experts of 193-224 rows take one weight decode
-# instead of two (1.40 -> 1.25 passes per expert at 64 x 6).
+# moe_rs_max_pass; 192 by default, 224 measured slower in r9): experts of 193-224 rows take one
+# weight decode instead of two (1.40 -> 1.25 passes per expert at 64 x 6).
 args_decode_s6_pass224="$args_decode_s6 --moe-rs-max-pass 224"
 args_decode_s1_pass224="$args_decode_s1 --moe-rs-max-pass 224"
 # The routed experts' SwiGLU + MXFP8 quantisation in the w1 + w3 launch's epilogue
-# (GpuModelOptions::moe_fuse_swiglu; off by default, unmeasured).
+# (GpuModelOptions::moe_fuse_swiglu; off by default: measured slower, r8).
 args_decode_s6_fswq="$args_decode_s6 --moe-fuse-swiglu true"
 args_decode_s1_fswq="$args_decode_s1 --moe-fuse-swiglu true"
 # The same plus one DSpark draft cycle for the batch (the draft stages' rings committed from
@@ -76,8 +76,8 @@ args_decode_s6_nosw13="$args_decode_s6 --fuse-shared-w13 false"
 # (an FFMA kernel; the default); router_fp32 sets the default explicitly.
 args_decode_s6_router_fp32="$args_decode_s6 --router-split-tf32 false"
 args_decode_s6_router_tf32="$args_decode_s6 --router-split-tf32 true"
-# Programmatic dependent launch of our kernels (GpuModelOptions::programmatic_launch; off by
-# default, unmeasured).
+# Without programmatic dependent launch of our kernels (GpuModelOptions::programmatic_launch; on
+# by default since r9).
 args_decode_s6_nopdl="$args_decode_s6 --pdl false"
 args_decode_s1_nopdl="$args_decode_s1 --pdl false"
 # Prefill after a 128K cached prefix on an 8-layer subsample (+ owners), production vs oracle.

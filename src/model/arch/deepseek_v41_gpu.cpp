@@ -400,24 +400,35 @@ struct DeepseekV41Gpu::Impl {
     return GraphRun::kCaptured;
   }
 
-  // Profiling: an event at every component switch.
-  std::vector<std::pair<GpuComponent, void*>> marks;
+  // Profiling: an event at every component switch, and at every switch between the named parts
+  // of a component (mark's `part`: "w13" of the MoE is part "moe.w13"; none: "moe.other").
+  // Each interval counts for the component and the part its opening mark names.
+  struct Mark {
+    GpuComponent comp;
+    const char* part;  // a string literal or nullptr
+    void* event;
+  };
+  std::vector<Mark> marks;
   std::vector<void*> event_pool;
   size_t events_used = 0;
   std::array<double, kNumGpuComponents> comp_ms{};
-  void mark(GpuComponent comp) {
+  std::map<std::string, double> part_ms;
+  void mark(GpuComponent comp, const char* part = nullptr) {
     if (!opt.profile) return;
     if (events_used == event_pool.size()) event_pool.push_back(cu::event_create());
     void* e = event_pool[events_used++];
     cu::event_record(e, stream);
-    marks.emplace_back(comp, e);
+    marks.push_back({comp, part, e});
   }
   void flush_profile() {
     if (!opt.profile || marks.empty()) return;
-    cu::event_synchronize(marks.back().second);
-    for (size_t i = 0; i + 1 < marks.size(); ++i)
-      comp_ms[static_cast<size_t>(marks[i].first)] +=
-          cu::event_elapsed_ms(marks[i].second, marks[i + 1].second);
+    cu::event_synchronize(marks.back().event);
+    for (size_t i = 0; i + 1 < marks.size(); ++i) {
+      const Mark& m = marks[i];
+      const double ms = cu::event_elapsed_ms(m.event, marks[i + 1].event);
+      comp_ms[static_cast<size_t>(m.comp)] += ms;
+      part_ms[fmt::format("{}.{}", gpu_component_name(m.comp), m.part ? m.part : "other")] += ms;
+    }
     marks.clear();
     events_used = 0;
   }
@@ -1480,6 +1491,7 @@ struct DeepseekV41Gpu::Impl {
     // sequence from the plan); the kernel writes every column of every row (-inf past a row's
     // visible keys), so the score matrix needs no fill.
     float* scores = buf<float>("idx_scores", n * width);
+    mark(GpuComponent::kIndexer, "scores");
     {
       cu::IndexerScoreParams p;
       p.q = qi;
@@ -1505,6 +1517,7 @@ struct DeepseekV41Gpu::Impl {
       if (p.n_seqs > 0) cu::launch_indexer_scores(p, stream);
     }
     if (info.is_candidate_source) {
+      mark(GpuComponent::kIndexer, "candidates");
       const int bs = c.candidate_block_size;
       const int64_t nb = (width + bs - 1) / bs;
       cu::BlockMaxParams bp;
@@ -1533,6 +1546,7 @@ struct DeepseekV41Gpu::Impl {
       cp.cand = b.cand;
       cu::launch_blocks_to_candidates(cp, stream);
     }
+    mark(GpuComponent::kIndexer, "topk");
     topk(scores, n, width, width, k, idx);
     cu::launch_resolve_selection(idx, reindex ? b.cand : nullptr, ncand, s.row_slot.as<int64_t>(),
                                  owner.cap, n, k, sel, stream);
@@ -1564,7 +1578,7 @@ struct DeepseekV41Gpu::Impl {
     const int h = c.num_attention_heads;
     const int64_t window = c.sliding_window;
     const size_t rec = c.swa_row_bytes();
-    mark(GpuComponent::kDense);
+    mark(GpuComponent::kDense, "qkv_a");
     float* qr = buf<float>("qr", n * q);
     float* kv = buf<float>("kv", n * hd);
     if (L.wq_a.act_quant && L.wkv.act_quant && L.wq_a.kind == L.wkv.kind) {
@@ -1579,8 +1593,9 @@ struct DeepseekV41Gpu::Impl {
     }
     rms(qr, n, q, L.q_norm);
     float* qh = buf<float>("q", n * h * hd);
+    mark(GpuComponent::kDense, "q_b");
     linear(qr, q, n, L.wq_b, qh, h * hd);
-    mark(GpuComponent::kAttention);
+    mark(GpuComponent::kAttention, "rope_swa");
     rope(qh, n, h, hd, s.pos.as<int32_t>(), info.rope);
     rms(kv, n, hd, L.kv_norm);
     rope(kv, n, 1, hd, s.pos.as<int32_t>(), info.rope);
@@ -1597,10 +1612,10 @@ struct DeepseekV41Gpu::Impl {
       cu::launch_swa_write_fp8(w, stream);
     }
     if (info.is_index_source) {
-      mark(GpuComponent::kIndexer);
+      mark(GpuComponent::kIndexer, "query");
       select(b, s, l, qr, a);
-      mark(GpuComponent::kAttention);
     }
+    mark(GpuComponent::kAttention, "sparse");
     float* o = buf<float>("attn_o", n * h * hd);
     cu::SparseAttentionParams p;
     p.q = qh;
@@ -1627,6 +1642,7 @@ struct DeepseekV41Gpu::Impl {
     cost.kv_bytes += static_cast<double>(n) *
                      (static_cast<double>(window * rec) + p.glob_k * c.main_entry_bytes());
     cost.flops += 4.0 * static_cast<double>(n) * h * hd * keys;
+    mark(GpuComponent::kAttention, "swa_records");
     cu::launch_copy_records(chunk, n, static_cast<int64_t>(rec), s.ring_dst.as<int64_t>(),
                             L.swa_pool.as<uint8_t>(), stream);
     out_proj(L, o, n, y);
@@ -1636,7 +1652,7 @@ struct DeepseekV41Gpu::Impl {
   void out_proj(Layer& L, const float* o, int64_t n, float* y) {
     const int64_t d = c.hidden_size, hd = c.head_dim;
     const int h = c.num_attention_heads;
-    mark(GpuComponent::kDense);
+    mark(GpuComponent::kDense, "o");
     const int64_t g = c.o_groups, og = c.o_lora_rank, gin = h * hd / g;
     float* mid = buf<float>("attn_mid", n * g * og);
     if (fp8_wgmma_fits(L.wo_a) && og % 128 == 0 && gin % 128 == 0) {
@@ -1762,6 +1778,7 @@ struct DeepseekV41Gpu::Impl {
     }
     // Shared expert (clamped SwiGLU too, oracle choice 6) straight into y; with
     // moe_shared_overlap on the side stream, joined before the combine adds the routed hits.
+    mark(GpuComponent::kMoe, "shared");  // (profile: no overlap, one stream)
     if (overlap) {
       cu::stream_wait_event(side_stream, ev_fork);
       std::swap(stream, side_stream);  // every launch and cuBLASLt call below goes to the side
@@ -1805,6 +1822,7 @@ struct DeepseekV41Gpu::Impl {
       cu::event_record(ev_join, side_stream);
     }
     if (local == 0) return;
+    mark(GpuComponent::kMoe, "group");
     // Group the local hits by expert on the device (no host sync).
     if (L.moe_offsets.bytes() == 0) L.moe_offsets = DeviceMemory(static_cast<size_t>(local + 1) * 4);
     int32_t* offsets = L.moe_offsets.as<int32_t>();
@@ -1862,6 +1880,7 @@ struct DeepseekV41Gpu::Impl {
       return std::pair{ge, ue};
     };
     if (exact) {
+      mark(GpuComponent::kMoe, "experts_fp32");
       const auto [ge, ue] = gate_up();
       // Test mode (fp32 expert weights): the counts come to the host, one fp32 GEMM per expert.
       cu::launch_act_quant_mxfp8(aq, stream);
@@ -1952,16 +1971,22 @@ struct DeepseekV41Gpu::Impl {
       gf.swiglu.kperm64 = sq.kperm64;
       const bool fuse = opt.moe_fuse_swiglu && cu::grouped_mxfp4_rs_applies(gf);
       if (opt.trace) trace.moe_fuse_swiglu[l] = fuse;
+      mark(GpuComponent::kMoe, "act_quant");
       cu::launch_act_quant_mxfp8(aq, stream);
       if (fuse) {
+        mark(GpuComponent::kMoe, "w13_swiglu");
         cu::launch_grouped_mxfp4_gemm(gf, stream);
       } else {
         std::tie(gg.y, gg.y_b) = gate_up();
+        mark(GpuComponent::kMoe, "w13");
         cu::launch_grouped_mxfp4_gemm(gg, stream);
+        mark(GpuComponent::kMoe, "swiglu_quant");
         cu::launch_swiglu_quant_mxfp8(sq, stream);
       }
+      mark(GpuComponent::kMoe, "w2");
       cu::launch_grouped_mxfp4_gemm(g2, stream);
     }
+    mark(GpuComponent::kMoe, "combine");
     if (overlap) cu::stream_wait_event(stream, ev_join);  // y holds the shared expert
     cu::launch_moe_combine(ye, inv, n, k, d, y, stream);
   }
@@ -2250,7 +2275,7 @@ struct DeepseekV41Gpu::Impl {
         cu::launch_gather_rows(tmp, d, iota.as<int32_t>(), n, d,
                                buf<float>("taps", opt.max_rows * width) + slot * d, width, stream);
       }
-      mark(GpuComponent::kMhc);
+      mark(GpuComponent::kMhc, "attn_norm");
       float* a = buf<float>("a", n * d);
       if (!a_ready) collapse(x, n, pre, a);
       a_ready = false;
@@ -2283,7 +2308,7 @@ struct DeepseekV41Gpu::Impl {
       }
       if (opt.trace) trace_rows(trace.attn_in, l, a, n * d);
       if (n == 0) continue;
-      mark(GpuComponent::kMhc);
+      mark(GpuComponent::kMhc, "mixes");
       float* pre_a = buf<float>("pre_a", n * hc);
       float* post_a = buf<float>("post_a", n * hc);
       float* comb_a = buf<float>("comb_a", n * hc * hc);
@@ -2291,17 +2316,19 @@ struct DeepseekV41Gpu::Impl {
       float* y = buf<float>("y", n * d);
       attention(b, *s, l, a, y);
       if (opt.trace) trace_rows(trace.attn_out, l, y, n * d);
-      mark(GpuComponent::kMhc);
+      mark(GpuComponent::kMhc, "expand");
       // The ffn site's input collapse(x', pre_a) fused into the expand (mixes does not write x).
       float* fbuf = buf<float>("f", n * d);
       expand(x, y, n, post_a, comb_a, pre_a, fbuf);
+      mark(GpuComponent::kMhc, "mixes");
       float* pre_f = buf<float>("pre_f", n * hc);
       float* post_f = buf<float>("post_f", n * hc);
       float* comb_f = buf<float>("comb_f", n * hc * hc);
       mixes(x, n, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f, post_f, comb_f);
+      mark(GpuComponent::kMhc, "ffn_norm");
       rms(fbuf, n, d, L.ffn_norm);
       if (opt.trace) trace_rows(trace.ffn_in, l, fbuf, n * d);
-      mark(GpuComponent::kMoe);
+      mark(GpuComponent::kMoe, "router");
       moe(*s, l, fbuf, y);
       if (opt.trace) {
         trace_rows(trace.ffn_out, l, y, n * d);
@@ -2313,7 +2340,7 @@ struct DeepseekV41Gpu::Impl {
                      ex.size() * 4, stream);
         cu::stream_synchronize(stream);
       }
-      mark(GpuComponent::kMhc);
+      mark(GpuComponent::kMhc, "expand");
       // The next layer's attention-input collapse(x', pre_f) fused into this expand, unless Engram
       // changes x in between.
       const bool fuse_next =
@@ -2866,7 +2893,11 @@ Result<GpuForwardOutput> DeepseekV41Gpu::forward(std::span<const GpuSequenceInpu
 std::array<double, kNumGpuComponents> DeepseekV41Gpu::component_ms() const {
   return impl_->comp_ms;
 }
-void DeepseekV41Gpu::reset_profile() { impl_->comp_ms.fill(0.0); }
+std::map<std::string, double> DeepseekV41Gpu::part_ms() const { return impl_->part_ms; }
+void DeepseekV41Gpu::reset_profile() {
+  impl_->comp_ms.fill(0.0);
+  impl_->part_ms.clear();
+}
 void DeepseekV41Gpu::set_profile(bool on) { impl_->opt.profile = on; }
 const GpuForwardCost& DeepseekV41Gpu::last_cost() const { return impl_->cost; }
 int64_t DeepseekV41Gpu::graph_replays() const { return impl_->graph_replays; }

@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "common/result.h"
@@ -118,7 +119,9 @@ struct GpuModelOptions {
   // weight tile again; under uniform DEP32 decode routing (32 x Binomial(2304, 1/384) rows per
   // expert, mean 192) an expert runs 1.40 passes at 192 and 1.25 at 224. Same products, each row
   // summed over K in one pass either way (whether wgmma's bits depend on the pass width:
-  // CudaV41.GroupedMxfp4GemmWgmma prints it). Unmeasured; off.
+  // CudaV41.GroupedMxfp4GemmWgmma prints it). Measured slower (H200, r9): decode 64x6 52.1 ->
+  // 53.1 ms, 64x1 24.1 -> 24.3 ms; the probe's w1 + w3 at 192 rows per expert 218 -> 229 us; with
+  // drawn counts 245 -> 236 us. Off.
   int moe_rs_max_pass = 0;
   // With moe_grouped_wgmma_rs, where that kernel takes the w1 + w3 launch with the epilogue
   // (cuda::grouped_mxfp4_rs_applies; intermediate % 32, % 64 with moe_kperm): the clamped SwiGLU,
@@ -309,6 +312,10 @@ class DeepseekV41Gpu {
 
   // Per-component GPU milliseconds accumulated since reset_profile() (options.profile).
   [[nodiscard]] std::array<double, kNumGpuComponents> component_ms() const;
+  // The same split finer, by named part of a component, "<component>.<part>" ("moe.router",
+  // "moe.w13", "mhc.mixes", ...; a component's time outside its named parts is "<component>.other"):
+  // the parts of a component sum to its component_ms().
+  [[nodiscard]] std::map<std::string, double> part_ms() const;
   void reset_profile();
   void set_profile(bool on);
   [[nodiscard]] const GpuForwardCost& last_cost() const;

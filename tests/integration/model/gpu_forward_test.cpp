@@ -1546,6 +1546,57 @@ TEST(GpuForward, MoeSharedOverlapIsBitIdenticalToSerial) {
   std::filesystem::remove_all(dir);
 }
 
+// The profile's parts (set_profile, part_ms): one oracle prefill of the wide model with the
+// grouped MoE GEMMs (moe_ep_ranks 8: ~40 rows per expert) and the FP8 wgmma GEMMs. Every part is
+// named "<component>.<part>" after one of the components, the parts of each component sum to
+// its component_ms(), the named parts of the MoE's grouped path, the attention, the indexer, the
+// dense projections and the mHC each took GPU time, and reset_profile() clears them.
+TEST(GpuForward, ProfilePartsSumToComponents) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_profile_parts");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  arch::GpuModelOptions opt;
+  opt.max_seqs = 2;
+  opt.max_context = 64;
+  opt.max_rows = 64;
+  opt.moe_ep_ranks = 8;
+  opt.fp8_wgmma = true;
+  auto m = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(m) << m.error().to_string();
+  (*m)->set_profile(true);
+  (*m)->reset_profile();
+  oracle_prefill(**m, test_prompt(20, 7, static_cast<int32_t>((*m)->config().vocab_size)));
+  (*m)->set_profile(false);
+  const auto comp = (*m)->component_ms();
+  const auto parts = (*m)->part_ms();
+  std::array<double, arch::kNumGpuComponents> sum{};
+  for (const auto& [name, ms] : parts) {
+    const size_t dot = name.find('.');
+    ASSERT_NE(dot, std::string::npos) << name;
+    size_t i = 0;
+    while (i < arch::kNumGpuComponents &&
+           name.substr(0, dot) != arch::gpu_component_name(static_cast<arch::GpuComponent>(i)))
+      ++i;
+    ASSERT_LT(i, arch::kNumGpuComponents) << "no component for part " << name;
+    EXPECT_GE(ms, 0.0) << name;
+    sum[i] += ms;
+  }
+  for (size_t i = 0; i < arch::kNumGpuComponents; ++i)
+    EXPECT_NEAR(sum[i], comp[i], 1e-9 * std::max(1.0, comp[i]))
+        << arch::gpu_component_name(static_cast<arch::GpuComponent>(i));
+  for (const char* p : {"moe.router", "moe.shared", "moe.group", "moe.act_quant", "moe.w13",
+                        "moe.swiglu_quant", "moe.w2", "moe.combine", "attention.rope_swa",
+                        "attention.sparse", "indexer_topk.query", "indexer_topk.scores",
+                        "indexer_topk.topk", "dense_proj.qkv_a", "dense_proj.q_b", "dense_proj.o",
+                        "mhc.attn_norm", "mhc.mixes", "mhc.expand", "mhc.ffn_norm"}) {
+    const auto it = parts.find(p);
+    EXPECT_TRUE(it != parts.end() && it->second > 0.0) << p << " missing or no time";
+  }
+  (*m)->reset_profile();
+  EXPECT_TRUE((*m)->part_ms().empty());
+  std::filesystem::remove_all(dir);
+}
+
 // Turns the process-wide programmatic-launch switch off when it leaves scope, also when a test
 // fails half-way, so the tests after it run plain launches.
 struct ProgrammaticLaunchOffAtExit {
