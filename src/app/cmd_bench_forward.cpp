@@ -72,6 +72,7 @@ struct BenchForwardOptions {
   bool fuse_shared_w13 = true;
   bool moe_shared_overlap = true;
   bool router_split_tf32 = false;
+  int32_t router_split_k = 8;
   bool pdl = true;          // programmatic dependent launch of our kernels
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
@@ -231,6 +232,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.fuse_shared_w13 = opt.fuse_shared_w13;
   go.moe_shared_overlap = opt.moe_shared_overlap;
   go.router_split_tf32 = opt.router_split_tf32;
+  go.router_split_k = opt.router_split_k;
   go.programmatic_launch = opt.pdl;
   go.cuda_graphs = decode && opt.cuda_graphs;
   go.dspark = decode && opt.dspark;
@@ -460,6 +462,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"fuse_shared_w13", opt.fuse_shared_w13},
               {"moe_shared_overlap", opt.moe_shared_overlap},
               {"router_split_tf32", opt.router_split_tf32},
+              {"router_split_k", opt.router_split_k},
               {"pdl", opt.pdl},
               {"cuda_graphs", decode && opt.cuda_graphs},
               {"dspark", opt.dspark},
@@ -657,6 +660,11 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--moe-shared-overlap", opt->moe_shared_overlap,
                   "cuda: the shared expert on a second stream, overlapping the routed experts "
                   "(false: one stream)")
+      ->capture_default_str();
+  cmd->add_option("--router-split-k", opt->router_split_k,
+                  "cuda: the router logits' fp32 GEMM as this many K-slices in one batched "
+                  "call, summed in order by the router (1: one GEMM)")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   cmd->add_option("--router-split-tf32", opt->router_split_tf32,
                   "cuda: the MoE router logits as one TF32 GEMM on hi/lo split operands "

@@ -579,6 +579,62 @@ INSTANTIATE_TEST_SUITE_P(
              "_e" + std::to_string(info.param.experts) + "_k" + std::to_string(info.param.top_k);
     });
 
+// MoeRouterParams::logit_slices (the forward's split-K router GEMM): three random partial-logit
+// slices at a padded stride are summed in slice order, so the ids and weights equal, bit for bit,
+// those from the logits the host sums in that order ((l0 + l1) + l2 in fp32). Bad slice
+// arguments are refused.
+TEST_F(CudaOps, RouterSumsLogitSlicesInOrder) {
+  const int64_t t = 37, e = 384, stride = t * e + 16;
+  const int k = 6, slices = 3;
+  std::mt19937 rng(17);
+  auto parts = random_floats(slices * stride, rng, -2, 2);
+  auto bias = random_floats(e, rng, -0.1f, 0.1f);
+  std::vector<float> sum(static_cast<size_t>(t * e));
+  for (size_t i = 0; i < sum.size(); ++i) {
+    float v = parts[i];
+    for (int s = 1; s < slices; ++s) v += parts[static_cast<size_t>(s * stride) + i];
+    sum[i] = v;
+  }
+  const auto run = [&](const std::vector<float>& logits, int n_slices) {
+    auto dl = upload(logits);
+    auto db = upload(bias);
+    auto dids = upload(std::vector<int32_t>(static_cast<size_t>(t * k), -1));
+    auto dwts = poisoned_floats(t * k);
+    cuda::MoeRouterParams rp;
+    rp.bias = db->view().data_as<float>();
+    rp.num_tokens = t;
+    rp.hidden = 5120;
+    rp.num_experts = e;
+    rp.top_k = k;
+    rp.topk_ids = dids->view().data_as<int32_t>();
+    rp.topk_weights = dwts->view().data_as<float>();
+    rp.logits = dl->view().data_as<float>();
+    rp.logit_slices = n_slices;
+    rp.slice_stride = n_slices > 1 ? stride : 0;
+    cuda::launch_moe_router(rp, stream_);
+    return std::pair{download<int32_t>(*dids), download<float>(*dwts)};
+  };
+  const auto [ids1, w1] = run(sum, 1);
+  const auto [ids3, w3] = run(parts, slices);
+  EXPECT_EQ(ids1, ids3);
+  ASSERT_EQ(w1.size(), w3.size());
+  EXPECT_EQ(0, std::memcmp(w1.data(), w3.data(), w1.size() * sizeof(float)));
+  for (const int32_t id : ids3) ASSERT_TRUE(id >= 0 && id < e);
+  // The slices matter: slice 0 alone routes differently.
+  EXPECT_NE(run(parts, 1).first, ids3);
+  cuda::MoeRouterParams bad;
+  bad.num_tokens = t;
+  bad.num_experts = e;
+  bad.top_k = k;
+  bad.logit_slices = 2;  // no logits
+  EXPECT_DEATH(cuda::launch_moe_router(bad, stream_), "bad logit slices");
+  bad.logits = reinterpret_cast<const float*>(16);
+  bad.slice_stride = t * e - 1;  // slices overlap
+  EXPECT_DEATH(cuda::launch_moe_router(bad, stream_), "bad logit slices");
+  bad.logit_slices = 0;
+  EXPECT_DEATH(cuda::launch_moe_router(bad, stream_), "bad logit slices");
+}
+
 TEST_F(CudaOps, RouterTiesGoToTheLowestExpert) {
   const int64_t h = 256, e = 64;
   std::mt19937 rng(9);

@@ -335,6 +335,11 @@ struct MoeRouterParams {
   // Optional: x · Wg^T [num_tokens, num_experts] already computed (e.g. one fp32 GEMM for the
   // batch); then x and gate_weight are not read.
   const float* logits = nullptr;
+  // With logits: logits holds logit_slices partial products over disjoint K ranges (a split-K
+  // GEMM's slices; slice s at logits + s * slice_stride, slice_stride >= num_tokens *
+  // num_experts), summed in slice order, z = ((l_0 + l_1) + l_2) + ... in fp32.
+  int logit_slices = 1;
+  int64_t slice_stride = 0;
 };
 void launch_moe_router(const MoeRouterParams& p, Stream stream);
 

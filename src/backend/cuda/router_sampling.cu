@@ -43,7 +43,11 @@ __global__ void __launch_bounds__(kRouterThreads) moe_router_kernel(MoeRouterPar
   if (p.logits != nullptr) {
     // Logits given (the forward's batched GEMM): one expert per thread, every lane busy.
     const float* z = p.logits + static_cast<int64_t>(blockIdx.x) * p.num_experts;
-    for (int64_t e = tid; e < p.num_experts; e += blockDim.x) put_score(e, z[e]);
+    for (int64_t e = tid; e < p.num_experts; e += blockDim.x) {
+      float v = z[e];
+      for (int s = 1; s < p.logit_slices; ++s) v += z[s * p.slice_stride + e];
+      put_score(e, v);
+    }
   } else {
     for (int64_t e = warp; e < p.num_experts; e += warps) {
       const float* w = p.gate_weight + e * p.hidden;
@@ -150,6 +154,13 @@ void launch_moe_router(const MoeRouterParams& p, Stream stream) {
   if (p.top_k < 1 || p.top_k > kMaxTopK || p.top_k > p.num_experts || p.num_experts > 1024) {
     detail::cuda_call_failed(__FILE__, __LINE__, "launch_moe_router", "bad arguments",
                              "1 <= top_k <= min(16, num_experts), num_experts <= 1024");
+  }
+  if (p.logit_slices < 1 ||
+      (p.logit_slices > 1 &&
+       (p.logits == nullptr || p.slice_stride < p.num_tokens * p.num_experts))) {
+    detail::cuda_call_failed(__FILE__, __LINE__, "launch_moe_router", "bad logit slices",
+                             "logit_slices >= 1; more than one needs logits and slice_stride >= "
+                             "num_tokens * num_experts");
   }
   const size_t smem =
       sizeof(float) * static_cast<size_t>((p.logits ? 0 : p.hidden) + 2 * p.num_experts);

@@ -1756,6 +1756,30 @@ struct DeepseekV41Gpu::Impl {
       cu::launch_split_tf32(sp, stream);
       lt_gemm(cu::GemmPrecision::kTf32, fs, 3 * d, L.gate_split.as<float>(), 3 * d, z, e, n, e,
               3 * d);
+    } else if (const int64_t sk = opt.router_split_k;
+               sk > 1 && d % sk == 0 && !opt.exact_linears && !opt.trace) {
+      // router_split_k: slice s = f[:, s ks, +ks) · Wg[:, s ks, +ks)^T, the router sums them.
+      const int64_t ks = d / sk;
+      z = buf<float>("moe_logit_slices", sk * n * e);
+      cu::LtGemmParams p;
+      p.precision = cu::GemmPrecision::kF32;
+      p.a = f;
+      p.lda = d;
+      p.b = L.gate.as<float>();
+      p.ldb = d;
+      p.b_transposed = true;
+      p.c = z;
+      p.ldc = e;
+      p.m = n;
+      p.n = e;
+      p.k = ks;
+      p.batch = sk;
+      p.stride_a = ks;
+      p.stride_b = ks;
+      p.stride_c = n * e;
+      lt->run(p);
+      rp.logit_slices = static_cast<int>(sk);
+      rp.slice_stride = n * e;
     } else {
       lt_gemm(cu::GemmPrecision::kF32, f, d, L.gate.as<float>(), d, z, e, n, e, d);
     }

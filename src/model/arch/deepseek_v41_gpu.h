@@ -160,6 +160,13 @@ struct GpuModelOptions {
   // 2.8e-4), and model.md asks for fp32 routing. It saves 0.8 ms of the DEP32 decode step (52.7
   // -> 51.9 ms) and 0.5% of prefill. Ignored with exact_linears.
   bool router_split_tf32 = false;
+  // > 1: the router logits' exact fp32 GEMM (cuBLASLt, FFMA) as router_split_k K-slices in one
+  // strided-batched call, summed in slice order by the router kernel (MoeRouterParams::
+  // logit_slices): fp32 throughout, another summation order. At decode, m = n = 384 gives
+  // cuBLASLt 18 tiles for 132 SMs; 8 slices give 144. Taken where the hidden size divides into
+  // the slices, not with exact_linears, router_split_tf32 or trace (the trace reads whole
+  // logits). 1: one GEMM.
+  int router_split_k = 8;
   // true: our kernels are launched with programmatic dependent launch (PDL, sm_90;
   // cuda::set_programmatic_launch): each may be scheduled once every CTA of its predecessor on
   // the stream has exited, and waits on the device (its first statement) until that predecessor

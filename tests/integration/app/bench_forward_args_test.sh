@@ -2,9 +2,9 @@
 # `moeserve bench forward` refuses bad arguments with a clear error and exit code != 0 before any
 # work: --ep-ranks outside 1..256 (the CUDA decode bench of one DEP rank's MoE work; the range is
 # checked when the command line is parsed, in every build), --moe-rs-max-pass other than the
-# pass widths the swapped-operand kernel has (192, 224), and values of the boolean options that
-# are not booleans (refused as that option's value, not as an unknown argument: the options exist
-# in every build).
+# pass widths the swapped-operand kernel has (192, 224), --router-split-k outside 1..64, and values
+# of the boolean options that are not booleans (refused as that option's value, not as an unknown
+# argument: the options exist in every build).
 set -euo pipefail
 bin=${MOESERVE_BIN:?MOESERVE_BIN not set}
 for bad in 0 -3 257; do
@@ -22,6 +22,14 @@ for bad in 0 64 193 256 maybe; do
     exit 1
   fi
   grep -q -- "--moe-rs-max-pass" <<<"$out" || { echo "error does not name --moe-rs-max-pass: $out"; exit 1; }
+done
+for bad in 0 65 -1 maybe; do
+  if out=$("$bin" bench forward --backend cuda --random-weights \
+      --config configs/deepseek-v4.1-flash/config.json --batch 1 --context 8 --router-split-k "$bad" 2>&1); then
+    echo "--router-split-k $bad accepted: $out"
+    exit 1
+  fi
+  grep -q -- "--router-split-k" <<<"$out" || { echo "error does not name --router-split-k: $out"; exit 1; }
 done
 for opt in --moe-fuse-swiglu --router-split-tf32 --moe-shared-overlap --fast-attention --pdl; do
   if out=$("$bin" bench forward --backend cuda --random-weights \
