@@ -72,7 +72,7 @@ struct BenchForwardOptions {
   bool fuse_shared_w13 = true;
   bool moe_shared_overlap = true;
   bool router_split_tf32 = false;
-  int32_t router_split_k = 8;
+  int32_t router_split_k = 1;
   bool pdl = true;          // programmatic dependent launch of our kernels
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request

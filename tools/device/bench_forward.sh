@@ -76,12 +76,12 @@ args_decode_s6_nosw13="$args_decode_s6 --fuse-shared-w13 false"
 # (an FFMA kernel; the default); router_fp32 sets the default explicitly.
 args_decode_s6_router_fp32="$args_decode_s6 --router-split-tf32 false"
 args_decode_s6_router_tf32="$args_decode_s6 --router-split-tf32 true"
-# The router's fp32 GEMM as one call (rsk1) or 4 / 16 K-slices instead of the default 8
-# (GpuModelOptions::router_split_k, r9).
-args_decode_s6_rsk1="$args_decode_s6 --router-split-k 1"
+# The router's fp32 GEMM as 4 / 8 / 16 K-slices in one batched call instead of one GEMM
+# (GpuModelOptions::router_split_k; 1 by default, no gain measured in r9).
 args_decode_s6_rsk4="$args_decode_s6 --router-split-k 4"
+args_decode_s6_rsk8="$args_decode_s6 --router-split-k 8"
 args_decode_s6_rsk16="$args_decode_s6 --router-split-k 16"
-args_decode_s1_rsk1="$args_decode_s1 --router-split-k 1"
+args_decode_s1_rsk8="$args_decode_s1 --router-split-k 8"
 # Without programmatic dependent launch of our kernels (GpuModelOptions::programmatic_launch; on
 # by default since r9).
 args_decode_s6_nopdl="$args_decode_s6 --pdl false"
@@ -94,7 +94,7 @@ args_prefill8k_prod_sw13="$args_prefill8k_prod --fuse-shared-w13 true"
 args_prefill8k_prod_fswq="$args_prefill8k_prod --moe-fuse-swiglu true"
 args_prefill8k_prod_router_fp32="$args_prefill8k_prod --router-split-tf32 false"
 args_prefill8k_prod_nopdl="$args_prefill8k_prod --pdl false"
-args_prefill8k_prod_rsk1="$args_prefill8k_prod --router-split-k 1"
+args_prefill8k_prod_rsk8="$args_prefill8k_prod --router-split-k 8"
 args_prefill8k_oracle="--new-tokens 8192 --cached 131072 --layers 8 --local-experts 12 --mode oracle"
 args_prefill32k_prod="--new-tokens 32768 --cached 131072 --layers 8 --local-experts 12 --mode production"
 args_prefill8k_prod_noidxw="$args_prefill8k_prod --indexer-wgmma false"

@@ -165,8 +165,9 @@ struct GpuModelOptions {
   // logit_slices): fp32 throughout, another summation order. At decode, m = n = 384 gives
   // cuBLASLt 18 tiles for 132 SMs; 8 slices give 144. Taken where the hidden size divides into
   // the slices, not with exact_linears, router_split_tf32 or trace (the trace reads whole
-  // logits). 1: one GEMM.
-  int router_split_k = 8;
+  // logits). 1: one GEMM. Measured no gain (H200, r9): the DEP32 decode's router part 2.50 ms
+  // with one GEMM, 2.69 / 3.47 / 2.50 ms with 8 / 4 / 16 slices; step 51.7 vs 51.9 ms. Off.
+  int router_split_k = 1;
   // true: our kernels are launched with programmatic dependent launch (PDL, sm_90;
   // cuda::set_programmatic_launch): each may be scheduled once every CTA of its predecessor on
   // the stream has exited, and waits on the device (its first statement) until that predecessor
