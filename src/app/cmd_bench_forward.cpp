@@ -73,6 +73,7 @@ struct BenchForwardOptions {
   bool moe_shared_overlap = true;
   bool router_split_tf32 = false;
   int32_t router_split_k = 1;
+  bool mhc_fuse_expand_mixes = false;
   bool pdl = true;          // programmatic dependent launch of our kernels
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
@@ -233,6 +234,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_shared_overlap = opt.moe_shared_overlap;
   go.router_split_tf32 = opt.router_split_tf32;
   go.router_split_k = opt.router_split_k;
+  go.mhc_fuse_expand_mixes = opt.mhc_fuse_expand_mixes;
   go.programmatic_launch = opt.pdl;
   go.cuda_graphs = decode && opt.cuda_graphs;
   go.dspark = decode && opt.dspark;
@@ -463,6 +465,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"moe_shared_overlap", opt.moe_shared_overlap},
               {"router_split_tf32", opt.router_split_tf32},
               {"router_split_k", opt.router_split_k},
+              {"mhc_fuse_expand_mixes", opt.mhc_fuse_expand_mixes},
               {"pdl", opt.pdl},
               {"cuda_graphs", decode && opt.cuda_graphs},
               {"dspark", opt.dspark},
@@ -669,6 +672,10 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--router-split-tf32", opt->router_split_tf32,
                   "cuda: the MoE router logits as one TF32 GEMM on hi/lo split operands "
                   "(near-fp32, ~10x the fp32 GEMM's error; false: cuBLASLt's exact fp32 GEMM)")
+      ->capture_default_str();
+  cmd->add_option("--mhc-fuse-expand-mixes", opt->mhc_fuse_expand_mixes,
+                  "cuda: each mHC expand and the mixes that follow it on the updated residual "
+                  "stream in one launch (false: two launches)")
       ->capture_default_str();
   cmd->add_option("--pdl", opt->pdl,
                   "cuda: programmatic dependent launch of our kernels (each scheduled before its "

@@ -547,6 +547,198 @@ TEST_F(CudaV41, HcMixesStagedTilesMatchCpu) {
   }
 }
 
+// launch_hc_expand_mixes (the expand and the next site's mixes in one launch) against
+// cpu::hc_expand, cpu::hc_collapse and cpu::hc_mixes of the expanded x, at decode and prefill row
+// counts (1, 7: one partial tile; 384; 1000: several tiles and a partial one) and widths 4 x 256
+// (8 chunks: one per block of the cluster) and 4 x 5120, with and without the fused collapse; at
+// each tile height (rows_per_thread 1..4) on one shape; and at width 4 x 96 (3 chunks for the 8
+// blocks of a cluster). Tolerances: x' and collapse_out 1e-5 relative to the double CPU expand
+// (fp32 rounding) and bit for bit the values of launch_hc_expand (the same fp32 operations in the
+// same order); pre/post/comb 1e-4 absolute against the CPU (fp32 dots vs double, as the mixes
+// tests) and against launch_hc_mixes of the expanded x (another fp32 summation order); a second
+// launch on the same input gives the same bits.
+TEST_F(CudaV41, HcExpandMixesMatchesExpandThenMixes) {
+  std::mt19937 rng(43);
+  const int hc = 4, m = (2 + hc) * hc;
+  struct Shape {
+    int64_t dim, rows;
+    int rpt;
+  };
+  std::vector<Shape> shapes;
+  for (int64_t dim : {256, 5120})
+    for (int64_t t : {1, 7, 384, 1000}) shapes.push_back({dim, t, 0});
+  for (int rpt : {1, 2, 3, 4}) shapes.push_back({256, 1000, rpt});
+  shapes.push_back({96, 45, 0});  // 3 chunks: 5 blocks of each cluster without one
+  shapes.push_back({96, 45, 4});
+  for (const Shape& sh : shapes) {
+    const int64_t dim = sh.dim, t = sh.rows, width = hc * dim;
+    auto x = rnd(t * width, rng, -2, 2), y = rnd(t * dim, rng, -1, 1);
+    auto post = rnd(t * hc, rng, 0.2f, 2), comb = rnd(t * hc * hc, rng, 0.01f, 0.6f);
+    auto cpre = rnd(t * hc, rng, 0.1f, 1.1f);
+    auto fn = rnd(m * width, rng, -0.02f, 0.02f);
+    auto base = rnd(m, rng, -1, 1), scale = rnd(3, rng, 0.5f, 1.5f);
+    auto ex = x;
+    cpu::hc_expand(ex.data(), y.data(), t, hc, dim, post.data(), comb.data());
+    std::vector<float> col(static_cast<size_t>(t * dim));
+    cpu::hc_collapse(ex.data(), t, hc, dim, cpre.data(), col.data());
+    std::vector<float> pre(t * hc), mpost(t * hc), mcomb(t * hc * hc);
+    cpu::hc_mixes(ex.data(), width, t, hc, dim, fn.data(), base.data(), scale.data(), 1e-20f, 1e-6f,
+                  20, pre.data(), mpost.data(), mcomb.data());
+    const float *dy = up(y), *dpost = up(post), *dcomb = up(comb), *dcpre = up(cpre);
+    const float *dfn = up(fn), *dbase = up(base), *dscale = up(scale);
+    // The unfused launches on the GPU: x' and collapse_out to compare bit for bit.
+    float* dx_ref = up(x);
+    float* dcol_ref = nans(col.size());
+    cuda::launch_hc_expand({dx_ref, dy, t, hc, dim, dpost, dcomb, dcpre, dcol_ref}, stream_);
+    float *upre = nans(pre.size()), *upost = nans(mpost.size()), *ucomb = nans(mcomb.size());
+    cuda::launch_hc_mixes(
+        {dx_ref, width, t, hc, dim, dfn, dbase, dscale, 1e-20f, 1e-6f, 20, upre, upost, ucomb},
+        stream_);
+    const auto gx_ref = down(dx_ref, x.size()), gcol_ref = down(dcol_ref, col.size());
+    const auto gupre = down(upre, pre.size()), gupost = down(upost, mpost.size()),
+               gucomb = down(ucomb, mcomb.size());
+    for (bool collapse : {false, true}) {
+      const std::string what = "dim " + std::to_string(dim) + " rows " + std::to_string(t) +
+                               " rpt " + std::to_string(sh.rpt) + " collapse " +
+                               std::to_string(collapse);
+      std::vector<std::vector<float>> runs;
+      for (int rerun = 0; rerun < 2; ++rerun) {
+        cuda::HcExpandMixesParams p;
+        p.x = up(x);
+        p.y = dy;
+        p.rows = t;
+        p.hc = hc;
+        p.dim = dim;
+        p.post = dpost;
+        p.comb = dcomb;
+        p.collapse_pre = collapse ? dcpre : nullptr;
+        p.collapse_out = collapse ? nans(col.size()) : nullptr;
+        p.fn = dfn;
+        p.base = dbase;
+        p.scale = dscale;
+        p.mix_pre = nans(pre.size());
+        p.mix_post = nans(mpost.size());
+        p.mix_comb = nans(mcomb.size());
+        p.rows_per_thread = sh.rpt;
+        cuda::launch_hc_expand_mixes(p, stream_);
+        const auto gx = down(p.x, x.size());
+        const auto gpre = down(p.mix_pre, pre.size()), gpost = down(p.mix_post, mpost.size()),
+                   gcomb = down(p.mix_comb, mcomb.size());
+        if (rerun == 0) {
+          EXPECT_LE(rel_err(gx, ex), 1e-5) << what;
+          EXPECT_EQ(std::memcmp(gx.data(), gx_ref.data(), gx.size() * sizeof(float)), 0) << what;
+          if (collapse) {
+            const auto gcol = down(p.collapse_out, col.size());
+            EXPECT_LE(rel_err(gcol, col), 1e-5) << what;
+            EXPECT_EQ(std::memcmp(gcol.data(), gcol_ref.data(), gcol.size() * sizeof(float)), 0)
+                << what;
+          }
+          EXPECT_LE(mixes_worst(gpre, pre, gpost, mpost, gcomb, mcomb), 1e-4) << what;
+          EXPECT_LE(mixes_worst(gpre, gupre, gpost, gupost, gcomb, gucomb), 1e-4) << what;
+        }
+        std::vector<float> all = gpre;
+        all.insert(all.end(), gpost.begin(), gpost.end());
+        all.insert(all.end(), gcomb.begin(), gcomb.end());
+        runs.push_back(std::move(all));
+      }
+      EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)), 0)
+          << "rerun differs, " << what;
+    }
+  }
+}
+
+// The shapes the one-kernel path does not take run as launch_hc_expand + launch_hc_mixes: hc 1..3,
+// and hc 4 with dim % 32 != 0 (72) or 4 (a width of 16). Same tolerances as above against the CPU.
+TEST_F(CudaV41, HcExpandMixesOtherShapesAsTwoLaunches) {
+  std::mt19937 rng(44);
+  struct Shape {
+    int hc;
+    int64_t dim, rows;
+  };
+  for (const Shape& sh :
+       {Shape{4, 72, 45}, Shape{4, 4, 9}, Shape{3, 64, 33}, Shape{2, 96, 300}, Shape{1, 128, 5}}) {
+    const int hc = sh.hc, m = (2 + hc) * hc;
+    const int64_t dim = sh.dim, t = sh.rows, width = hc * dim;
+    auto x = rnd(t * width, rng, -2, 2), y = rnd(t * dim, rng, -1, 1);
+    auto post = rnd(t * hc, rng, 0.2f, 2), comb = rnd(t * hc * hc, rng, 0.01f, 0.6f);
+    auto cpre = rnd(t * hc, rng, 0.1f, 1.1f);
+    auto fn = rnd(m * width, rng, -0.05f, 0.05f);
+    auto base = rnd(m, rng, -1, 1), scale = rnd(3, rng, 0.5f, 1.5f);
+    auto ex = x;
+    cpu::hc_expand(ex.data(), y.data(), t, hc, dim, post.data(), comb.data());
+    std::vector<float> col(static_cast<size_t>(t * dim));
+    cpu::hc_collapse(ex.data(), t, hc, dim, cpre.data(), col.data());
+    std::vector<float> pre(t * hc), mpost(t * hc), mcomb(t * hc * hc);
+    cpu::hc_mixes(ex.data(), width, t, hc, dim, fn.data(), base.data(), scale.data(), 1e-20f, 1e-6f,
+                  20, pre.data(), mpost.data(), mcomb.data());
+    cuda::HcExpandMixesParams p;
+    p.x = up(x);
+    p.y = up(y);
+    p.rows = t;
+    p.hc = hc;
+    p.dim = dim;
+    p.post = up(post);
+    p.comb = up(comb);
+    p.collapse_pre = up(cpre);
+    p.collapse_out = nans(col.size());
+    p.fn = up(fn);
+    p.base = up(base);
+    p.scale = up(scale);
+    p.mix_pre = nans(pre.size());
+    p.mix_post = nans(mpost.size());
+    p.mix_comb = nans(mcomb.size());
+    cuda::launch_hc_expand_mixes(p, stream_);
+    const std::string what = "hc " + std::to_string(hc) + " dim " + std::to_string(dim);
+    EXPECT_LE(rel_err(down(p.x, x.size()), ex), 1e-5) << what;
+    EXPECT_LE(rel_err(down(p.collapse_out, col.size()), col), 1e-5) << what;
+    EXPECT_LE(mixes_worst(down(p.mix_pre, pre.size()), pre, down(p.mix_post, mpost.size()), mpost,
+                          down(p.mix_comb, mcomb.size()), mcomb),
+              1e-4)
+        << what;
+  }
+}
+
+// Bad arguments are refused before anything is launched.
+TEST_F(CudaV41, HcExpandMixesRefusesBadArguments) {
+  std::mt19937 rng(45);
+  const int hc = 4;
+  const int64_t dim = 64, t = 3, width = hc * dim;
+  cuda::HcExpandMixesParams good;
+  good.x = up(rnd(t * width, rng, -2, 2));
+  good.y = up(rnd(t * dim, rng, -1, 1));
+  good.rows = t;
+  good.hc = hc;
+  good.dim = dim;
+  good.post = up(rnd(t * hc, rng, 0.2f, 2));
+  good.comb = up(rnd(t * hc * hc, rng, 0.01f, 0.6f));
+  good.fn = up(rnd(24 * width, rng, -0.02f, 0.02f));
+  good.base = up(rnd(24, rng, -1, 1));
+  good.scale = up(rnd(3, rng, 0.5f, 1.5f));
+  good.mix_pre = nans(t * hc);
+  good.mix_post = nans(t * hc);
+  good.mix_comb = nans(t * hc * hc);
+  cuda::launch_hc_expand_mixes(good, stream_);  // accepted
+  EXPECT_TRUE(std::isfinite(down(good.mix_comb, t * hc * hc)[0]));
+  const std::vector<std::pair<const char*, std::function<void(cuda::HcExpandMixesParams&)>>> bad = {
+      {"hc 5", [](auto& p) { p.hc = 5; }},
+      {"hc 0", [](auto& p) { p.hc = 0; }},
+      {"dim 0", [](auto& p) { p.dim = 0; }},
+      {"rows -1", [](auto& p) { p.rows = -1; }},
+      {"no y", [](auto& p) { p.y = nullptr; }},
+      {"no fn", [](auto& p) { p.fn = nullptr; }},
+      {"no mix_comb", [](auto& p) { p.mix_comb = nullptr; }},
+      {"collapse_out without collapse_pre", [&](auto& p) { p.collapse_out = good.mix_pre; }},
+      {"collapse_pre without collapse_out", [&](auto& p) { p.collapse_pre = good.post; }},
+      {"rows_per_thread 5", [](auto& p) { p.rows_per_thread = 5; }},
+  };
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  for (const auto& [name, change] : bad) {
+    cuda::HcExpandMixesParams p = good;
+    change(p);
+    EXPECT_DEATH(cuda::launch_hc_expand_mixes(p, stream_), "bad arguments") << name;
+  }
+}
+
 // The SWA source lists against the rule of kernels.h, stated here per key: chunks of 1..300 rows
 // at random positions (some starting at 0, some past a window), replay floors below, inside and
 // above the window, several sequence slots.

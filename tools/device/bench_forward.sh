@@ -62,6 +62,10 @@ args_decode_s1_pass224="$args_decode_s1 --moe-rs-max-pass 224"
 # (GpuModelOptions::moe_fuse_swiglu; off by default: measured slower, r8).
 args_decode_s6_fswq="$args_decode_s6 --moe-fuse-swiglu true"
 args_decode_s1_fswq="$args_decode_s1 --moe-fuse-swiglu true"
+# Each mHC expand and the mixes after it in one launch (GpuModelOptions::mhc_fuse_expand_mixes;
+# off by default: unmeasured).
+args_decode_s6_fmix="$args_decode_s6 --mhc-fuse-expand-mixes true"
+args_decode_s1_fmix="$args_decode_s1 --mhc-fuse-expand-mixes true"
 # The same plus one DSpark draft cycle for the batch (the draft stages' rings committed from
 # random taps): draft time, its components and roofline, step + draft.
 args_decode_s6_dspark="$args_decode_s6 --dspark"
@@ -92,6 +96,7 @@ args_prefill8k_prod_moev1="$args_prefill8k_prod --moe-grouped-wgmma-rs false"
 args_prefill8k_prod_kperm="$args_prefill8k_prod --moe-kperm true"
 args_prefill8k_prod_sw13="$args_prefill8k_prod --fuse-shared-w13 true"
 args_prefill8k_prod_fswq="$args_prefill8k_prod --moe-fuse-swiglu true"
+args_prefill8k_prod_fmix="$args_prefill8k_prod --mhc-fuse-expand-mixes true"
 args_prefill8k_prod_router_fp32="$args_prefill8k_prod --router-split-tf32 false"
 args_prefill8k_prod_nopdl="$args_prefill8k_prod --pdl false"
 args_prefill8k_prod_rsk8="$args_prefill8k_prod --router-split-k 8"

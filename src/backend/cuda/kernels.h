@@ -464,6 +464,41 @@ struct HcExpandParams {
 };
 void launch_hc_expand(const HcExpandParams& p, Stream stream);
 
+// launch_hc_expand followed by launch_hc_mixes of the updated x, in one launch: in place
+// x'[r,k,:] = post[r,k] y[r,:] + Σ_j comb[r,j,k] x[r,j,:] (x [rows, hc, dim], pitch hc*dim; y
+// [rows, dim]); with collapse_out set, collapse_out[r,:] = Σ_k collapse_pre[r,k] x'[r,k,:]; then
+// the mixes of x' with fn, base, scale (as HcMixesParams) into mix_pre, mix_post, mix_comb. x' and
+// collapse_out are the bits launch_hc_expand writes; the mixes are the same fp32 sums in another
+// order. The one-kernel path takes hc == 4, dim % 32 == 0 and 16-byte aligned x, y, fn and
+// collapse_out; other shapes run the two launches. The mixes outputs must not overlap x, y, post,
+// comb or collapse_pre. Refuses (cuda_call_failed, "bad arguments") hc outside 1..4, dim < 1,
+// rows < 0, a missing pointer, collapse_out without collapse_pre (or the reverse) and
+// rows_per_thread outside 0..4.
+struct HcExpandMixesParams {
+  float* x = nullptr;
+  const float* y = nullptr;
+  int64_t rows = 0;
+  int hc = 4;
+  int64_t dim = 0;
+  const float* post = nullptr;
+  const float* comb = nullptr;
+  const float* collapse_pre = nullptr;
+  float* collapse_out = nullptr;
+  const float* fn = nullptr;
+  const float* base = nullptr;
+  const float* scale = nullptr;
+  float rms_eps = 1e-20f;
+  float hc_eps = 1e-6f;
+  int sinkhorn_iters = 20;
+  float* mix_pre = nullptr;
+  float* mix_post = nullptr;
+  float* mix_comb = nullptr;
+  // Rows per thread of the fused kernel's dots, 1..4 (tiles of 8 * that many rows); 0 = the rule
+  // of HcMixesParams::rows_per_thread (not measured for this kernel).
+  int rows_per_thread = 0;
+};
+void launch_hc_expand_mixes(const HcExpandMixesParams& p, Stream stream);
+
 // SWA ring write: ring[pos[r] % ring_size] = FP8 record (block-32 pow2 ue8m0) of kv[r, :dim];
 // rows overwritten later in the same call are skipped (positions increasing). dim % 32 == 0.
 struct SwaWriteParams {

@@ -420,6 +420,232 @@ __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, 
   cluster.sync();  // keep this block's `part` alive until the cluster has read it
 }
 
+// ---- mHC expand + mixes, fused ----------------------------------------------------------------
+// launch_hc_expand followed by launch_hc_mixes of the updated x, for hc == 4. In the decode step
+// each mixes call reads the whole residual stream x (31.5 MB at 384 rows x 4 x 5120) that the
+// expand right before it has just written (both mixes of a layer follow an expand); here every
+// row of x is read once and written once, as by the expand alone, and the dots run on the
+// expanded values while they are in shared memory. The structure is hc_mixes_staged_kernel's: a
+// cluster of kMixCluster blocks per tile of 8*RPT rows, chunks of kStageK floats per row through
+// a kStages-deep cp.async ring, fn read once per tile, the same dot mapping and the same fixed
+// reduction order (staged_mixes_reduce_finish). Only the chunk mapping differs, since the expand
+// of a column needs that column of every stream: chunk g holds dim columns [32g, 32g + 32) of the
+// 4 streams (chunk column 32s + c is width column s*dim + 32g + c, for x and for the fn rows), and
+// the ring slot also holds the tile's 32 columns of y. Block `rank` takes chunks rank,
+// rank + kMixCluster, ... . Per landed chunk, thread t < 8*BR takes tile row t / 8 and columns
+// 4(t % 8) .. + 4 of each stream: x' in hc_expand_kernel's order of operations (so x' and
+// collapse_out are the bits launch_hc_expand writes), stored to global memory and back into the
+// slot; after a barrier the dots read x' from the slot. The thread keeps that row's post, comb and
+// collapse_pre in registers for all its chunks. The mixes' sums run in another order than
+// launch_hc_mixes' (other columns per block and lane), fp32 FMA throughout, deterministic.
+// The end of hc_expand_mixes_kernel's tile: the steps that end hc_mixes_staged_kernel (left
+// written out there, so that kernel's code stays as measured). acc holds this thread's sums of
+// tile rows r0 + 8r (r0 = lane % 8) over chunk columns 16 warp + 4 (lane / 8) .. + 4 of its
+// chunks; `smem` is the drained ring (at least kMixWarps x 8RPT x (M + 1) floats), `part` this
+// block's [8RPT][M + 1] sums, read by the whole cluster; `rank` the block's rank in it. All in a
+// fixed order: the kq lanes (lane bits 3, 4), then the warps in order, then (finish) the blocks
+// in rank order.
+template <int HC, int RPT>
+__device__ __forceinline__ void staged_mixes_reduce_finish(
+    const HcMixesParams& p, float (&acc)[RPT][(2 + HC) * HC + 1], float* smem, float* part,
+    cooperative_groups::cluster_group& cluster, int rank, int64_t tile0) {
+  constexpr int MA = (2 + HC) * HC + 1, BR = 8 * RPT;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r0 = lane & 7;
+#pragma unroll
+  for (int r = 0; r < RPT; ++r)
+#pragma unroll
+    for (int j = 0; j < MA; ++j) {
+      acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], 8);
+      acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], 16);
+    }
+  float* red = smem;  // [kMixWarps][BR][MA]
+  if (lane < 8) {
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+#pragma unroll
+      for (int j = 0; j < MA; ++j) red[(warp * BR + r0 + 8 * r) * MA + j] = acc[r][j];
+  }
+  __syncthreads();
+  for (int e = tid; e < BR * MA; e += kThreads) {
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kMixWarps; ++w) s += red[w * BR * MA + e];
+    part[e] = s;
+  }
+  cluster.sync();
+  for (int rr = rank + kMixCluster * warp; rr < BR; rr += kMixCluster * kMixWarps)
+    if (tile0 + rr < p.rows) hc_mixes_finish_row<HC>(p, cluster, part, rr, tile0 + rr);
+  cluster.sync();  // keep this block's `part` alive until the cluster has read it
+}
+
+template <int RPT>
+struct ExpandMixes {
+  static constexpr int kHc = 4;
+  static constexpr int kM = (2 + kHc) * kHc;
+  static constexpr int kMA = kM + 1;
+  static constexpr int kRows = 8 * RPT;
+  static constexpr int kCols = kStageK / kHc;  // dim columns per chunk
+  static constexpr int kXFloats = kRows * kXPitch;
+  static constexpr int kFnFloats = kM * kStageK;
+  static constexpr int kStageFloats = kXFloats + kFnFloats + kRows * kCols;
+  static constexpr int kRedFloats = kMixWarps * kRows * kMA;
+  static constexpr int kRingFloats = std::max(kStages * kStageFloats, kRedFloats);
+  static constexpr int kSmemBytes = (kRingFloats + kRows * kMA) * 4;
+};
+
+template <int RPT>
+__global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, RPT >= 3 ? 1 : 2)
+    hc_expand_mixes_kernel(HcExpandMixesParams p) {
+  pdl_wait();
+  using Cfg = ExpandMixes<RPT>;
+  constexpr int HC = Cfg::kHc, M = Cfg::kM, MA = Cfg::kMA, BR = Cfg::kRows, CC = Cfg::kCols;
+  constexpr int kQuads = CC / 4;  // float4 per stream per chunk row
+  static_assert(kStageK == HC * CC && kQuads == 8 && BR * kQuads <= kThreads);
+  extern __shared__ __align__(16) float smem[];
+  float* part = smem + Cfg::kRingFloats;  // [BR][MA]: this block's sums, read by the cluster
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.y) * BR;
+  const int64_t width = static_cast<int64_t>(HC) * p.dim;
+  const int64_t chunks = p.dim / CC;
+  const int my_chunks =
+      rank < chunks ? static_cast<int>((chunks - rank + kMixCluster - 1) / kMixCluster) : 0;
+
+  // This thread's expand: tile row er, columns 4 eq .. 4 eq + 4 of each stream of every chunk.
+  const int er = tid / kQuads, eq = tid % kQuads;
+  const int64_t erow = tile0 + er;
+  const bool stages_y = tid < BR * kQuads;
+  const bool expands = stages_y && erow < p.rows;
+  const bool collapse = p.collapse_out != nullptr;
+  float post[HC], comb[HC][HC], cpre[HC];
+#pragma unroll
+  for (int k = 0; k < HC; ++k) {
+    post[k] = expands ? p.post[erow * HC + k] : 0.0f;
+    cpre[k] = expands && collapse ? p.collapse_pre[erow * HC + k] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < HC; ++j) comb[j][k] = expands ? p.comb[(erow * HC + j) * HC + k] : 0.0f;
+  }
+
+  // Chunk i of this block into ring slot `slot`; zeros past the last row. Warp w copies x rows
+  // w, w + 8, ... and fn rows w, w + 8, ...; lane l the float4 of stream l / 8 at dim column
+  // 4 (l % 8) of the chunk (chunk column 4l). Thread t < 8*BR copies the y float4 it expands.
+  const auto issue = [&](int i, int slot) {
+    const int64_t c0 = (rank + static_cast<int64_t>(i) * kMixCluster) * CC;
+    const int64_t k = (lane / kQuads) * p.dim + c0 + (lane % kQuads) * 4;
+    float* xs = smem + slot * Cfg::kStageFloats;
+    float* fs = xs + Cfg::kXFloats;
+    float* ys = fs + Cfg::kFnFloats;
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+      const int row = warp + 8 * r;
+      const bool ok = tile0 + row < p.rows;
+      async::copy16(async::smem_addr(xs + row * kXPitch + lane * 4),
+                    p.x + (ok ? (tile0 + row) * width + k : 0), ok);
+    }
+#pragma unroll
+    for (int jj = 0; jj < (M + 7) / 8; ++jj) {
+      const int j = warp + 8 * jj;
+      if (M % 8 != 0 && j >= M) break;
+      async::copy16(async::smem_addr(fs + j * kStageK + lane * 4), p.fn + j * width + k, true);
+    }
+    if (stages_y)
+      async::copy16(async::smem_addr(ys + er * CC + eq * 4),
+                    p.y + (expands ? erow * p.dim + c0 + eq * 4 : 0), expands);
+  };
+
+  float acc[RPT][MA];
+#pragma unroll
+  for (int r = 0; r < RPT; ++r)
+#pragma unroll
+    for (int j = 0; j < MA; ++j) acc[r][j] = 0.0f;
+  const int r0 = lane & 7, col = warp * 16 + (lane >> 3) * 4;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < my_chunks) issue(s, s);
+    async::commit();
+  }
+  for (int i = 0; i < my_chunks; ++i) {
+    async::wait<kStages - 2>();
+    __syncthreads();  // chunk i landed for all threads; slot (i - 1) % kStages is free again
+    if (i + kStages - 1 < my_chunks) issue(i + kStages - 1, (i + kStages - 1) % kStages);
+    async::commit();
+    float* xs = smem + (i % kStages) * Cfg::kStageFloats;
+    const float* fs = xs + Cfg::kXFloats;
+    const float* ys = fs + Cfg::kFnFloats;
+    if (expands) {
+      const int64_t c = (rank + static_cast<int64_t>(i) * kMixCluster) * CC + eq * 4;
+      float4 in[HC];
+#pragma unroll
+      for (int j = 0; j < HC; ++j)
+        in[j] = *reinterpret_cast<const float4*>(xs + er * kXPitch + j * CC + eq * 4);
+      const float4 yv = *reinterpret_cast<const float4*>(ys + er * CC + eq * 4);
+      float4 cv = zero4();
+#pragma unroll
+      for (int k = 0; k < HC; ++k) {
+        float4 o = make_float4(post[k] * yv.x, post[k] * yv.y, post[k] * yv.z, post[k] * yv.w);
+#pragma unroll
+        for (int j = 0; j < HC; ++j) {
+          o.x = fmaf(comb[j][k], in[j].x, o.x);
+          o.y = fmaf(comb[j][k], in[j].y, o.y);
+          o.z = fmaf(comb[j][k], in[j].z, o.z);
+          o.w = fmaf(comb[j][k], in[j].w, o.w);
+        }
+        *reinterpret_cast<float4*>(p.x + erow * width + k * p.dim + c) = o;
+        *reinterpret_cast<float4*>(xs + er * kXPitch + k * CC + eq * 4) = o;
+        cv.x = fmaf(cpre[k], o.x, cv.x);
+        cv.y = fmaf(cpre[k], o.y, cv.y);
+        cv.z = fmaf(cpre[k], o.z, cv.z);
+        cv.w = fmaf(cpre[k], o.w, cv.w);
+      }
+      if (collapse) *reinterpret_cast<float4*>(p.collapse_out + erow * p.dim + c) = cv;
+    }
+    __syncthreads();  // x' of the chunk is in the slot
+    float4 xv[RPT];
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+      xv[r] = *reinterpret_cast<const float4*>(xs + (r0 + 8 * r) * kXPitch + col);
+#pragma unroll
+    for (int j = 0; j < M; ++j) {
+      const float4 w = *reinterpret_cast<const float4*>(fs + j * kStageK + col);
+#pragma unroll
+      for (int r = 0; r < RPT; ++r) {
+        float& a = acc[r][j];
+        a = fmaf(xv[r].x, w.x, a);
+        a = fmaf(xv[r].y, w.y, a);
+        a = fmaf(xv[r].z, w.z, a);
+        a = fmaf(xv[r].w, w.w, a);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+      float& a = acc[r][M];
+      a = fmaf(xv[r].x, xv[r].x, a);
+      a = fmaf(xv[r].y, xv[r].y, a);
+      a = fmaf(xv[r].z, xv[r].z, a);
+      a = fmaf(xv[r].w, xv[r].w, a);
+    }
+  }
+  async::wait<0>();
+  __syncthreads();  // the ring becomes `red`
+  HcMixesParams mp;
+  mp.rows = p.rows;
+  mp.hc = HC;
+  mp.dim = p.dim;
+  mp.base = p.base;
+  mp.scale = p.scale;
+  mp.rms_eps = p.rms_eps;
+  mp.hc_eps = p.hc_eps;
+  mp.sinkhorn_iters = p.sinkhorn_iters;
+  mp.pre = p.mix_pre;
+  mp.post = p.mix_post;
+  mp.comb = p.mix_comb;
+  staged_mixes_reduce_finish<HC, RPT>(mp, acc, smem, part, cluster, rank, tile0);
+}
+
 // V values per thread (4: float4 loads and stores; needs dim % 4 == 0 and aligned rows).
 template <int V>
 __device__ __forceinline__ void load_v(const float* p, float (&o)[V]) {
@@ -740,6 +966,68 @@ void launch_hc_expand(const HcExpandParams& p, Stream stream) {
   else
     MS_CUDA_CHECK(
         launch_kernel(hc_expand_kernel<1>, hc_row_grid(p.rows, p.dim), kThreads, 0, s, p));
+}
+
+namespace {
+
+template <int RPT>
+void launch_fused_expand_mixes(const HcExpandMixesParams& p, int64_t tiles, cudaStream_t s) {
+  constexpr int kSmem = ExpandMixes<RPT>::kSmemBytes;
+  const auto kernel = hc_expand_mixes_kernel<RPT>;
+  MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  MS_CUDA_CHECK(launch_kernel(kernel, dim3(kMixCluster, static_cast<unsigned>(tiles)), kThreads,
+                              kSmem, s, p));
+}
+
+}  // namespace
+
+void launch_hc_expand_mixes(const HcExpandMixesParams& p, Stream stream) {
+  const bool collapse = p.collapse_out != nullptr;
+  if (p.rows < 0 || p.hc < 1 || p.hc > kMaxHc || p.dim < 1 || p.x == nullptr || p.y == nullptr ||
+      p.post == nullptr || p.comb == nullptr || collapse != (p.collapse_pre != nullptr) ||
+      p.fn == nullptr || p.base == nullptr || p.scale == nullptr || p.mix_pre == nullptr ||
+      p.mix_post == nullptr || p.mix_comb == nullptr || p.rows_per_thread < 0 ||
+      p.rows_per_thread > 4) {
+    detail::cuda_call_failed(__FILE__, __LINE__, "launch_hc_expand_mixes", "bad arguments",
+                             "hc 1..4, dim >= 1, rows >= 0, all pointers but the collapse pair, "
+                             "collapse_pre with collapse_out, rows_per_thread 0..4");
+  }
+  if (p.rows == 0) return;
+  const bool fused = p.hc == ExpandMixes<1>::kHc && p.dim % ExpandMixes<1>::kCols == 0 &&
+                     aligned16(p.x) && aligned16(p.y) && aligned16(p.fn) &&
+                     aligned16(p.collapse_out);
+  if (!fused) {
+    launch_hc_expand(
+        {p.x, p.y, p.rows, p.hc, p.dim, p.post, p.comb, p.collapse_pre, p.collapse_out}, stream);
+    HcMixesParams m{p.x,        p.hc * p.dim, p.rows,           p.hc,
+                    p.dim,      p.fn,         p.base,           p.scale,
+                    p.rms_eps,  p.hc_eps,     p.sinkhorn_iters, p.mix_pre,
+                    p.mix_post, p.mix_comb};
+    m.rows_per_thread = p.rows_per_thread;
+    launch_hc_mixes(m, stream);
+    return;
+  }
+  // The tile height rule of launch_hc_mixes' staged path (measured there, not for this kernel).
+  int rpt = p.rows_per_thread;
+  if (rpt == 0) rpt = ceil_div(p.rows, int64_t{8}) * kMixCluster <= device_sm_count() ? 1 : 4;
+  const int64_t tiles = ceil_div(p.rows, int64_t{8} * rpt);
+  if (tiles > 65535)
+    detail::cuda_call_failed(__FILE__, __LINE__, "hc expand mixes rows", "too many rows", "");
+  const cudaStream_t s = as_cuda_stream(stream);
+  switch (rpt) {
+    case 1:
+      launch_fused_expand_mixes<1>(p, tiles, s);
+      break;
+    case 2:
+      launch_fused_expand_mixes<2>(p, tiles, s);
+      break;
+    case 3:
+      launch_fused_expand_mixes<3>(p, tiles, s);
+      break;
+    default:
+      launch_fused_expand_mixes<4>(p, tiles, s);
+      break;
+  }
 }
 
 void launch_engram_gate(const EngramGateParams& p, Stream stream) {

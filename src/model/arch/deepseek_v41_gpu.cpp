@@ -1121,6 +1121,37 @@ struct DeepseekV41Gpu::Impl {
     cost.flops += 2.0 * static_cast<double>(n) * c.hc_mix_count() * hc * d;
     cost.weight_bytes += static_cast<double>(fn.bytes());
   }
+  // expand(x, y, n, post, comb, collapse_pre, collapse_out) then mixes(x', n, fn, ...) in one
+  // launch (mhc_fuse_expand_mixes); the cost counted as mixes() counts it (expand counts none).
+  void expand_mixes(float* x, const float* y, int64_t n, const float* post, const float* comb,
+                    const float* collapse_pre, float* collapse_out, const DeviceMemory& fn,
+                    const DeviceMemory& base, const DeviceMemory& scale, float* pre,
+                    float* mix_post, float* mix_comb) {
+    const int hc = c.hc_mult;
+    const int64_t d = c.hidden_size;
+    cu::HcExpandMixesParams p;
+    p.x = x;
+    p.y = y;
+    p.rows = n;
+    p.hc = hc;
+    p.dim = d;
+    p.post = post;
+    p.comb = comb;
+    p.collapse_pre = collapse_pre;
+    p.collapse_out = collapse_out;
+    p.fn = fn.as<float>();
+    p.base = base.as<float>();
+    p.scale = scale.as<float>();
+    p.rms_eps = static_cast<float>(c.rms_norm_eps);
+    p.hc_eps = static_cast<float>(c.hc_eps);
+    p.sinkhorn_iters = c.hc_sinkhorn_iters;
+    p.mix_pre = pre;
+    p.mix_post = mix_post;
+    p.mix_comb = mix_comb;
+    cu::launch_hc_expand_mixes(p, stream);
+    cost.flops += 2.0 * static_cast<double>(n) * c.hc_mix_count() * hc * d;
+    cost.weight_bytes += static_cast<double>(fn.bytes());
+  }
   void collapse(const float* x, int64_t n, const float* pre, float* out) {
     cu::HcCollapseParams p;
     p.x = x;
@@ -2278,10 +2309,15 @@ struct DeepseekV41Gpu::Impl {
     const int32_t boundary = c.decoder_start_layer();
     // true: the previous layer's last expand already wrote collapse(x, pre) into "a".
     bool a_ready = false;
+    // true: the previous layer's last expand (mhc_fuse_expand_mixes) already wrote this layer's
+    // attention-site mixes of x into "pre_a", "post_a", "comb_a".
+    bool attn_mixes_ready = false;
     for (size_t li = 0; li < layer_ids.size(); ++li) {
       const int32_t l = layer_ids[li];
       Layer& L = *layers[static_cast<size_t>(l)];
       const LayerInfo& info = c.layer(l);
+      const bool mixes_ready = attn_mixes_ready;
+      attn_mixes_ready = false;
       if (info.engram_index >= 0 && s->n > 0) {
         mark(GpuComponent::kEngram);
         engram(b, *s, l, x);
@@ -2332,23 +2368,34 @@ struct DeepseekV41Gpu::Impl {
       }
       if (opt.trace) trace_rows(trace.attn_in, l, a, n * d);
       if (n == 0) continue;
-      mark(GpuComponent::kMhc, "mixes");
+      if (!mixes_ready) mark(GpuComponent::kMhc, "mixes");
       float* pre_a = buf<float>("pre_a", n * hc);
       float* post_a = buf<float>("post_a", n * hc);
       float* comb_a = buf<float>("comb_a", n * hc * hc);
-      mixes(x, n, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a, post_a, comb_a);
+      if (!mixes_ready)
+        mixes(x, n, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a, post_a, comb_a);
       float* y = buf<float>("y", n * d);
       attention(b, *s, l, a, y);
       if (opt.trace) trace_rows(trace.attn_out, l, y, n * d);
       mark(GpuComponent::kMhc, "expand");
       // The ffn site's input collapse(x', pre_a) fused into the expand (mixes does not write x).
       float* fbuf = buf<float>("f", n * d);
-      expand(x, y, n, post_a, comb_a, pre_a, fbuf);
-      mark(GpuComponent::kMhc, "mixes");
-      float* pre_f = buf<float>("pre_f", n * hc);
-      float* post_f = buf<float>("post_f", n * hc);
-      float* comb_f = buf<float>("comb_f", n * hc * hc);
-      mixes(x, n, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f, post_f, comb_f);
+      float *pre_f, *post_f, *comb_f;
+      if (opt.mhc_fuse_expand_mixes) {
+        // The ffn site's mixes of x' in the same launch.
+        pre_f = buf<float>("pre_f", n * hc);
+        post_f = buf<float>("post_f", n * hc);
+        comb_f = buf<float>("comb_f", n * hc * hc);
+        expand_mixes(x, y, n, post_a, comb_a, pre_a, fbuf, L.hc_ffn_fn, L.hc_ffn_base,
+                     L.hc_ffn_scale, pre_f, post_f, comb_f);
+      } else {
+        expand(x, y, n, post_a, comb_a, pre_a, fbuf);
+        mark(GpuComponent::kMhc, "mixes");
+        pre_f = buf<float>("pre_f", n * hc);
+        post_f = buf<float>("post_f", n * hc);
+        comb_f = buf<float>("comb_f", n * hc * hc);
+        mixes(x, n, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f, post_f, comb_f);
+      }
       mark(GpuComponent::kMhc, "ffn_norm");
       rms(fbuf, n, d, L.ffn_norm);
       if (opt.trace) trace_rows(trace.ffn_in, l, fbuf, n * d);
@@ -2369,8 +2416,20 @@ struct DeepseekV41Gpu::Impl {
       // changes x in between.
       const bool fuse_next =
           li + 1 < layer_ids.size() && c.layer(layer_ids[li + 1]).engram_index < 0;
-      expand(x, y, n, post_f, comb_f, fuse_next ? pre_f : nullptr,
-             fuse_next ? buf<float>("a", n * d) : nullptr);
+      // mhc_fuse_expand_mixes: the next layer's attention-site mixes of x' in the same launch too,
+      // unless bounded replay narrows the rows at that layer's start (x is gathered there).
+      const int32_t next_l = fuse_next ? layer_ids[li + 1] : -1;
+      const bool next_narrows = next_l >= boundary && s == &b.enc && b.dec.n != b.enc.n;
+      if (opt.mhc_fuse_expand_mixes && fuse_next && !next_narrows) {
+        const Layer& N = *layers[static_cast<size_t>(next_l)];
+        expand_mixes(x, y, n, post_f, comb_f, pre_f, buf<float>("a", n * d), N.hc_attn_fn,
+                     N.hc_attn_base, N.hc_attn_scale, buf<float>("pre_a", n * hc),
+                     buf<float>("post_a", n * hc), buf<float>("comb_a", n * hc * hc));
+        attn_mixes_ready = true;
+      } else {
+        expand(x, y, n, post_f, comb_f, fuse_next ? pre_f : nullptr,
+               fuse_next ? buf<float>("a", n * d) : nullptr);
+      }
       a_ready = fuse_next;
       cu::copy_d2d(pre, pre_f, static_cast<size_t>(n * hc) * 4, stream);
       if (opt.trace) trace_rows(trace.layer_out, l, x, n * hc * d);

@@ -168,6 +168,13 @@ struct GpuModelOptions {
   // logits). 1: one GEMM. Measured no gain (H200, r9): the DEP32 decode's router part 2.50 ms
   // with one GEMM, 2.69 / 3.47 / 2.50 ms with 8 / 4 / 16 slices; step 51.7 vs 51.9 ms. Off.
   int router_split_k = 1;
+  // true: each mHC expand of the layer loop and the mixes that follow it on the updated x (the
+  // ffn site's after the attention expand; the next layer's attention site's after the ffn
+  // expand, where no Engram and no bounded-replay narrowing come between) run as one launch
+  // (cuda::launch_hc_expand_mixes: x read once and written once instead of written, then read
+  // again by the mixes). x and the fused collapse are the same bits; the mixes' fp32 sums run in
+  // another order. The same cost accounting. Not in the DSpark draft stages. Unmeasured: off.
+  bool mhc_fuse_expand_mixes = false;
   // true: our kernels are launched with programmatic dependent launch (PDL, sm_90;
   // cuda::set_programmatic_launch): each may be scheduled once every CTA of its predecessor on
   // the stream has exited, and waits on the device (its first statement) until that predecessor

@@ -1019,6 +1019,82 @@ TEST(GpuForward, MoeFusedSwigluIsBitIdenticalInTheForward) {
   std::filesystem::remove_all(dir);
 }
 
+// GpuModelOptions::mhc_fuse_expand_mixes (each mHC expand and the mixes after it on the updated
+// x in one launch) against the unfused launches, on the wide model (hidden 256: the one-kernel
+// path; Engram at layers 1 and 4, so layer 0 fuses only its ffn site and the next layer's
+// attention site is fused from layer 1 on where no Engram follows). Oracle prefill of 20 tokens,
+// traced:
+// - layer 0's FFN input and MoE output are bit-identical (the fused expand writes the bits of
+//   launch_hc_expand and its collapse; the attention-site mixes before it are unfused either way);
+// - layer 0's output agrees to fp32 summation order in every row (its post/comb come from the
+//   fused mixes: another order of the same fp32 sums), 1e-5 of the row's largest value;
+// - in later layers a difference of that size may flip an MXFP8 rounding (as between the GPU and
+//   the CPU), so the first layer with a row over 1e-5 may differ in at most 3 rows (a wiring
+//   error - the wrong layer's weights, stale coefficients - moves every row by O(1));
+// - the layer outputs are not bit-identical everywhere (the fused mixes ran);
+// - the cost accounting is the unfused one (FLOPs; weight bytes while the routing is the same).
+// Then greedy decoding against the CPU with the option on (16 prompts of 9 tokens, chunked
+// prefill with bounded replay, 8 steps), with the floor of GreedyDecodeWideModelMatchesCpu.
+TEST(GpuForward, MhcFusedExpandMixesAgreesInTheForward) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_mhc_fuse");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  const auto run = [&](bool fuse, arch::GpuForwardCost* cost) {
+    return traced_prefill(
+        dir, 11, [&](arch::GpuModelOptions& o) { o.mhc_fuse_expand_mixes = fuse; }, cost);
+  };
+  arch::GpuForwardCost ca, cb;
+  const auto ta = run(false, &ca);
+  const auto tb = run(true, &cb);
+  ASSERT_FALSE(ta.layer_out.empty());
+  ASSERT_EQ(ta.layer_out.size(), tb.layer_out.size());
+  const int64_t rows = 20;
+  const int32_t l0 = ta.layer_out.begin()->first;
+  EXPECT_EQ(ta.attn_in.at(l0), tb.attn_in.at(l0));
+  EXPECT_EQ(ta.ffn_in.at(l0), tb.ffn_in.at(l0)) << "the fused expand's collapse differs";
+  EXPECT_EQ(ta.ffn_out.at(l0), tb.ffn_out.at(l0));
+  EXPECT_EQ(rows_differing(ta.layer_out.at(l0), tb.layer_out.at(l0), rows, kRowAgree), 0);
+  std::string line;
+  int first_layer = -1, first_rows = 0;
+  for (const auto& [l, a] : ta.layer_out) {
+    ASSERT_EQ(tb.layer_out.count(l), 1u) << "layer " << l;
+    const auto& b = tb.layer_out.at(l);
+    for (const float x : b) ASSERT_TRUE(std::isfinite(x)) << "layer " << l;
+    const int di = rows_differing(ta.attn_in.at(l), tb.attn_in.at(l), rows, kRowAgree);
+    const int df = rows_differing(ta.ffn_in.at(l), tb.ffn_in.at(l), rows, kRowAgree);
+    const int dx = rows_differing(a, b, rows, kRowAgree);
+    line += fmt::format(" {}:{}/{}/{}", l, di, df, dx);
+    if (first_layer < 0 && di + df + dx > 0) {
+      first_layer = l;
+      first_rows = std::max({di, df, dx});
+    }
+  }
+  fmt::print(
+      "mhc_fuse_expand_mixes vs unfused: rows over {:.0e} per layer "
+      "(attn_in/ffn_in/layer_out){}\n",
+      kRowAgree, line);
+  EXPECT_LE(first_rows, 3) << "the first difference (layer " << first_layer << ") is in "
+                           << first_rows << " rows, not a local rounding flip";
+  EXPECT_NE(ta.layer_out, tb.layer_out) << "bit-identical layer outputs: fused mixes not run";
+  EXPECT_EQ(ca.flops, cb.flops);
+  EXPECT_EQ(ca.fp8_flops, cb.fp8_flops);
+  if (ta.experts == tb.experts) {
+    EXPECT_EQ(ca.weight_bytes, cb.weight_bytes);
+  } else {
+    fmt::print(
+        "mhc_fuse_expand_mixes: routing differs in a later layer, weight bytes not "
+        "compared\n");
+  }
+  std::filesystem::remove_all(dir);
+  const auto r = greedy_prompts(false, 16, 9, 0, 8, false, false, gpu_wide_config(),
+                                [](arch::GpuModelOptions& o) { o.mhc_fuse_expand_mixes = true; });
+  fmt::print(
+      "mhc_fuse_expand_mixes, wide model, short: {} of 16 prompts never flipped, {:.3f} of "
+      "greedy tokens identical\n",
+      never_flipped(r), same_fraction(r));
+  EXPECT_GE(same_fraction(r), kMinSameFraction);
+}
+
 // GpuModelOptions::fuse_shared_w13 (the shared expert's w1 and w3 as one GEMM of [w1; w3], the
 // SwiGLU reading both halves of its output) against the two GEMMs, on the wide model (inter 128,
 // hidden 256), on each path the fused GEMM takes:
