@@ -63,7 +63,7 @@ args_decode_s1_pass224="$args_decode_s1 --moe-rs-max-pass 224"
 args_decode_s6_fswq="$args_decode_s6 --moe-fuse-swiglu true"
 args_decode_s1_fswq="$args_decode_s1 --moe-fuse-swiglu true"
 # Each mHC expand and the mixes after it in one launch (GpuModelOptions::mhc_fuse_expand_mixes;
-# off by default: unmeasured).
+# off by default: measured slower at 64 x 6 in r9).
 args_decode_s6_fmix="$args_decode_s6 --mhc-fuse-expand-mixes true"
 args_decode_s1_fmix="$args_decode_s1 --mhc-fuse-expand-mixes true"
 # The same plus one DSpark draft cycle for the batch (the draft stages' rings committed from

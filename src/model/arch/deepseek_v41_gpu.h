@@ -173,7 +173,11 @@ struct GpuModelOptions {
   // expand, where no Engram and no bounded-replay narrowing come between) run as one launch
   // (cuda::launch_hc_expand_mixes: x read once and written once instead of written, then read
   // again by the mixes). x and the fused collapse are the same bits; the mixes' fp32 sums run in
-  // another order. The same cost accounting. Not in the DSpark draft stages. Unmeasured: off.
+  // another order. The same cost accounting. Not in the DSpark draft stages. Its tests pass on
+  // the H200, but it is slower there (r9, call 5): at 384 rows the fused launches take 4.63 ms
+  // per step against 4.46 for the expands and mixes apart (decode 64x6 51.6 -> 52.0 ms); at 64
+  // rows 2.07 against 2.32 ms. Its tile rule (4 rows per thread at 384 rows: 96 one-per-SM
+  // blocks) is the mixes kernel's and untuned for it. Off.
   bool mhc_fuse_expand_mixes = false;
   // true: our kernels are launched with programmatic dependent launch (PDL, sm_90;
   // cuda::set_programmatic_launch): each may be scheduled once every CTA of its predecessor on
