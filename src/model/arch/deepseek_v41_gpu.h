@@ -176,7 +176,7 @@ struct GpuModelOptions {
   // another order. The same cost accounting. Not in the DSpark draft stages. Its tests pass on
   // the H200, but it is slower there (r9, call 5): at 384 rows the fused launches take 4.63 ms
   // per step against 4.46 for the expands and mixes apart (decode 64x6 51.6 -> 52.0 ms); at 64
-  // rows 2.07 against 2.32 ms. Its tile rule (4 rows per thread at 384 rows: 96 one-per-SM
+  // rows 2.07 against 2.32 ms, the step no faster. Its tile rule (4 rows per thread at 384 rows: 96 one-per-SM
   // blocks) is the mixes kernel's and untuned for it. Off.
   bool mhc_fuse_expand_mixes = false;
   // true: our kernels are launched with programmatic dependent launch (PDL, sm_90;
