@@ -176,8 +176,8 @@ struct GpuModelOptions {
   // another order. The same cost accounting. Not in the DSpark draft stages. Its tests pass on
   // the H200, but it is slower there (r9, call 5): at 384 rows the fused launches take 4.63 ms
   // per step against 4.46 for the expands and mixes apart (decode 64x6 51.6 -> 52.0 ms); at 64
-  // rows 2.07 against 2.32 ms, the step no faster. Its tile rule (4 rows per thread at 384 rows: 96 one-per-SM
-  // blocks) is the mixes kernel's and untuned for it. Off.
+  // rows 2.07 against 2.32 ms, the step no faster. Its tile rule (4 rows per thread at 384
+  // rows: 96 one-per-SM blocks) is the mixes kernel's and untuned for it. Off.
   bool mhc_fuse_expand_mixes = false;
   // The fused launch's rows per thread (HcExpandMixesParams::rows_per_thread: tiles of 8 x that
   // many rows), 1..4; 0 = the mixes kernel's rule (4 at 384 rows). For timing the tile height.
@@ -189,9 +189,9 @@ struct GpuModelOptions {
   // hide part of their launch gap; CUDA graphs capture them as programmatic edges. cuBLASLt,
   // copies and memsets launch as before. Same kernels and results (GpuForward.ProgrammaticLaunch*).
   // Measured (H200, docs/perf/forward-gpu-2026-11-30-r9.md): DEP32 decode 64x6 52.1 -> 51.4 ms,
-  // 64x1 24.1 -> 23.7 ms, prefill 8K +0.8%. PROCESS-WIDE: set when the model is created (load / random), so
-  // the last model created decides for every model and stream of the process from then on
-  // (graphs keep the setting of their capture).
+  // 64x1 24.1 -> 23.7 ms, prefill 8K +0.8%. PROCESS-WIDE: set when the model is created (load /
+  // random), so the last model created decides for every model and stream of the process from
+  // then on (graphs keep the setting of their capture).
   bool programmatic_launch = true;
   // true (and the config has draft stages): load / fill the DSpark draft stages and heads, and
   // allocate their context rings (dspark_commit, dspark_draft).
@@ -335,8 +335,8 @@ class DeepseekV41Gpu {
   // Per-component GPU milliseconds accumulated since reset_profile() (options.profile).
   [[nodiscard]] std::array<double, kNumGpuComponents> component_ms() const;
   // The same split finer, by named part of a component, "<component>.<part>" ("moe.router",
-  // "moe.w13", "mhc.mixes", ...; a component's time outside its named parts is "<component>.other"):
-  // the parts of a component sum to its component_ms().
+  // "moe.w13", "mhc.mixes", ...; a component's time outside its named parts is
+  // "<component>.other"): the parts of a component sum to its component_ms().
   [[nodiscard]] std::map<std::string, double> part_ms() const;
   void reset_profile();
   void set_profile(bool on);
