@@ -301,6 +301,77 @@ struct StagedMixes {
   static constexpr int kSmemBytes = (kRingFloats + kRows * kMA) * 4;
 };
 
+// One staged chunk's dot products (hc_mixes_staged_kernel, hc_expand_mixes_kernel): tile rows
+// r0 + 8r of the chunk in `xs` (pitch kXPitch) times each of the M fn rows in `fs` (pitch
+// kStageK) at columns col .. col + 3 into acc[r][j], and their sums of squares into acc[r][M].
+template <int RPT, int M>
+__device__ __forceinline__ void staged_chunk_dots(const float* xs, const float* fs, int r0, int col,
+                                                  float (&acc)[RPT][M + 1]) {
+  float4 xv[RPT];
+#pragma unroll
+  for (int r = 0; r < RPT; ++r)
+    xv[r] = *reinterpret_cast<const float4*>(xs + (r0 + 8 * r) * kXPitch + col);
+#pragma unroll
+  for (int j = 0; j < M; ++j) {
+    const float4 w = *reinterpret_cast<const float4*>(fs + j * kStageK + col);
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+      float& a = acc[r][j];
+      a = fmaf(xv[r].x, w.x, a);
+      a = fmaf(xv[r].y, w.y, a);
+      a = fmaf(xv[r].z, w.z, a);
+      a = fmaf(xv[r].w, w.w, a);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < RPT; ++r) {
+    float& a = acc[r][M];
+    a = fmaf(xv[r].x, xv[r].x, a);
+    a = fmaf(xv[r].y, xv[r].y, a);
+    a = fmaf(xv[r].z, xv[r].z, a);
+    a = fmaf(xv[r].w, xv[r].w, a);
+  }
+}
+
+// The end of a staged tile (hc_mixes_staged_kernel, hc_expand_mixes_kernel): acc holds this thread's sums of
+// tile rows r0 + 8r (r0 = lane % 8) over chunk columns 16 warp + 4 (lane / 8) .. + 4 of its
+// chunks; `smem` is the drained ring (at least kMixWarps x 8RPT x (M + 1) floats), `part` this
+// block's [8RPT][M + 1] sums, read by the whole cluster; `rank` the block's rank in it. All in a
+// fixed order: the kq lanes (lane bits 3, 4), then the warps in order, then (finish) the blocks
+// in rank order.
+template <int HC, int RPT>
+__device__ __forceinline__ void staged_mixes_reduce_finish(
+    const HcMixesParams& p, float (&acc)[RPT][(2 + HC) * HC + 1], float* smem, float* part,
+    cooperative_groups::cluster_group& cluster, int rank, int64_t tile0) {
+  constexpr int MA = (2 + HC) * HC + 1, BR = 8 * RPT;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r0 = lane & 7;
+#pragma unroll
+  for (int r = 0; r < RPT; ++r)
+#pragma unroll
+    for (int j = 0; j < MA; ++j) {
+      acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], 8);
+      acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], 16);
+    }
+  float* red = smem;  // [kMixWarps][BR][MA]
+  if (lane < 8) {
+#pragma unroll
+    for (int r = 0; r < RPT; ++r)
+#pragma unroll
+      for (int j = 0; j < MA; ++j) red[(warp * BR + r0 + 8 * r) * MA + j] = acc[r][j];
+  }
+  __syncthreads();
+  for (int e = tid; e < BR * MA; e += kThreads) {
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kMixWarps; ++w) s += red[w * BR * MA + e];
+    part[e] = s;
+  }
+  cluster.sync();
+  for (int rr = rank + kMixCluster * warp; rr < BR; rr += kMixCluster * kMixWarps)
+    if (tile0 + rr < p.rows) hc_mixes_finish_row<HC>(p, cluster, part, rr, tile0 + rr);
+  cluster.sync();  // keep this block's `part` alive until the cluster has read it
+}
+
 template <int HC, int RPT>
 __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, RPT == 4 ? 1 : 2)
     hc_mixes_staged_kernel(HcMixesParams p) {
@@ -364,60 +435,11 @@ __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, 
     async::commit();
     const float* xs = smem + (i % kStages) * Cfg::kStageFloats;
     const float* fs = xs + Cfg::kXFloats;
-    float4 xv[RPT];
-#pragma unroll
-    for (int r = 0; r < RPT; ++r)
-      xv[r] = *reinterpret_cast<const float4*>(xs + (r0 + 8 * r) * kXPitch + col);
-#pragma unroll
-    for (int j = 0; j < M; ++j) {
-      const float4 w = *reinterpret_cast<const float4*>(fs + j * kStageK + col);
-#pragma unroll
-      for (int r = 0; r < RPT; ++r) {
-        float& a = acc[r][j];
-        a = fmaf(xv[r].x, w.x, a);
-        a = fmaf(xv[r].y, w.y, a);
-        a = fmaf(xv[r].z, w.z, a);
-        a = fmaf(xv[r].w, w.w, a);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < RPT; ++r) {
-      float& a = acc[r][M];
-      a = fmaf(xv[r].x, xv[r].x, a);
-      a = fmaf(xv[r].y, xv[r].y, a);
-      a = fmaf(xv[r].z, xv[r].z, a);
-      a = fmaf(xv[r].w, xv[r].w, a);
-    }
+    staged_chunk_dots<RPT, M>(xs, fs, r0, col, acc);
   }
   async::wait<0>();
   __syncthreads();  // the ring becomes `red`
-
-  // kq lanes (lane bits 3, 4), then warps in order, then (finish) blocks in rank order.
-#pragma unroll
-  for (int r = 0; r < RPT; ++r)
-#pragma unroll
-    for (int j = 0; j < MA; ++j) {
-      acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], 8);
-      acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], 16);
-    }
-  float* red = smem;  // [kMixWarps][BR][MA]
-  if (lane < 8) {
-#pragma unroll
-    for (int r = 0; r < RPT; ++r)
-#pragma unroll
-      for (int j = 0; j < MA; ++j) red[(warp * BR + r0 + 8 * r) * MA + j] = acc[r][j];
-  }
-  __syncthreads();
-  for (int e = tid; e < BR * MA; e += kThreads) {
-    float s = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kMixWarps; ++w) s += red[w * BR * MA + e];
-    part[e] = s;
-  }
-  cluster.sync();
-  for (int rr = rank + kMixCluster * warp; rr < BR; rr += kMixCluster * kMixWarps)
-    if (tile0 + rr < p.rows) hc_mixes_finish_row<HC>(p, cluster, part, rr, tile0 + rr);
-  cluster.sync();  // keep this block's `part` alive until the cluster has read it
+  staged_mixes_reduce_finish<HC, RPT>(p, acc, smem, part, cluster, rank, tile0);
 }
 
 // ---- mHC expand + mixes, fused ----------------------------------------------------------------
@@ -438,46 +460,6 @@ __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, 
 // slot; after a barrier the dots read x' from the slot. The thread keeps that row's post, comb and
 // collapse_pre in registers for all its chunks. The mixes' sums run in another order than
 // launch_hc_mixes' (other columns per block and lane), fp32 FMA throughout, deterministic.
-// The end of hc_expand_mixes_kernel's tile: the steps that end hc_mixes_staged_kernel (left
-// written out there, so that kernel's code stays as measured). acc holds this thread's sums of
-// tile rows r0 + 8r (r0 = lane % 8) over chunk columns 16 warp + 4 (lane / 8) .. + 4 of its
-// chunks; `smem` is the drained ring (at least kMixWarps x 8RPT x (M + 1) floats), `part` this
-// block's [8RPT][M + 1] sums, read by the whole cluster; `rank` the block's rank in it. All in a
-// fixed order: the kq lanes (lane bits 3, 4), then the warps in order, then (finish) the blocks
-// in rank order.
-template <int HC, int RPT>
-__device__ __forceinline__ void staged_mixes_reduce_finish(
-    const HcMixesParams& p, float (&acc)[RPT][(2 + HC) * HC + 1], float* smem, float* part,
-    cooperative_groups::cluster_group& cluster, int rank, int64_t tile0) {
-  constexpr int MA = (2 + HC) * HC + 1, BR = 8 * RPT;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r0 = lane & 7;
-#pragma unroll
-  for (int r = 0; r < RPT; ++r)
-#pragma unroll
-    for (int j = 0; j < MA; ++j) {
-      acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], 8);
-      acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], 16);
-    }
-  float* red = smem;  // [kMixWarps][BR][MA]
-  if (lane < 8) {
-#pragma unroll
-    for (int r = 0; r < RPT; ++r)
-#pragma unroll
-      for (int j = 0; j < MA; ++j) red[(warp * BR + r0 + 8 * r) * MA + j] = acc[r][j];
-  }
-  __syncthreads();
-  for (int e = tid; e < BR * MA; e += kThreads) {
-    float s = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kMixWarps; ++w) s += red[w * BR * MA + e];
-    part[e] = s;
-  }
-  cluster.sync();
-  for (int rr = rank + kMixCluster * warp; rr < BR; rr += kMixCluster * kMixWarps)
-    if (tile0 + rr < p.rows) hc_mixes_finish_row<HC>(p, cluster, part, rr, tile0 + rr);
-  cluster.sync();  // keep this block's `part` alive until the cluster has read it
-}
-
 template <int RPT>
 struct ExpandMixes {
   static constexpr int kHc = 4;
@@ -604,30 +586,7 @@ __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, 
       if (collapse) *reinterpret_cast<float4*>(p.collapse_out + erow * p.dim + c) = cv;
     }
     __syncthreads();  // x' of the chunk is in the slot
-    float4 xv[RPT];
-#pragma unroll
-    for (int r = 0; r < RPT; ++r)
-      xv[r] = *reinterpret_cast<const float4*>(xs + (r0 + 8 * r) * kXPitch + col);
-#pragma unroll
-    for (int j = 0; j < M; ++j) {
-      const float4 w = *reinterpret_cast<const float4*>(fs + j * kStageK + col);
-#pragma unroll
-      for (int r = 0; r < RPT; ++r) {
-        float& a = acc[r][j];
-        a = fmaf(xv[r].x, w.x, a);
-        a = fmaf(xv[r].y, w.y, a);
-        a = fmaf(xv[r].z, w.z, a);
-        a = fmaf(xv[r].w, w.w, a);
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < RPT; ++r) {
-      float& a = acc[r][M];
-      a = fmaf(xv[r].x, xv[r].x, a);
-      a = fmaf(xv[r].y, xv[r].y, a);
-      a = fmaf(xv[r].z, xv[r].z, a);
-      a = fmaf(xv[r].w, xv[r].w, a);
-    }
+    staged_chunk_dots<RPT, M>(xs, fs, r0, col, acc);
   }
   async::wait<0>();
   __syncthreads();  // the ring becomes `red`
