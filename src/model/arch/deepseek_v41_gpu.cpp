@@ -1098,28 +1098,36 @@ struct DeepseekV41Gpu::Impl {
     cu::launch_rope(p, stream);
   }
 
-  void mixes(const float* x, int64_t n, const DeviceMemory& fn, const DeviceMemory& base,
-             const DeviceMemory& scale, float* pre, float* post, float* comb) {
-    const int hc = c.hc_mult;
-    const int64_t d = c.hidden_size;
-    cu::HcMixesParams p;
-    p.x = x;
-    p.ldx = hc * d;
-    p.rows = n;
-    p.hc = hc;
-    p.dim = d;
+  // The fields HcMixesParams and HcExpandMixesParams share (the mixes' weights and constants),
+  // and the cost both launches count for the mixes of n rows.
+  template <typename Params>
+  void set_mix_weights(Params& p, const DeviceMemory& fn, const DeviceMemory& base,
+                       const DeviceMemory& scale) const {
+    p.hc = c.hc_mult;
+    p.dim = c.hidden_size;
     p.fn = fn.as<float>();
     p.base = base.as<float>();
     p.scale = scale.as<float>();
     p.rms_eps = static_cast<float>(c.rms_norm_eps);
     p.hc_eps = static_cast<float>(c.hc_eps);
     p.sinkhorn_iters = c.hc_sinkhorn_iters;
+  }
+  void count_mixes(int64_t n, const DeviceMemory& fn) {
+    cost.flops += 2.0 * static_cast<double>(n) * c.hc_mix_count() * c.hc_mult * c.hidden_size;
+    cost.weight_bytes += static_cast<double>(fn.bytes());
+  }
+  void mixes(const float* x, int64_t n, const DeviceMemory& fn, const DeviceMemory& base,
+             const DeviceMemory& scale, float* pre, float* post, float* comb) {
+    cu::HcMixesParams p;
+    set_mix_weights(p, fn, base, scale);
+    p.x = x;
+    p.ldx = c.hc_mult * c.hidden_size;
+    p.rows = n;
     p.pre = pre;
     p.post = post;
     p.comb = comb;
     cu::launch_hc_mixes(p, stream);
-    cost.flops += 2.0 * static_cast<double>(n) * c.hc_mix_count() * hc * d;
-    cost.weight_bytes += static_cast<double>(fn.bytes());
+    count_mixes(n, fn);
   }
   // expand(x, y, n, post, comb, collapse_pre, collapse_out) then mixes(x', n, fn, ...) in one
   // launch (mhc_fuse_expand_mixes); the cost counted as mixes() counts it (expand counts none).
@@ -1127,31 +1135,21 @@ struct DeepseekV41Gpu::Impl {
                     const float* collapse_pre, float* collapse_out, const DeviceMemory& fn,
                     const DeviceMemory& base, const DeviceMemory& scale, float* pre,
                     float* mix_post, float* mix_comb) {
-    const int hc = c.hc_mult;
-    const int64_t d = c.hidden_size;
     cu::HcExpandMixesParams p;
+    set_mix_weights(p, fn, base, scale);
     p.x = x;
     p.y = y;
     p.rows = n;
-    p.hc = hc;
-    p.dim = d;
     p.post = post;
     p.comb = comb;
     p.collapse_pre = collapse_pre;
     p.collapse_out = collapse_out;
-    p.fn = fn.as<float>();
-    p.base = base.as<float>();
-    p.scale = scale.as<float>();
-    p.rms_eps = static_cast<float>(c.rms_norm_eps);
-    p.hc_eps = static_cast<float>(c.hc_eps);
-    p.sinkhorn_iters = c.hc_sinkhorn_iters;
     p.mix_pre = pre;
     p.mix_post = mix_post;
     p.mix_comb = mix_comb;
     p.rows_per_thread = opt.mhc_fused_rows_per_thread;
     cu::launch_hc_expand_mixes(p, stream);
-    cost.flops += 2.0 * static_cast<double>(n) * c.hc_mix_count() * hc * d;
-    cost.weight_bytes += static_cast<double>(fn.bytes());
+    count_mixes(n, fn);
   }
   void collapse(const float* x, int64_t n, const float* pre, float* out) {
     cu::HcCollapseParams p;
