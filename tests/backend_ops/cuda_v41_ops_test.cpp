@@ -547,6 +547,37 @@ TEST_F(CudaV41, HcMixesStagedTilesMatchCpu) {
   }
 }
 
+// Random inputs of launch_hc_expand_mixes, drawn in this order: x, y, post, comb, the collapse
+// weights, fn (values in +-fn_range), base, scale; and their CPU results: ex = x' (cpu::hc_expand),
+// col = its collapse, pre / mpost / mcomb = the mixes of x'.
+struct ExpandMixesCase {
+  std::vector<float> x, y, post, comb, cpre, fn, base, scale, ex, col, pre, mpost, mcomb;
+};
+ExpandMixesCase expand_mixes_case(std::mt19937& rng, int hc, int64_t dim, int64_t t,
+                                  float fn_range) {
+  const int m = (2 + hc) * hc;
+  const int64_t width = hc * dim;
+  ExpandMixesCase k;
+  k.x = rnd(t * width, rng, -2, 2);
+  k.y = rnd(t * dim, rng, -1, 1);
+  k.post = rnd(t * hc, rng, 0.2f, 2);
+  k.comb = rnd(t * hc * hc, rng, 0.01f, 0.6f);
+  k.cpre = rnd(t * hc, rng, 0.1f, 1.1f);
+  k.fn = rnd(m * width, rng, -fn_range, fn_range);
+  k.base = rnd(m, rng, -1, 1);
+  k.scale = rnd(3, rng, 0.5f, 1.5f);
+  k.ex = k.x;
+  cpu::hc_expand(k.ex.data(), k.y.data(), t, hc, dim, k.post.data(), k.comb.data());
+  k.col.resize(static_cast<size_t>(t * dim));
+  cpu::hc_collapse(k.ex.data(), t, hc, dim, k.cpre.data(), k.col.data());
+  k.pre.resize(static_cast<size_t>(t * hc));
+  k.mpost.resize(static_cast<size_t>(t * hc));
+  k.mcomb.resize(static_cast<size_t>(t * hc * hc));
+  cpu::hc_mixes(k.ex.data(), width, t, hc, dim, k.fn.data(), k.base.data(), k.scale.data(),
+                1e-20f, 1e-6f, 20, k.pre.data(), k.mpost.data(), k.mcomb.data());
+  return k;
+}
+
 // launch_hc_expand_mixes (the expand and the next site's mixes in one launch) against
 // cpu::hc_expand, cpu::hc_collapse and cpu::hc_mixes of the expanded x, at decode and prefill row
 // counts (1, 7: one partial tile; 384; 1000: several tiles and a partial one) and widths 4 x 256
@@ -559,7 +590,7 @@ TEST_F(CudaV41, HcMixesStagedTilesMatchCpu) {
 // launch on the same input gives the same bits.
 TEST_F(CudaV41, HcExpandMixesMatchesExpandThenMixes) {
   std::mt19937 rng(43);
-  const int hc = 4, m = (2 + hc) * hc;
+  const int hc = 4;
   struct Shape {
     int64_t dim, rows;
     int rpt;
@@ -572,18 +603,10 @@ TEST_F(CudaV41, HcExpandMixesMatchesExpandThenMixes) {
   shapes.push_back({96, 45, 4});
   for (const Shape& sh : shapes) {
     const int64_t dim = sh.dim, t = sh.rows, width = hc * dim;
-    auto x = rnd(t * width, rng, -2, 2), y = rnd(t * dim, rng, -1, 1);
-    auto post = rnd(t * hc, rng, 0.2f, 2), comb = rnd(t * hc * hc, rng, 0.01f, 0.6f);
-    auto cpre = rnd(t * hc, rng, 0.1f, 1.1f);
-    auto fn = rnd(m * width, rng, -0.02f, 0.02f);
-    auto base = rnd(m, rng, -1, 1), scale = rnd(3, rng, 0.5f, 1.5f);
-    auto ex = x;
-    cpu::hc_expand(ex.data(), y.data(), t, hc, dim, post.data(), comb.data());
-    std::vector<float> col(static_cast<size_t>(t * dim));
-    cpu::hc_collapse(ex.data(), t, hc, dim, cpre.data(), col.data());
-    std::vector<float> pre(t * hc), mpost(t * hc), mcomb(t * hc * hc);
-    cpu::hc_mixes(ex.data(), width, t, hc, dim, fn.data(), base.data(), scale.data(), 1e-20f, 1e-6f,
-                  20, pre.data(), mpost.data(), mcomb.data());
+    const ExpandMixesCase k = expand_mixes_case(rng, hc, dim, t, 0.02f);
+    const auto &x = k.x, &y = k.y, &post = k.post, &comb = k.comb, &cpre = k.cpre, &fn = k.fn,
+               &base = k.base, &scale = k.scale, &ex = k.ex, &col = k.col, &pre = k.pre,
+               &mpost = k.mpost, &mcomb = k.mcomb;
     const float *dy = up(y), *dpost = up(post), *dcomb = up(comb), *dcpre = up(cpre);
     const float *dfn = up(fn), *dbase = up(base), *dscale = up(scale);
     // The unfused launches on the GPU: x' and collapse_out to compare bit for bit.
@@ -657,20 +680,12 @@ TEST_F(CudaV41, HcExpandMixesOtherShapesAsTwoLaunches) {
   };
   for (const Shape& sh :
        {Shape{4, 72, 45}, Shape{4, 4, 9}, Shape{3, 64, 33}, Shape{2, 96, 300}, Shape{1, 128, 5}}) {
-    const int hc = sh.hc, m = (2 + hc) * hc;
-    const int64_t dim = sh.dim, t = sh.rows, width = hc * dim;
-    auto x = rnd(t * width, rng, -2, 2), y = rnd(t * dim, rng, -1, 1);
-    auto post = rnd(t * hc, rng, 0.2f, 2), comb = rnd(t * hc * hc, rng, 0.01f, 0.6f);
-    auto cpre = rnd(t * hc, rng, 0.1f, 1.1f);
-    auto fn = rnd(m * width, rng, -0.05f, 0.05f);
-    auto base = rnd(m, rng, -1, 1), scale = rnd(3, rng, 0.5f, 1.5f);
-    auto ex = x;
-    cpu::hc_expand(ex.data(), y.data(), t, hc, dim, post.data(), comb.data());
-    std::vector<float> col(static_cast<size_t>(t * dim));
-    cpu::hc_collapse(ex.data(), t, hc, dim, cpre.data(), col.data());
-    std::vector<float> pre(t * hc), mpost(t * hc), mcomb(t * hc * hc);
-    cpu::hc_mixes(ex.data(), width, t, hc, dim, fn.data(), base.data(), scale.data(), 1e-20f, 1e-6f,
-                  20, pre.data(), mpost.data(), mcomb.data());
+    const int hc = sh.hc;
+    const int64_t dim = sh.dim, t = sh.rows;
+    const ExpandMixesCase k = expand_mixes_case(rng, hc, dim, t, 0.05f);
+    const auto &x = k.x, &y = k.y, &post = k.post, &comb = k.comb, &cpre = k.cpre, &fn = k.fn,
+               &base = k.base, &scale = k.scale, &ex = k.ex, &col = k.col, &pre = k.pre,
+               &mpost = k.mpost, &mcomb = k.mcomb;
     cuda::HcExpandMixesParams p;
     p.x = up(x);
     p.y = up(y);
