@@ -888,6 +888,23 @@ TEST(GpuForward, MoeEpRanksComputeReplicasButCombineOwnTokens) {
   std::filesystem::remove_all(dir);
 }
 
+// The first MoE layer `l` of a grouped-GEMM variant's trace tb against the WMMA table kernel's
+// ta: the same layer input, moe_kperm taken as asked, a finite output, and every one of the 20
+// rows within 1e-5 (agreement to fp32 summation order; the count printed with `what`).
+void expect_moe_layer_agrees(const arch::GpuForwardTrace& ta, const arch::GpuForwardTrace& tb,
+                             int32_t l, bool kperm, const std::string& what) {
+  ASSERT_EQ(ta.ffn_in.at(l), tb.ffn_in.at(l));
+  ASSERT_EQ(tb.moe_kperm.count(l), 1u);
+  EXPECT_EQ(tb.moe_kperm.at(l), kperm) << "moe_kperm not taken";
+  const auto& a = ta.ffn_out.at(l);
+  const auto& b = tb.ffn_out.at(l);
+  ASSERT_EQ(a.size(), b.size());
+  for (const float x : b) ASSERT_TRUE(std::isfinite(x));
+  const int differing = rows_differing(a, b, 20, 1e-5);
+  fmt::print("{} vs table kernel: {} of 20 rows over 1e-5\n", what, differing);
+  EXPECT_EQ(differing, 0);
+}
+
 // The grouped wgmma MoE GEMMs (GpuModelOptions::moe_grouped_wgmma, taken above 24 rows per
 // expert: here the wide model with moe_ep_ranks 8, 20 rows x top-2 x 8 / 8 experts = 40 rows per
 // expert; v1 and, with moe_grouped_wgmma_rs, the swapped-operand kernel with w1 and w3 in one
@@ -909,23 +926,15 @@ TEST(GpuForward, MoeGroupedWgmmaAgreesWithTableKernelInTheForward) {
   const auto ta = run(false, false, false);
   ASSERT_FALSE(ta.ffn_out.empty());
   const int32_t l = ta.ffn_out.begin()->first;
-  const auto& a = ta.ffn_out.at(l);
   // v1, the swapped-operand kernel, and that kernel on k-permuted inputs (moe_kperm: hidden 256
   // and intermediate 128 are multiples of 128 and ~40 rows per expert, so it takes both GEMMs).
   for (const auto& [rs, kperm] :
        {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
     const char* name = kperm ? " rs kperm" : rs ? " rs" : "";
     SCOPED_TRACE(std::string("moe grouped wgmma") + name);
-    const auto tb = run(true, rs, kperm);
-    ASSERT_EQ(ta.ffn_in.at(l), tb.ffn_in.at(l));
-    ASSERT_EQ(tb.moe_kperm.count(l), 1u);
-    EXPECT_EQ(tb.moe_kperm.at(l), kperm) << "moe_kperm not taken";
-    const auto& b = tb.ffn_out.at(l);
-    ASSERT_EQ(a.size(), b.size());
-    for (const float x : b) ASSERT_TRUE(std::isfinite(x));
-    const int differing = rows_differing(a, b, 20, 1e-5);
-    fmt::print("moe grouped wgmma{} vs table kernel: {} of 20 rows over 1e-5\n", name, differing);
-    EXPECT_EQ(differing, 0);
+    expect_moe_layer_agrees(ta, run(true, rs, kperm), l, kperm,
+                            std::string("moe grouped wgmma") + name);
+    if (testing::Test::HasFatalFailure()) return;
   }
   std::filesystem::remove_all(dir);
 }
@@ -952,7 +961,6 @@ TEST(GpuForward, MoeWideRsPassAgreesWithTableKernelInTheForward) {
   const auto ta = run(false, false, 0);
   ASSERT_FALSE(ta.ffn_out.empty());
   const int32_t l = ta.ffn_out.begin()->first;
-  const auto& a = ta.ffn_out.at(l);
   struct Variant {
     bool kperm;
     int max_pass;
@@ -961,16 +969,9 @@ TEST(GpuForward, MoeWideRsPassAgreesWithTableKernelInTheForward) {
     const std::string name = fmt::format("rs max pass {}{}", v.max_pass == 0 ? 192 : v.max_pass,
                                          v.kperm ? " kperm" : "");
     SCOPED_TRACE(name);
-    const auto tb = run(true, v.kperm, v.max_pass);
-    ASSERT_EQ(ta.ffn_in.at(l), tb.ffn_in.at(l));
-    ASSERT_EQ(tb.moe_kperm.count(l), 1u);
-    EXPECT_EQ(tb.moe_kperm.at(l), v.kperm) << "moe_kperm not taken";
-    const auto& b = tb.ffn_out.at(l);
-    ASSERT_EQ(a.size(), b.size());
-    for (const float x : b) ASSERT_TRUE(std::isfinite(x));
-    const int differing = rows_differing(a, b, 20, 1e-5);
-    fmt::print("moe {} vs table kernel (40 ep ranks): {} of 20 rows over 1e-5\n", name, differing);
-    EXPECT_EQ(differing, 0);
+    expect_moe_layer_agrees(ta, run(true, v.kperm, v.max_pass), l, v.kperm,
+                            "moe " + name + " (40 ep ranks)");
+    if (testing::Test::HasFatalFailure()) return;
   }
   std::filesystem::remove_all(dir);
 }
