@@ -74,6 +74,7 @@ struct BenchForwardOptions {
   bool router_split_tf32 = false;
   int32_t router_split_k = 1;
   bool mhc_fuse_expand_mixes = false;
+  bool attn_quant_epilogue = false;
   bool pdl = true;          // programmatic dependent launch of our kernels
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
@@ -235,6 +236,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.router_split_tf32 = opt.router_split_tf32;
   go.router_split_k = opt.router_split_k;
   go.mhc_fuse_expand_mixes = opt.mhc_fuse_expand_mixes;
+  go.attn_quant_epilogue = opt.attn_quant_epilogue;
   go.programmatic_launch = opt.pdl;
   go.cuda_graphs = decode && opt.cuda_graphs;
   go.dspark = decode && opt.dspark;
@@ -466,6 +468,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"router_split_tf32", opt.router_split_tf32},
               {"router_split_k", opt.router_split_k},
               {"mhc_fuse_expand_mixes", opt.mhc_fuse_expand_mixes},
+              {"attn_quant_epilogue", opt.attn_quant_epilogue},
               {"pdl", opt.pdl},
               {"cuda_graphs", decode && opt.cuda_graphs},
               {"dspark", opt.dspark},
@@ -676,6 +679,11 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--mhc-fuse-expand-mixes", opt->mhc_fuse_expand_mixes,
                   "cuda: each mHC expand and the mixes that follow it on the updated residual "
                   "stream in one launch (false: two launches)")
+      ->capture_default_str();
+  cmd->add_option("--attn-quant-epilogue", opt->attn_quant_epilogue,
+                  "cuda: where the wgmma sparse attention and wo_a's bf16 GEMM run, the "
+                  "attention's epilogue writes wo_a's MXFP8-quantised bf16 input (false: the fp32 "
+                  "output, then the quantiser)")
       ->capture_default_str();
   cmd->add_option("--pdl", opt->pdl,
                   "cuda: programmatic dependent launch of our kernels (each scheduled before its "

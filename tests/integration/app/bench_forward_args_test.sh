@@ -32,7 +32,7 @@ for bad in 0 65 -1 maybe; do
   grep -q -- "--router-split-k" <<<"$out" || { echo "error does not name --router-split-k: $out"; exit 1; }
 done
 for opt in --moe-fuse-swiglu --router-split-tf32 --moe-shared-overlap --fast-attention --pdl \
-    --mhc-fuse-expand-mixes; do
+    --mhc-fuse-expand-mixes --attn-quant-epilogue; do
   if out=$("$bin" bench forward --backend cuda --random-weights \
       --config configs/deepseek-v4.1-flash/config.json --batch 1 --context 8 "$opt" maybe 2>&1); then
     echo "$opt maybe accepted: $out"
