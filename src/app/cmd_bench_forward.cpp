@@ -75,6 +75,7 @@ struct BenchForwardOptions {
   int32_t router_split_k = 1;
   bool mhc_fuse_expand_mixes = false;
   bool attn_quant_epilogue = false;
+  int32_t mhc_fused_rows_per_thread = 0;
   bool pdl = true;          // programmatic dependent launch of our kernels
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
@@ -237,6 +238,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.router_split_k = opt.router_split_k;
   go.mhc_fuse_expand_mixes = opt.mhc_fuse_expand_mixes;
   go.attn_quant_epilogue = opt.attn_quant_epilogue;
+  go.mhc_fused_rows_per_thread = opt.mhc_fused_rows_per_thread;
   go.programmatic_launch = opt.pdl;
   go.cuda_graphs = decode && opt.cuda_graphs;
   go.dspark = decode && opt.dspark;
@@ -469,6 +471,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"router_split_k", opt.router_split_k},
               {"mhc_fuse_expand_mixes", opt.mhc_fuse_expand_mixes},
               {"attn_quant_epilogue", opt.attn_quant_epilogue},
+              {"mhc_fused_rows_per_thread", opt.mhc_fused_rows_per_thread},
               {"pdl", opt.pdl},
               {"cuda_graphs", decode && opt.cuda_graphs},
               {"dspark", opt.dspark},
@@ -684,6 +687,11 @@ void register_bench_forward(CLI::App& bench) {
                   "cuda: where the wgmma sparse attention and wo_a's bf16 GEMM run, the "
                   "attention's epilogue writes wo_a's MXFP8-quantised bf16 input (false: the fp32 "
                   "output, then the quantiser)")
+      ->capture_default_str();
+  cmd->add_option("--mhc-fused-rows-per-thread", opt->mhc_fused_rows_per_thread,
+                  "cuda: with --mhc-fuse-expand-mixes, the fused launch's rows per thread "
+                  "(tiles of 8 x that many rows), 1..4; 0: the mixes kernel's rule")
+      ->check(CLI::Range(0, 4))
       ->capture_default_str();
   cmd->add_option("--pdl", opt->pdl,
                   "cuda: programmatic dependent launch of our kernels (each scheduled before its "

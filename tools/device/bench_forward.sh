@@ -70,6 +70,11 @@ args_decode_s1_fmix="$args_decode_s1 --mhc-fuse-expand-mixes true"
 # output and the quantiser (GpuModelOptions::attn_quant_epilogue; off by default: unmeasured).
 args_decode_s6_aqe="$args_decode_s6 --attn-quant-epilogue true"
 args_decode_s1_aqe="$args_decode_s1 --attn-quant-epilogue true"
+# The same with the fused launch's tile height pinned (the default rule gives 4 rows per thread
+# at 384 rows: 96 blocks).
+args_decode_s6_fmix1="$args_decode_s6_fmix --mhc-fused-rows-per-thread 1"
+args_decode_s6_fmix2="$args_decode_s6_fmix --mhc-fused-rows-per-thread 2"
+args_decode_s6_fmix3="$args_decode_s6_fmix --mhc-fused-rows-per-thread 3"
 # The same plus one DSpark draft cycle for the batch (the draft stages' rings committed from
 # random taps): draft time, its components and roofline, step + draft.
 args_decode_s6_dspark="$args_decode_s6 --dspark"

@@ -1148,6 +1148,7 @@ struct DeepseekV41Gpu::Impl {
     p.mix_pre = pre;
     p.mix_post = mix_post;
     p.mix_comb = mix_comb;
+    p.rows_per_thread = opt.mhc_fused_rows_per_thread;
     cu::launch_hc_expand_mixes(p, stream);
     cost.flops += 2.0 * static_cast<double>(n) * c.hc_mix_count() * hc * d;
     cost.weight_bytes += static_cast<double>(fn.bytes());

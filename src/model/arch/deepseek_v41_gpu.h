@@ -179,6 +179,9 @@ struct GpuModelOptions {
   // rows 2.07 against 2.32 ms, the step no faster. Its tile rule (4 rows per thread at 384 rows: 96 one-per-SM
   // blocks) is the mixes kernel's and untuned for it. Off.
   bool mhc_fuse_expand_mixes = false;
+  // The fused launch's rows per thread (HcExpandMixesParams::rows_per_thread: tiles of 8 x that
+  // many rows), 1..4; 0 = the mixes kernel's rule (4 at 384 rows). For timing the tile height.
+  int mhc_fused_rows_per_thread = 0;
   // true: where the sparse attention runs on the wgmma kernel
   // (cuda::sparse_attention_wgmma_applies) and wo_a on the bf16 cuBLASLt GEMM (an FP8 weight with
   // MXFP8 input, neither fp8_wgmma's kernel nor exact_linears), the attention's epilogue writes the
