@@ -74,6 +74,7 @@ struct BenchForwardOptions {
   bool router_split_tf32 = false;
   int32_t router_split_k = 1;
   bool mhc_fuse_expand_mixes = false;
+  bool attn_quant_epilogue = false;
   int32_t mhc_fused_rows_per_thread = 0;
   bool pdl = true;          // programmatic dependent launch of our kernels
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
@@ -236,6 +237,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.router_split_tf32 = opt.router_split_tf32;
   go.router_split_k = opt.router_split_k;
   go.mhc_fuse_expand_mixes = opt.mhc_fuse_expand_mixes;
+  go.attn_quant_epilogue = opt.attn_quant_epilogue;
   go.mhc_fused_rows_per_thread = opt.mhc_fused_rows_per_thread;
   go.programmatic_launch = opt.pdl;
   go.cuda_graphs = decode && opt.cuda_graphs;
@@ -468,6 +470,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"router_split_tf32", opt.router_split_tf32},
               {"router_split_k", opt.router_split_k},
               {"mhc_fuse_expand_mixes", opt.mhc_fuse_expand_mixes},
+              {"attn_quant_epilogue", opt.attn_quant_epilogue},
               {"mhc_fused_rows_per_thread", opt.mhc_fused_rows_per_thread},
               {"pdl", opt.pdl},
               {"cuda_graphs", decode && opt.cuda_graphs},
@@ -679,6 +682,11 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--mhc-fuse-expand-mixes", opt->mhc_fuse_expand_mixes,
                   "cuda: each mHC expand and the mixes that follow it on the updated residual "
                   "stream in one launch (false: two launches)")
+      ->capture_default_str();
+  cmd->add_option("--attn-quant-epilogue", opt->attn_quant_epilogue,
+                  "cuda: where the wgmma sparse attention and wo_a's bf16 GEMM run, the "
+                  "attention's epilogue writes wo_a's MXFP8-quantised bf16 input (false: the fp32 "
+                  "output, then the quantiser)")
       ->capture_default_str();
   cmd->add_option("--mhc-fused-rows-per-thread", opt->mhc_fused_rows_per_thread,
                   "cuda: with --mhc-fuse-expand-mixes, the fused launch's rows per thread "

@@ -1694,6 +1694,144 @@ TEST_F(CudaV41, SparseAttentionWgmmaPersistent) {
   }
 }
 
+// SparseAttentionParams::out_mxfp8_bf16 (the wgmma kernel's epilogue writes the MXFP8 fake-quant
+// of its output as bf16 bits) against the two launches it replaces: launch_sparse_attention with
+// the fp32 output, then launch_act_quant_mxfp8 (kBF16, 32-channel blocks along heads * 512) on
+// it. Bit-identical at 1, 6 and 384 rows (384: more items than SMs, so CTAs loop), 64 heads and
+// (6 rows) 128 heads, split and single fp16 precision, with the inverse RoPE (freqs) and without;
+// main entries with per-block exponents spread over 2^-6..2^6, so the 32-channel blocks of a row
+// take different scales. The fp32 out is not written (stays NaN).
+TEST_F(CudaV41, SparseAttentionWgmmaQuantEpilogueIsBitIdentical) {
+  if (cuda::device_info(0).compute_major != 9)
+    GTEST_SKIP() << "the wgmma kernel needs sm_90a (Hopper)";
+  std::mt19937 rng(41);
+  const int hd = 512, sk = 128, gk = 256;
+  const int64_t nglob = 1000;
+  auto ring = swa_records(sk, rng);
+  auto glob = fp4_records(nglob, hd, cpu::Fp4Record::kMainBlock16E4m3, rng, 6);
+  const auto f = compress_freqs();
+  struct Case {
+    int64_t rows;
+    int heads;
+  };
+  for (const Case cs : {Case{1, 64}, Case{6, 64}, Case{6, 128}, Case{384, 64}}) {
+    const int64_t t = cs.rows;
+    const int heads = cs.heads;
+    const int64_t cols = static_cast<int64_t>(heads) * hd;
+    std::vector<int32_t> pos(static_cast<size_t>(t));
+    for (int64_t r = 0; r < t; ++r) pos[static_cast<size_t>(r)] = static_cast<int32_t>(50 + 13 * r);
+    std::vector<int32_t> sidx(static_cast<size_t>(t * sk));
+    cpu::swa_window_indices(pos.data(), t, sk, sk, 0, sidx.data());
+    std::vector<int32_t> gidx(static_cast<size_t>(t * gk));
+    std::uniform_int_distribution<int> pick(-1, static_cast<int>(nglob) - 1);
+    for (auto& g : gidx) g = pick(rng);
+    const auto q = rnd(t * cols, rng, -1, 1);
+    const auto sink = rnd(heads, rng, -2, 2);
+    cuda::SparseAttentionParams p;
+    p.q = up(q);
+    p.rows = t;
+    p.heads = heads;
+    p.swa = up(ring);
+    p.swa_idx = up(sidx);
+    p.glob = up(glob);
+    p.glob_idx = up(gidx);
+    p.glob_k = gk;
+    p.sink = up(sink);
+    p.pos = up(pos);
+    p.use_wgmma = true;
+    const size_t n = static_cast<size_t>(t * cols);
+    for (const bool rope : {true, false}) {
+      p.freqs = rope ? up(f) : nullptr;
+      for (const bool split : {true, false}) {
+        SCOPED_TRACE(testing::Message() << t << " rows, " << heads << " heads, split " << split
+                                        << ", inverse RoPE " << rope);
+        p.split_precision = split;
+        // The two launches.
+        float* o32 = nans(n);
+        p.out = o32;
+        p.out_mxfp8_bf16 = nullptr;
+        cuda::launch_sparse_attention(p, stream_);
+        uint16_t* ref16 = up(std::vector<uint16_t>(n, 0x7FC1));
+        cuda::ActQuantParams ap;
+        ap.x = o32;
+        ap.ldx = cols;
+        ap.rows = t;
+        ap.cols = cols;
+        ap.out = ref16;
+        ap.out_type = cuda::ActivationType::kBF16;
+        ap.ldo = cols;
+        cuda::launch_act_quant_mxfp8(ap, stream_);
+        // The fused epilogue.
+        float* unused = nans(n);
+        uint16_t* got16 = up(std::vector<uint16_t>(n, 0x7FC1));
+        p.out = unused;
+        p.out_mxfp8_bf16 = got16;
+        ASSERT_TRUE(cuda::sparse_attention_wgmma_applies(p));
+        cuda::launch_sparse_attention(p, stream_);
+        const auto ref = down(ref16, n), got = down(got16, n);
+        const auto out = down(unused, n);
+        size_t diff = 0, poison = 0, nonzero = 0;
+        for (size_t i = 0; i < n; ++i) {
+          diff += got[i] != ref[i];
+          poison += ref[i] == 0x7FC1;
+          nonzero += (ref[i] & 0x7FFF) != 0;
+        }
+        EXPECT_EQ(diff, 0u) << "of " << n;
+        EXPECT_EQ(poison, 0u) << "reference incomplete";
+        EXPECT_GT(nonzero, n / 2) << "mostly zero outputs: a weak test";
+        EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return std::isnan(x); }))
+            << "fp32 out written";
+        p.out_mxfp8_bf16 = nullptr;
+      }
+    }
+  }
+}
+
+// out_mxfp8_bf16 where the wgmma kernel does not take the launch is refused as bad arguments
+// (only its epilogue has the output), and sparse_attention_wgmma_applies says so beforehand: 16
+// heads (the mma.sync kernel's shape), use_wgmma off, the output not 8-byte aligned; and
+// launch_sparse_attention_f64 with it set. On Hopper the launch they are variations of runs.
+TEST_F(CudaV41, SparseAttentionQuantEpilogueRefusedOffTheWgmmaKernel) {
+  std::mt19937 rng(43);
+  const int hd = 512, sk = 128;
+  const int64_t t = 2;
+  const std::vector<int32_t> pos = {200, 201};
+  std::vector<int32_t> sidx(static_cast<size_t>(t * sk));
+  cpu::swa_window_indices(pos.data(), t, sk, sk, 0, sidx.data());
+  cuda::SparseAttentionParams ok;
+  ok.q = up(rnd(t * 64 * hd, rng, -1, 1));
+  ok.rows = t;
+  ok.heads = 64;
+  ok.swa = up(swa_records(sk, rng));
+  ok.swa_idx = up(sidx);
+  ok.sink = up(rnd(64, rng, -2, 2));
+  ok.pos = up(pos);
+  ok.freqs = up(compress_freqs());
+  ok.use_wgmma = true;
+  auto* out16 = up(std::vector<uint16_t>(static_cast<size_t>(t * 64 * hd + 8), 0));
+  ok.out_mxfp8_bf16 = out16;
+  if (cuda::device_info(0).compute_major == 9) {
+    EXPECT_TRUE(cuda::sparse_attention_wgmma_applies(ok));
+    cuda::launch_sparse_attention(ok, stream_);
+    backend_->synchronize();
+  }
+  using Spoil = std::function<void(cuda::SparseAttentionParams&)>;
+  const std::vector<std::pair<const char*, Spoil>> bad = {
+      {"16 heads", [](auto& p) { p.heads = 16; }},
+      {"use_wgmma off", [](auto& p) { p.use_wgmma = false; }},
+      {"out alignment", [&](auto& p) { p.out_mxfp8_bf16 = out16 + 2; }},
+  };
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  for (const auto& [name, spoil] : bad) {
+    SCOPED_TRACE(name);
+    cuda::SparseAttentionParams p = ok;
+    spoil(p);
+    EXPECT_FALSE(cuda::sparse_attention_wgmma_applies(p));
+    EXPECT_DEATH(cuda::launch_sparse_attention(p, stream_), "bad arguments");
+  }
+  EXPECT_DEATH(cuda::launch_sparse_attention_f64(ok, stream_), "bad arguments");
+}
+
 TEST_F(CudaV41, EngramGatherFromPinnedHostAndGate) {
   std::mt19937 rng(20);
   const int64_t rows = 10000, dim = 256, n = 48;

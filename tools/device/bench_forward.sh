@@ -66,6 +66,10 @@ args_decode_s1_fswq="$args_decode_s1 --moe-fuse-swiglu true"
 # off by default: measured slower at 64 x 6 in r9).
 args_decode_s6_fmix="$args_decode_s6 --mhc-fuse-expand-mixes true"
 args_decode_s1_fmix="$args_decode_s1 --mhc-fuse-expand-mixes true"
+# wo_a's MXFP8-quantised bf16 input written by the wgmma attention's epilogue instead of the fp32
+# output and the quantiser (GpuModelOptions::attn_quant_epilogue; off by default: unmeasured).
+args_decode_s6_aqe="$args_decode_s6 --attn-quant-epilogue true"
+args_decode_s1_aqe="$args_decode_s1 --attn-quant-epilogue true"
 # The same with the fused launch's tile height pinned (the default rule gives 4 rows per thread
 # at 384 rows: 96 blocks).
 args_decode_s6_fmix1="$args_decode_s6_fmix --mhc-fused-rows-per-thread 1"
@@ -102,6 +106,7 @@ args_prefill8k_prod_kperm="$args_prefill8k_prod --moe-kperm true"
 args_prefill8k_prod_sw13="$args_prefill8k_prod --fuse-shared-w13 true"
 args_prefill8k_prod_fswq="$args_prefill8k_prod --moe-fuse-swiglu true"
 args_prefill8k_prod_fmix="$args_prefill8k_prod --mhc-fuse-expand-mixes true"
+args_prefill8k_prod_aqe="$args_prefill8k_prod --attn-quant-epilogue true"
 args_prefill8k_prod_router_fp32="$args_prefill8k_prod --router-split-tf32 false"
 args_prefill8k_prod_nopdl="$args_prefill8k_prod --pdl false"
 args_prefill8k_prod_rsk8="$args_prefill8k_prod --router-split-k 8"

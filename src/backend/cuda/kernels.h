@@ -709,6 +709,14 @@ struct SparseAttentionParams {
   const double* freqs = nullptr;  // null: no inverse RoPE
   int rd = 64;
   float* out = nullptr;
+  // Optional: when set, the wgmma kernel writes here, instead of out, the bf16 bits of the MXFP8
+  // fake-quant of each output row [rows, heads * head_dim] (32-channel blocks along it): exactly
+  // what launch_act_quant_mxfp8 (ActivationType::kBF16, ldo = heads * head_dim) writes from the
+  // fp32 output, without the fp32 round trip through memory. out is then not written (may be
+  // null). Only the wgmma kernel has it: set it only where sparse_attention_wgmma_applies(p)
+  // (8-byte aligned); otherwise launch_sparse_attention aborts as bad arguments, and so does
+  // launch_sparse_attention_f64 whenever it is set.
+  uint16_t* out_mxfp8_bf16 = nullptr;
   // true: q and P as fp16 hi + lo pairs (about fp32; the GPU-vs-CPU model tests rely on it).
   // false: single fp16 operands (2^-11 relative; twice the MMA rate), FlashMLA's precision class.
   bool split_precision = true;
@@ -718,6 +726,9 @@ struct SparseAttentionParams {
   bool use_wgmma = false;
 };
 void launch_sparse_attention(const SparseAttentionParams& p, Stream stream);
+// Whether launch_sparse_attention takes the wgmma kernel for p (use_wgmma, the shape, a Hopper
+// device; out_mxfp8_bf16, when set, 8-byte aligned): the launches that may set out_mxfp8_bf16.
+[[nodiscard]] bool sparse_attention_wgmma_applies(const SparseAttentionParams& p);
 // The same in double precision with the CPU reference's order of operations (one block per row
 // and head; logits, max, denominator and outputs in key order): a test mode for comparing the GPU
 // forward with the CPU forward (arch::GpuModelOptions::f64_attention). Slow.

@@ -31,25 +31,12 @@ namespace {
 
 constexpr int kQuantThreads = 256;  // 8 warps, one 32-element block per warp at a time
 
-// The MXFP8 rule of fq_fp8_block32_pow2: a block's power-of-two scale from its amax, then each
-// value rounded to e4m3 at that scale (e4m3_encode saturates to ±448, the clamp of
-// fake_quant.h, and keeps NaN). The kMxfp8 output stores the two halves of that rule: the e4m3
-// code of v / s and the ue8m0 code of s, so e4m3 * s is the fake-quant value bit for bit.
-struct Mxfp8Scale {
-  float s, inv;
-  uint32_t code;  // ue8m0 code of s
-};
-__device__ __forceinline__ Mxfp8Scale mxfp8_scale(float amax) {
-  const uint32_t code = v41::fp8_block_scale_code(amax);
-  const float s = v41::ue8m0_decode(code);
-  return {s, 1.0f / s, code};
-}
-__device__ __forceinline__ uint32_t mxfp8_code(float v, Mxfp8Scale sc) {
-  return v41::e4m3_encode(v * sc.inv);
-}
-__device__ __forceinline__ float mxfp8_round(float v, Mxfp8Scale sc) {
-  return v41::e4m3_decode(mxfp8_code(v, sc)) * sc.s;
-}
+// The MXFP8 rule of fq_fp8_block32_pow2 (v41_device.cuh; the attention's fused epilogue uses the
+// same functions).
+using v41::mxfp8_code;
+using v41::mxfp8_round;
+using v41::mxfp8_scale;
+using v41::Mxfp8Scale;
 
 __device__ __forceinline__ void store_act(void* out, ActivationType type, int64_t i, float v) {
   if (type == ActivationType::kBF16) {

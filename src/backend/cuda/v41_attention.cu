@@ -577,16 +577,26 @@ __global__ void __launch_bounds__(kF64Threads) sparse_attention_f64_kernel(Spars
 bool sparse_attention_wgmma_fits(const SparseAttentionParams& p);
 void launch_sparse_attention_wgmma(const SparseAttentionParams& p, cudaStream_t stream);
 
+bool sparse_attention_wgmma_applies(const SparseAttentionParams& p) {
+  return p.use_wgmma && sparse_attention_wgmma_fits(p) &&
+         reinterpret_cast<uintptr_t>(p.out_mxfp8_bf16) % 8 == 0;
+}
+
 void launch_sparse_attention(const SparseAttentionParams& p, Stream stream) {
   if (p.rows == 0) return;
   if (p.head_dim != kHd || p.heads % 16 != 0 || p.swa_k + p.glob_k > kMaxKeys)
     detail::cuda_call_failed(__FILE__, __LINE__, "sparse attention shape",
                              "head_dim 512, heads % 16 == 0, swa_k + glob_k <= 1024", "");
   const cudaStream_t st = as_cuda_stream(stream);
-  if (p.use_wgmma && sparse_attention_wgmma_fits(p)) {
+  if (sparse_attention_wgmma_applies(p)) {
     launch_sparse_attention_wgmma(p, st);
     return;
   }
+  // The MXFP8 bf16 output is the wgmma kernel's epilogue only (the mma.sync kernel writes fp32).
+  if (p.out_mxfp8_bf16 != nullptr)
+    detail::cuda_call_failed(__FILE__, __LINE__, "launch_sparse_attention", "bad arguments",
+                             "out_mxfp8_bf16: use_wgmma, a shape and device the wgmma kernel "
+                             "takes (sparse_attention_wgmma_applies), 8-byte aligned");
   if (p.heads % 32 == 0 && MOESERVE_ATTN_MT == 2) {
     if (p.split_precision) launch_flash<MOESERVE_ATTN_MT, true>(p, st);
     else launch_flash<MOESERVE_ATTN_MT, false>(p, st);
@@ -601,6 +611,9 @@ void launch_sparse_attention_f64(const SparseAttentionParams& p, Stream stream) 
   if (p.head_dim != kHd || p.swa_k + p.glob_k > kMaxKeys)
     detail::cuda_call_failed(__FILE__, __LINE__, "sparse attention shape",
                              "head_dim 512, swa_k + glob_k <= 1024", "");
+  if (p.out_mxfp8_bf16 != nullptr)
+    detail::cuda_call_failed(__FILE__, __LINE__, "launch_sparse_attention_f64", "bad arguments",
+                             "out_mxfp8_bf16 unset (fp32 output only)");
   const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads));
   MS_CUDA_CHECK(
       launch_kernel(sparse_attention_f64_kernel, grid, kF64Threads, 0, as_cuda_stream(stream), p));

@@ -16,6 +16,14 @@
 // contiguous bytes per instruction with the RoPE pairs rotated from the table. The epilogue's
 // code is a short loop: the old per-element inline sincos made it ~100 KB of straight-line SASS,
 // fetched from L2 once per CTA.
+// With SparseAttentionParams::out_mxfp8_bf16 (the kQuantOut instantiations) the epilogue writes
+// the bf16 bits of the output's MXFP8 fake-quant instead of the fp32 values: the input of the
+// attention's output projection (wo_a), which otherwise reads the fp32 output back through
+// launch_act_quant_mxfp8 (at 384 rows and 64 heads a 50 MB fp32 write plus its read, per layer).
+// A warp's store covers 128 consecutive channels of one head, so each 32-channel quantisation
+// block is the 4 values of 8 consecutive lanes: the block's amax takes 3 shuffles, then the
+// values are rounded with the act-quant kernel's functions (v41_device.cuh), bit for bit its
+// output.
 //
 // Per tile of 32 keys (K = V: one fp16 copy serves both products):
 //   S = Q . K^T   m64n32k16, A = q * scale * 2^8 (fp16; hi and lo parts in split precision) and
@@ -74,6 +82,7 @@
 // Tiles 0 .. kNB - 2 are dequantised before the loop (kNB == 3 also issues S_0 there).
 #include <algorithm>
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -226,6 +235,31 @@ __device__ __forceinline__ void st_global_v4(float* ptr, float4 v) {
                : "memory");
 }
 
+// The MXFP8 fake-quant of 4 consecutive channels per lane, stored as bf16 bits (one 8-byte store):
+// lanes 8 i .. 8 i + 7 hold one 32-channel block (warp-collective: every lane calls it). The
+// rule and operations of launch_act_quant_mxfp8's vector kernel (amax from 0 over |v| with
+// fmaxf, which is order-independent; v41::mxfp8_scale and mxfp8_round; bf16 round to nearest),
+// so the bits are its kBF16 output's.
+__device__ __forceinline__ void st_global_mxfp8_bf16x4(uint16_t* ptr, float4 v) {
+  float a = 0.0f;
+  a = fmaxf(a, fabsf(v.x));
+  a = fmaxf(a, fabsf(v.y));
+  a = fmaxf(a, fabsf(v.z));
+  a = fmaxf(a, fabsf(v.w));
+  a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
+  a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
+  a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
+  const v41::Mxfp8Scale sc = v41::mxfp8_scale(a);
+  const __nv_bfloat162 lo =
+      __floats2bfloat162_rn(v41::mxfp8_round(v.x, sc), v41::mxfp8_round(v.y, sc));
+  const __nv_bfloat162 hi =
+      __floats2bfloat162_rn(v41::mxfp8_round(v.z, sc), v41::mxfp8_round(v.w, sc));
+  asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(ptr),
+               "r"(*reinterpret_cast<const uint32_t*>(&lo)),
+               "r"(*reinterpret_cast<const uint32_t*>(&hi))
+               : "memory");
+}
+
 // Global-memory lines of [ptr, ptr + bytes) into L2 (fire and forget), spread over the CTA.
 __device__ __forceinline__ void prefetch_l2(const void* ptr, int64_t bytes) {
   const uintptr_t first = reinterpret_cast<uintptr_t>(ptr) & ~static_cast<uintptr_t>(127);
@@ -337,7 +371,8 @@ __device__ __forceinline__ void issue_s(float (&s)[16], uint32_t q_half, uint32_
   }
 }
 
-template <bool kSplit, int kNB>
+// kQuantOut: the epilogue writes p.out_mxfp8_bf16 (the MXFP8 fake-quant as bf16 bits), not p.out.
+template <bool kSplit, int kNB, bool kQuantOut>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_attention_wgmma_kernel(SparseAttentionParams p) {
   pdl_wait();
@@ -710,7 +745,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Epilogue. out = O / (l 2^8), inverse RoPE on the trailing rd channels, through the O staging
     // tile: o[4 i + 2 h + v] is head r0 + 8 h, channel 256 wg + 8 i + 2 tq + v; then each warp
     // stores 512 contiguous bytes of one head per instruction (float4s), the RoPE pairs from the
-    // table. The stores are not waited for: the next item starts under them.
+    // table (kQuantOut: 256 bytes of bf16 bits, each lane's 4 values quantised with their
+    // 32-channel block). The stores are not waited for: the next item starts under them.
     __syncthreads();  // both warpgroups' wgmma are complete: q, kt and the stage are free
     {
       float* const ot = reinterpret_cast<float*>(smem);
@@ -727,7 +763,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();  // the staging tile is complete (and the RoPE table)
     {
       const float* const ot = reinterpret_cast<const float*>(smem);
-      float* const out = p.out + (t * p.heads + h0) * kHd;
+      float* const out = kQuantOut ? nullptr : p.out + (t * p.heads + h0) * kHd;
+      uint16_t* const out16 = kQuantOut ? p.out_mxfp8_bf16 + (t * p.heads + h0) * kHd : nullptr;
       const int rope0 = p.freqs != nullptr ? kHd - p.rd : kHd;  // first rotated channel
       const auto rotate = [&](float& a, float& b, int c) {
         if (c >= rope0) {
@@ -746,7 +783,11 @@ __global__ void __launch_bounds__(kThreads, 1)
           rotate(v.x, v.y, c);
           rotate(v.z, v.w, c + 2);
         }
-        st_global_v4(out + head * kHd + c, v);
+        if constexpr (kQuantOut) {
+          st_global_mxfp8_bf16x4(out16 + head * kHd + c, v);
+        } else {
+          st_global_v4(out + head * kHd + c, v);
+        }
       }
     }
     // No barrier: the next item's first list barrier orders these staging reads before its writes.
@@ -760,10 +801,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Persistent grid: one CTA per SM at most (218 KB of shared memory and 256 x ~200 registers allow
 // one), each looping over work items (row, 64 heads), so a CTA's prologue and epilogue run under
 // the memory traffic of its neighbouring items (q prefetched into L2, stores not waited for).
-template <bool kSplit, int kNB>
-void launch(const SparseAttentionParams& p, cudaStream_t stream) {
+template <bool kSplit, int kNB, bool kQuantOut>
+void launch_output(const SparseAttentionParams& p, cudaStream_t stream) {
   static const int sms = [] {
-    MS_CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_wgmma_kernel<kSplit, kNB>,
+    MS_CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_wgmma_kernel<kSplit, kNB, kQuantOut>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(Smem<kSplit, kNB>::kBytes)));
     return device_sm_count();
@@ -771,8 +812,19 @@ void launch(const SparseAttentionParams& p, cudaStream_t stream) {
   const int64_t items = p.rows * (p.heads / kHeads);
   if (items <= 0) return;
   const auto grid = static_cast<unsigned>(std::min<int64_t>(items, sms));
-  MS_CUDA_CHECK(launch_kernel(sparse_attention_wgmma_kernel<kSplit, kNB>, grid, kThreads,
+  MS_CUDA_CHECK(launch_kernel(sparse_attention_wgmma_kernel<kSplit, kNB, kQuantOut>, grid, kThreads,
                               Smem<kSplit, kNB>::kBytes, stream, p));
+}
+
+// The fp32 output, or the MXFP8 bf16 one when out_mxfp8_bf16 is set (its own instantiation: the
+// fp32 path's code is untouched by it).
+template <bool kSplit, int kNB>
+void launch(const SparseAttentionParams& p, cudaStream_t stream) {
+  if (p.out_mxfp8_bf16 != nullptr) {
+    launch_output<kSplit, kNB, true>(p, stream);
+  } else {
+    launch_output<kSplit, kNB, false>(p, stream);
+  }
 }
 }  // namespace attn_wg
 

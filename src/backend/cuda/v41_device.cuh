@@ -72,6 +72,28 @@ __device__ __forceinline__ uint32_t fp4_ue8m0_scale_code(float amax) {
   return ue8m0_ceil_encode(__fdiv_rn(fmaxf(amax, 6.0f * 0x1p-126f), 6.0f));
 }
 
+// The MXFP8 rule of fq_fp8_block32_pow2: a block's power-of-two scale from its amax, then each
+// value rounded to e4m3 at that scale (e4m3_encode saturates to ±448, the clamp of
+// fake_quant.h, and keeps NaN). The kMxfp8 output stores the two halves of that rule: the e4m3
+// code of v / s and the ue8m0 code of s, so e4m3 * s is the fake-quant value bit for bit. Every
+// MXFP8 activation quantiser (launch_act_quant_mxfp8 and the epilogues that write its output)
+// goes through these, so they agree bit for bit.
+struct Mxfp8Scale {
+  float s, inv;
+  uint32_t code;  // ue8m0 code of s
+};
+__device__ __forceinline__ Mxfp8Scale mxfp8_scale(float amax) {
+  const uint32_t code = fp8_block_scale_code(amax);
+  const float s = ue8m0_decode(code);
+  return {s, 1.0f / s, code};
+}
+__device__ __forceinline__ uint32_t mxfp8_code(float v, Mxfp8Scale sc) {
+  return e4m3_encode(v * sc.inv);
+}
+__device__ __forceinline__ float mxfp8_round(float v, Mxfp8Scale sc) {
+  return e4m3_decode(mxfp8_code(v, sc)) * sc.s;
+}
+
 // splitmix64 -> 24-bit uniform in [0, 1) (cpu::sample_uniform).
 __device__ __forceinline__ float sample_uniform(uint64_t seed) {
   uint64_t z = seed + 0x9E3779B97F4A7C15ull;

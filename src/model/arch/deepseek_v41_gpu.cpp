@@ -1646,7 +1646,6 @@ struct DeepseekV41Gpu::Impl {
       select(b, s, l, qr, a);
     }
     mark(GpuComponent::kAttention, "sparse");
-    float* o = buf<float>("attn_o", n * h * hd);
     cu::SparseAttentionParams p;
     p.q = qh;
     p.rows = n;
@@ -1666,7 +1665,19 @@ struct DeepseekV41Gpu::Impl {
     p.pos = s.pos.as<int32_t>();
     p.freqs = (info.rope == RopeKind::kMain ? freqs_main : freqs_compress).as<double>();
     p.rd = c.qk_rope_head_dim;
+    // attn_quant_epilogue: the attention's epilogue writes wo_a's input, o's MXFP8 fake-quant as
+    // bf16 bits, into the buffer quant_rows would fill ("aq_o16"), so the fp32 o is neither
+    // written nor read back (nor allocated). Only where the wgmma kernel runs (attend() sets
+    // use_wgmma the same way) and out_proj takes the bf16 cuBLASLt path.
+    p.use_wgmma = opt.attention_wgmma;
+    const bool quant_epilogue = opt.attn_quant_epilogue && !opt.f64_attention &&
+                                !opt.exact_linears && wo_a_on_lt_bf16(L) &&
+                                cu::sparse_attention_wgmma_applies(p);
+    if (opt.trace) trace.attn_quant_epilogue[l] = quant_epilogue;
+    float* o = quant_epilogue ? nullptr : buf<float>("attn_o", n * h * hd);
+    uint16_t* o16 = quant_epilogue ? buf<uint16_t>("aq_o16", n * h * hd) : nullptr;
     p.out = o;
+    p.out_mxfp8_bf16 = o16;
     attend(p);
     const double keys = static_cast<double>(window + p.glob_k);
     cost.kv_bytes += static_cast<double>(n) *
@@ -1675,17 +1686,32 @@ struct DeepseekV41Gpu::Impl {
     mark(GpuComponent::kAttention, "swa_records");
     cu::launch_copy_records(chunk, n, static_cast<int64_t>(rec), s.ring_dst.as<int64_t>(),
                             L.swa_pool.as<uint8_t>(), stream);
-    out_proj(L, o, n, y);
+    out_proj(L, o, n, y, o16);
   }
 
-  // Grouped low-rank output projection (§2.5): [n, H*hd] -> [n, G*O] -> [n, D]
-  void out_proj(Layer& L, const float* o, int64_t n, float* y) {
+  // out_proj's wo_a paths: the G group GEMMs on the FP8 wgmma kernel (o's e4m3 codes), or as one
+  // strided-batched cuBLASLt bf16 GEMM (o's MXFP8 fake-quant as bf16), else per-group linears.
+  [[nodiscard]] bool wo_a_on_fp8_wgmma(const Layer& L) const {
+    const int64_t hd = c.head_dim;
+    const int h = c.num_attention_heads;
+    const int64_t g = c.o_groups, og = c.o_lora_rank, gin = h * hd / g;
+    return fp8_wgmma_fits(L.wo_a) && og % 128 == 0 && gin % 128 == 0;
+  }
+  [[nodiscard]] bool wo_a_on_lt_bf16(const Layer& L) const {
+    return !wo_a_on_fp8_wgmma(L) && L.wo_a.act_quant && L.wo_a.kind == Linear::Kind::kFp8;
+  }
+
+  // Grouped low-rank output projection (§2.5): [n, H*hd] -> [n, G*O] -> [n, D]. o16 (optional):
+  // wo_a's input already quantised, o's MXFP8 fake-quant as bf16 bits [n, H*hd] from the
+  // attention's epilogue (attn_quant_epilogue; o is then null), for the cuBLASLt bf16 path only.
+  void out_proj(Layer& L, const float* o, int64_t n, float* y, const uint16_t* o16 = nullptr) {
     const int64_t d = c.hidden_size, hd = c.head_dim;
     const int h = c.num_attention_heads;
     mark(GpuComponent::kDense, "o");
     const int64_t g = c.o_groups, og = c.o_lora_rank, gin = h * hd / g;
     float* mid = buf<float>("attn_mid", n * g * og);
-    if (fp8_wgmma_fits(L.wo_a) && og % 128 == 0 && gin % 128 == 0) {
+    MS_CHECK(o16 == nullptr || wo_a_on_lt_bf16(L));
+    if (wo_a_on_fp8_wgmma(L)) {
       // The G group GEMMs on the FP8 wgmma kernel: group gi reads the codes' columns
       // [gi gin, +gin) (and their scales) and wo_a's rows [gi og, +og) (whose row pitch is gin).
       const QuantRows qo = quant_rows(o, h * hd, n, h * hd, L.wo_a.kind, "aq_o", true);
@@ -1694,13 +1720,12 @@ struct DeepseekV41Gpu::Impl {
       cost.flops += 2.0 * static_cast<double>(n) * og * gin * g;
       cost.fp8_flops += 2.0 * static_cast<double>(n) * og * gin * g;
       cost.weight_bytes += static_cast<double>(L.wo_a.bytes());
-    } else if (L.wo_a.act_quant && L.wo_a.kind == Linear::Kind::kFp8) {
+    } else if (wo_a_on_lt_bf16(L)) {
       // The G group GEMMs as one strided-batched cuBLASLt call: group gi reads o's channels
       // [gi gin, +gin) and wo_a's rows [gi og, +og), and writes mid's columns [gi og, +og).
-      const QuantRows qo = quant_rows(o, h * hd, n, h * hd, L.wo_a.kind, "aq_o");
       cu::LtGemmParams p;
       p.precision = cu::GemmPrecision::kBf16F32;
-      p.a = qo.data;
+      p.a = o16 != nullptr ? o16 : quant_rows(o, h * hd, n, h * hd, L.wo_a.kind, "aq_o").data;
       p.lda = h * hd;
       p.b = L.wo_a.wbf16.as<uint16_t>();
       p.ldb = gin;

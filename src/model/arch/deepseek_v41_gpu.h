@@ -182,6 +182,15 @@ struct GpuModelOptions {
   // The fused launch's rows per thread (HcExpandMixesParams::rows_per_thread: tiles of 8 x that
   // many rows), 1..4; 0 = the mixes kernel's rule (4 at 384 rows). For timing the tile height.
   int mhc_fused_rows_per_thread = 0;
+  // true: where the sparse attention runs on the wgmma kernel
+  // (cuda::sparse_attention_wgmma_applies) and wo_a on the bf16 cuBLASLt GEMM (an FP8 weight with
+  // MXFP8 input, neither fp8_wgmma's kernel nor exact_linears), the attention's epilogue writes the
+  // MXFP8 fake-quant of its output as bf16 bits (SparseAttentionParams::out_mxfp8_bf16), which wo_a
+  // reads, instead of the fp32 output [rows, heads * head_dim] that launch_act_quant_mxfp8 reads
+  // back (at 384 rows, 64 heads: 50 MB written and read per layer; the fp32 buffer is then not
+  // allocated). The same bits (trace: attn_quant_epilogue), the same cost accounting. Not in the
+  // DSpark draft stages. Unmeasured. Off.
+  bool attn_quant_epilogue = false;
   // true: our kernels are launched with programmatic dependent launch (PDL, sm_90;
   // cuda::set_programmatic_launch): each may be scheduled once every CTA of its predecessor on
   // the stream has exited, and waits on the device (its first statement) until that predecessor
@@ -212,6 +221,8 @@ struct GpuForwardTrace {
   std::map<int32_t, bool> moe_kperm;  // grouped GEMMs on k-permuted inputs (options.moe_kperm)
   std::map<int32_t, bool> moe_fuse_swiglu;  // SwiGLU in the w1 + w3 epilogue (moe_fuse_swiglu)
   std::map<int32_t, bool> shared_w13;  // shared expert's w1 + w3 as one GEMM (fuse_shared_w13)
+  // wo_a's input quantised in the attention's epilogue (attn_quant_epilogue)
+  std::map<int32_t, bool> attn_quant_epilogue;
   std::map<int32_t, std::vector<int32_t>> selected;  // index sources: [rows, index_topk] entries
   std::map<int32_t, std::vector<float>> scores;      // index sources: [rows, width] scores
   std::map<int32_t, int64_t> score_width;            // columns of scores[l]

@@ -41,7 +41,7 @@ for bad in -1 5 maybe; do
   grep -q -- "--mhc-fused-rows-per-thread" <<<"$out" || { echo "error does not name --mhc-fused-rows-per-thread: $out"; exit 1; }
 done
 for opt in --moe-fuse-swiglu --router-split-tf32 --moe-shared-overlap --fast-attention --pdl \
-    --mhc-fuse-expand-mixes; do
+    --mhc-fuse-expand-mixes --attn-quant-epilogue; do
   if out=$("$bin" bench forward --backend cuda --random-weights \
       --config configs/deepseek-v4.1-flash/config.json --batch 1 --context 8 "$opt" maybe 2>&1); then
     echo "$opt maybe accepted: $out"

@@ -1720,6 +1720,67 @@ TEST(GpuForward, ProgrammaticLaunchIsBitIdenticalToPlain) {
   std::filesystem::remove_all(dir);
 }
 
+// GpuModelOptions::attn_quant_epilogue (wo_a's input, the MXFP8 fake-quant of the attention
+// output as bf16 bits, written by the wgmma attention's epilogue instead of the fp32 output and
+// launch_act_quant_mxfp8) against the two launches, on the wide model (64 heads: the wgmma
+// attention; FP8 wo_a on the bf16 cuBLASLt path, fp8_wgmma being off). A traced oracle prefill
+// takes the epilogue in every layer (trace) and every layer's attention output is bit-identical;
+// then the forwards of expect_bit_identical_forwards with the option off, on, and on as CUDA
+// graphs: the same wo_a input bits into the same GEMM, so every logit is bit-identical.
+TEST(GpuForward, AttnQuantEpilogueIsBitIdenticalInTheForward) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  {
+    cuda::SparseAttentionParams wide;  // the wide model's attention shape
+    wide.rows = 1;
+    wide.heads = 64;
+    wide.use_wgmma = true;
+    if (!cuda::sparse_attention_wgmma_applies(wide))
+      GTEST_SKIP() << "the wgmma attention (sm_90a) does not run on this device";
+  }
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_attn_quant_epilogue");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  const auto run = [&](bool on) {
+    return traced_prefill(dir, 12, [&](arch::GpuModelOptions& o) {
+      o.attention_wgmma = true;
+      o.attn_quant_epilogue = on;
+    });
+  };
+  const auto ta = run(false);
+  const auto tb = run(true);
+  ASSERT_FALSE(tb.attn_quant_epilogue.empty());
+  ASSERT_EQ(ta.attn_quant_epilogue.size(), tb.attn_quant_epilogue.size());
+  for (const auto& [layer, on] : ta.attn_quant_epilogue) EXPECT_FALSE(on) << "layer " << layer;
+  for (const auto& [layer, on] : tb.attn_quant_epilogue) EXPECT_TRUE(on) << "layer " << layer;
+  ASSERT_FALSE(ta.attn_out.empty());
+  ASSERT_EQ(ta.attn_out.size(), tb.attn_out.size());
+  for (const auto& [layer, a] : ta.attn_out) {
+    ASSERT_EQ(tb.attn_out.count(layer), 1u) << "layer " << layer;
+    const auto& b = tb.attn_out.at(layer);
+    for (const float x : b) ASSERT_TRUE(std::isfinite(x)) << "layer " << layer;
+    EXPECT_TRUE(a == b) << "layer " << layer << " attention output not bit-identical";
+  }
+  EXPECT_TRUE(ta.layer_out == tb.layer_out);
+
+  arch::GpuModelOptions opt;
+  opt.max_seqs = 4;
+  opt.max_context = 256;
+  opt.max_rows = 512;
+  opt.attention_wgmma = true;
+  opt.attn_quant_epilogue = false;
+  auto off = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(off) << off.error().to_string();
+  opt.attn_quant_epilogue = true;
+  auto on = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(on) << on.error().to_string();
+  opt.cuda_graphs = true;
+  auto graph = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(graph) << graph.error().to_string();
+  expect_bit_identical_forwards({off->get(), on->get(), graph->get()});
+  if (testing::Test::HasFatalFailure()) return;
+  EXPECT_GE(graph->get()->graph_replays(), 2);
+  std::filesystem::remove_all(dir);
+}
+
 // The DSpark draft cycle as CUDA graphs (GpuModelOptions::cuda_graphs: one graph per number of
 // inputs) against the eager draft of the same model: the same kernels on the same inputs, so
 // tokens, confidences, logits and base logits are bit-identical, and so is the cost accounting.
