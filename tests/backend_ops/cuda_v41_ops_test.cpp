@@ -2313,6 +2313,104 @@ TEST_F(CudaV41, ActQuantMxfp8CodesAreBitExact) {
   }
 }
 
+// The MXFP8 block rule at its edges (v41::mxfp8_scale's integer form of ceil(log2(amax / 448))
+// and mxfp8_round2's hardware e4m3 decode): blocks whose amax sits on, just below and just above
+// the mantissa 1.75 where the scale steps, at exponents from below the 1e-4 clamp to FLT_MAX,
+// and blocks with an infinite element, NaN elements, only zeros, only float subnormals; the other
+// elements random fractions of the amax down to 2^-24 of it (e4m3 subnormals and underflow). All
+// three outputs of launch_act_quant_mxfp8 against the host's fq_fp8_block32_pow2 /
+// quantize_fp8_block32_pow2: fp32 and bf16 bit for bit (NaN where the host has NaN), codes and
+// scale codes byte for byte.
+TEST_F(CudaV41, Mxfp8ScaleRuleOnEdgeBlocks) {
+  std::mt19937 rng(31);
+  std::vector<uint32_t> amax_bits;
+  for (uint32_t ea : {1u, 90u, 112u, 113u, 114u, 120u, 127u, 135u, 136u, 143u, 200u, 246u, 253u, 254u})
+    for (uint32_t m : {0u, 1u, 0x5FFFFFu, 0x600000u, 0x600001u, 0x7FFFFFu, 0x2AAAAAu})
+      amax_bits.push_back(ea << 23 | m);
+  for (uint32_t b : {0x38D1B717u /* 1e-4f */, 0x38D1B716u, 0x38D1B718u, 0x00000001u, 0x007FFFFFu})
+    amax_bits.push_back(b);
+  const int64_t nblocks = static_cast<int64_t>(amax_bits.size()) + 4;  // + inf, NaN, zeros, mix
+  const int64_t cols = 32 * 16, rows = (nblocks + 15) / 16;
+  std::vector<float> x(static_cast<size_t>(rows * cols));
+  std::uniform_real_distribution<float> frac(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> shift(0, 24);
+  for (int64_t b = 0; b < rows * cols / 32; ++b) {
+    float* blk = x.data() + 32 * b;
+    const size_t i = static_cast<size_t>(b);
+    if (i < amax_bits.size()) {
+      float amax;
+      std::memcpy(&amax, &amax_bits[i], 4);
+      for (int e = 0; e < 32; ++e) blk[e] = amax * frac(rng) * std::ldexp(1.0f, -shift(rng));
+      blk[b % 32] = (b & 1) ? -amax : amax;  // the amax itself, at varying positions and signs
+    } else {
+      for (int e = 0; e < 32; ++e) blk[e] = frac(rng) * 3.0f;
+      switch (i - amax_bits.size()) {
+        case 0: blk[7] = -kInf; break;
+        case 1: blk[3] = kNaN, blk[20] = kNaN; break;  // ignored by the amax, NaN out
+        case 2: std::fill(blk, blk + 32, 0.0f), blk[9] = -0.0f; break;
+        default: break;  // a plain random block
+      }
+    }
+  }
+  std::vector<float> ref(x.size());
+  std::vector<uint8_t> ref_codes(x.size()), ref_scales(x.size() / 32);
+  fq_fp8_block32_pow2(x, ref);
+  quantize_fp8_block32_pow2(x, ref_codes, ref_scales);
+  const float* dx = up(x);
+  float* o32 = nans(x.size());
+  auto* o16 = up(std::vector<uint16_t>(x.size(), 0x7FC1));
+  auto* codes = up(std::vector<uint8_t>(x.size(), 0xAA));
+  auto* scales = up(std::vector<uint8_t>(x.size() / 32, 0xAA));
+  for (auto type : {cuda::ActivationType::kF32, cuda::ActivationType::kBF16,
+                    cuda::ActivationType::kMxfp8}) {
+    cuda::ActQuantParams p;
+    p.x = dx;
+    p.ldx = cols;
+    p.rows = rows;
+    p.cols = cols;
+    p.out_type = type;
+    p.ldo = cols;
+    p.out = type == cuda::ActivationType::kF32    ? static_cast<void*>(o32)
+            : type == cuda::ActivationType::kBF16 ? static_cast<void*>(o16)
+                                                   : static_cast<void*>(codes);
+    if (type == cuda::ActivationType::kMxfp8) {
+      p.out_scale = scales;
+      p.ldo_scale = cols / 32;
+    }
+    cuda::launch_act_quant_mxfp8(p, stream_);
+  }
+  const auto got32 = down(o32, x.size());
+  const auto got16 = down(o16, x.size());
+  const auto got_codes = down(codes, x.size());
+  const auto got_scales = down(scales, x.size() / 32);
+  size_t d32 = 0, d16 = 0, dc = 0, ds = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const bool nan = std::isnan(ref[i]);
+    const bool same32 = nan ? std::isnan(got32[i]) : std::memcmp(&got32[i], &ref[i], 4) == 0;
+    const uint16_t want16 = float_to_bf16(ref[i]);
+    const bool same16 = nan ? std::isnan(bf16_to_float(got16[i])) : got16[i] == want16;
+    d32 += !same32;
+    d16 += !same16;
+    dc += got_codes[i] != ref_codes[i];
+    if (!same32 && d32 <= 3)
+      ADD_FAILURE() << "fp32 at " << i << " (block " << i / 32 << "): x " << x[i] << " got "
+                    << got32[i] << " want " << ref[i];
+  }
+  for (size_t b = 0; b < ref_scales.size(); ++b) {
+    ds += got_scales[b] != ref_scales[b];
+    if (got_scales[b] != ref_scales[b] && ds <= 3)
+      ADD_FAILURE() << "scale of block " << b << ": got " << int{got_scales[b]} << " want "
+                    << int{ref_scales[b]};
+  }
+  EXPECT_EQ(d32, 0u);
+  EXPECT_EQ(d16, 0u);
+  EXPECT_EQ(dc, 0u);
+  EXPECT_EQ(ds, 0u);
+  // The rule spans the scale range: the smallest (clamped) and largest (infinite amax) codes.
+  EXPECT_EQ(*std::min_element(ref_scales.begin(), ref_scales.end()), 105);
+  EXPECT_EQ(*std::max_element(ref_scales.begin(), ref_scales.end()), 254);
+}
+
 // The fused SwiGLU quantiser's kMxfp8 output decodes to its fp32 output bit for bit (the same
 // kernel and inputs; the host comparison of that output is SwigluQuantMatchesCpu below).
 TEST_F(CudaV41, SwigluQuantMxfp8CodesMatchFp32Output) {

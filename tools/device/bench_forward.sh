@@ -72,6 +72,10 @@ args_decode_s6_aqe="$args_decode_s6 --attn-quant-epilogue true"
 args_decode_s1_aqe="$args_decode_s1 --attn-quant-epilogue true"
 # The same with the fused launch's tile height pinned (the default rule gives 4 rows per thread
 # at 384 rows: 96 blocks).
+# Both (rows for turning the two on together).
+args_decode_s6_fmix_aqe="$args_decode_s6_fmix --attn-quant-epilogue true"
+args_decode_s1_fmix_aqe="$args_decode_s1_fmix --attn-quant-epilogue true"
+args_prefill8k_prod_fmix_aqe="$args_prefill8k_prod --mhc-fuse-expand-mixes true --attn-quant-epilogue true"
 args_decode_s6_fmix1="$args_decode_s6_fmix --mhc-fused-rows-per-thread 1"
 args_decode_s6_fmix2="$args_decode_s6_fmix --mhc-fused-rows-per-thread 2"
 args_decode_s6_fmix3="$args_decode_s6_fmix --mhc-fused-rows-per-thread 3"

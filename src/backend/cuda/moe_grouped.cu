@@ -35,6 +35,7 @@ constexpr int kQuantThreads = 256;  // 8 warps, one 32-element block per warp at
 // same functions).
 using v41::mxfp8_code;
 using v41::mxfp8_round;
+using v41::mxfp8_round2;
 using v41::mxfp8_scale;
 using v41::Mxfp8Scale;
 
@@ -130,7 +131,7 @@ __device__ __forceinline__ void quant_store8(const P& p, int64_t r, int64_t c, f
 #pragma unroll
     for (int e = 0; e < 4; ++e)
       *reinterpret_cast<__nv_bfloat162*>(o + kperm64_col(c + 2 * e)) =
-          __floats2bfloat162_rn(mxfp8_round(v[2 * e], sc), mxfp8_round(v[2 * e + 1], sc));
+          __float22bfloat162_rn(mxfp8_round2(v[2 * e], v[2 * e + 1], sc));
     return;
   }
   if (p.out_type == ActivationType::kMxfp8) {
@@ -145,31 +146,58 @@ __device__ __forceinline__ void quant_store8(const P& p, int64_t r, int64_t c, f
       p.out_scale[r * p.ldo_scale + c / 32] = static_cast<uint8_t>(sc.code);
   } else {
 #pragma unroll
-    for (int e = 0; e < 8; ++e) v[e] = mxfp8_round(v[e], sc);
+    for (int e = 0; e < 4; ++e) {
+      const float2 q = mxfp8_round2(v[2 * e], v[2 * e + 1], sc);
+      v[2 * e] = q.x;
+      v[2 * e + 1] = q.y;
+    }
     store_act8(p.out, p.out_type, r * p.ldo + c, v);
   }
 }
 
-constexpr int kVecCols = kQuantThreads * 8;  // columns per block of the vector kernels
+// The vector kernels: work item i is row i / (cols / 8), columns [8 (i % (cols / 8)), +8), one
+// thread each. cols % 32 == 0, so the 4 lanes of a 32-wide block are 4 consecutive items of one row
+// and a warp's 32 consecutive items are 8 whole blocks. The grid (at most kVecBlocksPerSm per SM)
+// strides over the items, two per thread per step with both loads issued before either is
+// quantised; a warp steps together (its bound is its first item), so the shuffles of quant_store8
+// always see the whole warp. Items are < 2^31 (the launchers check it): 32-bit index arithmetic.
+constexpr int kVecBlocksPerSm = 8;
+
+template <typename P, typename Load>
+__device__ __forceinline__ void quant_items(const P& p, int64_t rows, Load load) {
+  const uint32_t chunks = static_cast<uint32_t>(p.cols / 8);
+  const uint32_t total = static_cast<uint32_t>(rows) * chunks;
+  const uint32_t stride = gridDim.x * blockDim.x;
+  const uint32_t lane = threadIdx.x & 31u;
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i - lane < total; i += 2u * stride) {
+    float v[2][8];
+    int64_t r[2], c[2];
+    bool live[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const uint32_t j = i + u * stride;
+      live[u] = j < total;
+      r[u] = j / chunks;
+      c[u] = 8 * static_cast<int64_t>(j % chunks);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[u][e] = 0.0f;
+      if (live[u]) load(r[u], c[u], v[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) quant_store8(p, r[u], c[u], v[u], live[u]);
+  }
+}
 
 __global__ void __launch_bounds__(kQuantThreads) act_quant_vec_kernel(ActQuantParams p) {
   pdl_wait();
   const int64_t rows = p.device_rows != nullptr ? *p.device_rows : p.rows;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kVecCols + threadIdx.x * 8;
-  // cols % 32 == 0: a 4-lane group is wholly inside or outside the row, and the shuffles of
-  // the groups past the end are never used (the whole warp still takes part).
-  const bool live = c < p.cols;
-  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+  quant_items(p, rows, [&](int64_t r, int64_t c, float(&v)[8]) {
     const int64_t src = p.row_index != nullptr ? p.row_index[r] : r;
-    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (live) {
-      const auto* x = reinterpret_cast<const float4*>(p.x + src * p.ldx + c);
-      const float4 a = x[0], b = x[1];
-      v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
-      v[7] = b.w;
-    }
-    quant_store8(p, r, c, v, live);
-  }
+    const auto* x = reinterpret_cast<const float4*>(p.x + src * p.ldx + c);
+    const float4 a = x[0], b = x[1];
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z,
+    v[7] = b.w;
+  });
 }
 
 // The routed expert's clamped SwiGLU before its routing weight, in the order of
@@ -184,25 +212,19 @@ __device__ __forceinline__ float swiglu_clamped(float g, float u, float limit) {
 __global__ void __launch_bounds__(kQuantThreads) swiglu_quant_vec_kernel(SwigluQuantParams p) {
   pdl_wait();
   const int64_t rows = p.device_rows != nullptr ? *p.device_rows : p.rows;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kVecCols + threadIdx.x * 8;
-  const bool live = c < p.cols;
-  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (live) {
-      const auto* g4 = reinterpret_cast<const float4*>(p.gate + r * p.ld + c);
-      const auto* u4 = reinterpret_cast<const float4*>(p.up + r * p.ld + c);
-      const float4 ga = g4[0], gb = g4[1], ua = u4[0], ub = u4[1];
-      const float gs[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
-      const float us[8] = {ua.x, ua.y, ua.z, ua.w, ub.x, ub.y, ub.z, ub.w};
-      const float w = p.row_weight != nullptr ? p.row_weight[r] : 1.0f;
+  quant_items(p, rows, [&](int64_t r, int64_t c, float(&v)[8]) {
+    const auto* g4 = reinterpret_cast<const float4*>(p.gate + r * p.ld + c);
+    const auto* u4 = reinterpret_cast<const float4*>(p.up + r * p.ld + c);
+    const float4 ga = g4[0], gb = g4[1], ua = u4[0], ub = u4[1];
+    const float gs[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
+    const float us[8] = {ua.x, ua.y, ua.z, ua.w, ub.x, ub.y, ub.z, ub.w};
+    const float w = p.row_weight != nullptr ? p.row_weight[r] : 1.0f;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        v[e] = swiglu_clamped(gs[e], us[e], p.limit);
-        if (p.row_weight != nullptr) v[e] *= w;
-      }
+    for (int e = 0; e < 8; ++e) {
+      v[e] = swiglu_clamped(gs[e], us[e], p.limit);
+      if (p.row_weight != nullptr) v[e] *= w;
     }
-    quant_store8(p, r, c, v, live);
-  }
+  });
 }
 
 __global__ void __launch_bounds__(kQuantThreads) swiglu_quant_kernel(SwigluQuantParams p) {
@@ -1590,25 +1612,20 @@ int quant_grid(int64_t rows) {
   return static_cast<int>(std::min<int64_t>(std::max<int64_t>(rows, 1), 65535));
 }
 
-// Row blocks of the vector kernels: all rows when the count is known on the host; when the count
-// is read on the device, `rows` is only an upper bound (e.g. every hit on a local expert) and the
-// blocks loop over the rows, so a few hundred keep the GPU busy without launching thousands that
+// The vector kernel (grid-stride over 8-column items, quant_items) when the pointers and pitches
+// allow it and the items fit 32 bits, else the scalar one (a block per row). `rows` is the count,
+// or with a device count (p.device_rows) its upper bound, e.g. every hit on a local expert: the grid
+// is sized for the bound, capped at kVecBlocksPerSm per SM, and the blocks past the actual items
 // find nothing to do.
-int vec_row_blocks(int64_t rows, bool device_count) {
-  return device_count ? static_cast<int>(std::min<int64_t>(std::max<int64_t>(rows, 1), 256))
-                      : quant_grid(rows);
-}
-
-// The vector kernel (8 elements per thread; grid: 2048-column chunks x row blocks) when the
-// pointers and pitches allow it, else the scalar one (a block per row).
 template <typename P>
 void launch_quant_rows(void (*vec_kernel)(P), void (*scalar_kernel)(P), bool vec, const P& p,
                        Stream stream) {
   const cudaStream_t s = as_cuda_stream(stream);
-  if (vec) {
-    const dim3 grid(static_cast<unsigned>(ceil_div(p.cols, kVecCols)),
-                    static_cast<unsigned>(vec_row_blocks(p.rows, p.device_rows != nullptr)));
-    MS_CUDA_CHECK(launch_kernel(vec_kernel, grid, kQuantThreads, 0, s, p));
+  const int64_t items = p.rows * (p.cols / 8);
+  if (vec && items < (int64_t{1} << 31)) {
+    static const int64_t max_blocks = int64_t{kVecBlocksPerSm} * device_sm_count();
+    const int64_t blocks = std::min(ceil_div(items, 2 * kQuantThreads), max_blocks);
+    MS_CUDA_CHECK(launch_kernel(vec_kernel, static_cast<unsigned>(blocks), kQuantThreads, 0, s, p));
   } else {
     MS_CUDA_CHECK(launch_kernel(scalar_kernel, quant_grid(p.rows), kQuantThreads, 0, s, p));
   }

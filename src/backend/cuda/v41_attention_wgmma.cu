@@ -238,7 +238,7 @@ __device__ __forceinline__ void st_global_v4(float* ptr, float4 v) {
 // The MXFP8 fake-quant of 4 consecutive channels per lane, stored as bf16 bits (one 8-byte store):
 // lanes 8 i .. 8 i + 7 hold one 32-channel block (warp-collective: every lane calls it). The
 // rule and operations of launch_act_quant_mxfp8's vector kernel (amax from 0 over |v| with
-// fmaxf, which is order-independent; v41::mxfp8_scale and mxfp8_round; bf16 round to nearest),
+// fmaxf, which is order-independent; v41::mxfp8_scale and mxfp8_round2; bf16 round to nearest),
 // so the bits are its kBF16 output's.
 __device__ __forceinline__ void st_global_mxfp8_bf16x4(uint16_t* ptr, float4 v) {
   float a = 0.0f;
@@ -250,10 +250,8 @@ __device__ __forceinline__ void st_global_mxfp8_bf16x4(uint16_t* ptr, float4 v) 
   a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
   a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
   const v41::Mxfp8Scale sc = v41::mxfp8_scale(a);
-  const __nv_bfloat162 lo =
-      __floats2bfloat162_rn(v41::mxfp8_round(v.x, sc), v41::mxfp8_round(v.y, sc));
-  const __nv_bfloat162 hi =
-      __floats2bfloat162_rn(v41::mxfp8_round(v.z, sc), v41::mxfp8_round(v.w, sc));
+  const __nv_bfloat162 lo = __float22bfloat162_rn(v41::mxfp8_round2(v.x, v.y, sc));
+  const __nv_bfloat162 hi = __float22bfloat162_rn(v41::mxfp8_round2(v.z, v.w, sc));
   asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(ptr),
                "r"(*reinterpret_cast<const uint32_t*>(&lo)),
                "r"(*reinterpret_cast<const uint32_t*>(&hi))

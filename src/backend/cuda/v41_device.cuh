@@ -3,6 +3,7 @@
 // compares the cache records byte for byte). Include only from src/backend/cuda/*.cu.
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -82,16 +83,41 @@ struct Mxfp8Scale {
   float s, inv;
   uint32_t code;  // ue8m0 code of s
 };
+// Branch- and division-free, bit for bit the rule above. With a = max(amax, 1e-4) (never NaN:
+// fmaxf drops it) = 1.m * 2^(ea - 127):
+// - q = a / 448 = (1.m / 1.75) * 2^(ea - 135) rounded to nearest. For 1.m <= 1.75 the exact
+//   quotient lies in (2^(ea - 136), 2^(ea - 135)] (1.m / 1.75 > 0.57), so ceil(log2 q) = ea - 135
+//   whatever the rounding. For 1.m > 1.75 (mantissa field > 0x600000) it exceeds 2^(ea - 135) by
+//   at least 2^-23 / 1.75 relative, more than the half ulp (2^-24) that could round it down, and
+//   stays below 2^(ea - 134): ceil(log2 q) = ea - 134. So code = ea - 8 + (m > 0x600000), in
+//   [105, 247] for finite a (a >= 1e-4 has ea >= 113), and 254 for a = inf (the satfinite clamp
+//   of float_to_ue8m0_ceil);
+// - s = 2^(code - 127) and 1 / s = 2^(127 - code) are exact (2^-127, a float subnormal, for
+//   code 254).
+// CudaV41.Mxfp8ScaleRuleOnEdgeBlocks checks the block edges against the host's rule.
 __device__ __forceinline__ Mxfp8Scale mxfp8_scale(float amax) {
-  const uint32_t code = fp8_block_scale_code(amax);
-  const float s = ue8m0_decode(code);
-  return {s, 1.0f / s, code};
+  const uint32_t bits = __float_as_uint(fmaxf(amax, 1e-4f));
+  const uint32_t code =
+      bits >= 0x7F800000u ? 0xFEu : (bits >> 23) - 8u + ((bits & 0x7FFFFFu) > 0x600000u ? 1u : 0u);
+  const float inv = __uint_as_float(code == 0xFEu ? 0x00400000u : (254u - code) << 23);
+  return {__uint_as_float(code << 23), inv, code};
 }
 __device__ __forceinline__ uint32_t mxfp8_code(float v, Mxfp8Scale sc) {
   return e4m3_encode(v * sc.inv);
 }
+// Two values: their e4m3 codes (one cvt), decoded by the hardware e4m3 -> f16 conversion (exact;
+// e4m3 NaN -> f16 NaN, which the fp32 product turns into the canonical NaN, as e4m3_decode's
+// quiet NaN times s does), times s.
+__device__ __forceinline__ float2 mxfp8_round2(float a, float b, Mxfp8Scale sc) {
+  uint16_t codes;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(codes) : "f"(b * sc.inv), "f"(a * sc.inv));
+  uint32_t h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(codes));
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+  return make_float2(f.x * sc.s, f.y * sc.s);
+}
 __device__ __forceinline__ float mxfp8_round(float v, Mxfp8Scale sc) {
-  return e4m3_decode(mxfp8_code(v, sc)) * sc.s;
+  return mxfp8_round2(v, 0.0f, sc).x;
 }
 
 // splitmix64 -> 24-bit uniform in [0, 1) (cpu::sample_uniform).
