@@ -73,8 +73,8 @@ struct BenchForwardOptions {
   bool moe_shared_overlap = true;
   bool router_split_tf32 = false;
   int32_t router_split_k = 1;
-  bool mhc_fuse_expand_mixes = false;
-  bool attn_quant_epilogue = false;
+  bool mhc_fuse_expand_mixes = true;
+  bool attn_quant_epilogue = true;
   int32_t mhc_fused_rows_per_thread = 0;
   bool pdl = true;          // programmatic dependent launch of our kernels
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)

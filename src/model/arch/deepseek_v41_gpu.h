@@ -178,7 +178,7 @@ struct GpuModelOptions {
   // per step against 4.46 for the expands and mixes apart (decode 64x6 51.6 -> 52.0 ms); at 64
   // rows 2.07 against 2.32 ms, the step no faster. Its tile rule (4 rows per thread at 384
   // rows: 96 one-per-SM blocks) is the mixes kernel's and untuned for it. Off.
-  bool mhc_fuse_expand_mixes = false;
+  bool mhc_fuse_expand_mixes = true;
   // The fused launch's rows per thread (HcExpandMixesParams::rows_per_thread: tiles of 8 x that
   // many rows), 1..4; 0 = the mixes kernel's rule (4 at 384 rows). For timing the tile height.
   int mhc_fused_rows_per_thread = 0;
@@ -190,7 +190,7 @@ struct GpuModelOptions {
   // back (at 384 rows, 64 heads: 50 MB written and read per layer; the fp32 buffer is then not
   // allocated). The same bits (trace: attn_quant_epilogue), the same cost accounting. Not in the
   // DSpark draft stages. Unmeasured. Off.
-  bool attn_quant_epilogue = false;
+  bool attn_quant_epilogue = true;
   // true: our kernels are launched with programmatic dependent launch (PDL, sm_90;
   // cuda::set_programmatic_launch): each may be scheduled once every CTA of its predecessor on
   // the stream has exited, and waits on the device (its first statement) until that predecessor
