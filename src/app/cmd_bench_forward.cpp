@@ -76,6 +76,7 @@ struct BenchForwardOptions {
   bool mhc_fuse_expand_mixes = true;
   bool attn_quant_epilogue = true;
   int32_t mhc_fused_rows_per_thread = 0;
+  int64_t mhc_fuse_min_rows = 129;
   bool pdl = true;          // programmatic dependent launch of our kernels
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
@@ -239,6 +240,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.mhc_fuse_expand_mixes = opt.mhc_fuse_expand_mixes;
   go.attn_quant_epilogue = opt.attn_quant_epilogue;
   go.mhc_fused_rows_per_thread = opt.mhc_fused_rows_per_thread;
+  go.mhc_fuse_min_rows = opt.mhc_fuse_min_rows;
   go.programmatic_launch = opt.pdl;
   go.cuda_graphs = decode && opt.cuda_graphs;
   go.dspark = decode && opt.dspark;
@@ -472,6 +474,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"mhc_fuse_expand_mixes", opt.mhc_fuse_expand_mixes},
               {"attn_quant_epilogue", opt.attn_quant_epilogue},
               {"mhc_fused_rows_per_thread", opt.mhc_fused_rows_per_thread},
+              {"mhc_fuse_min_rows", opt.mhc_fuse_min_rows},
               {"pdl", opt.pdl},
               {"cuda_graphs", decode && opt.cuda_graphs},
               {"dspark", opt.dspark},
@@ -692,6 +695,11 @@ void register_bench_forward(CLI::App& bench) {
                   "cuda: with --mhc-fuse-expand-mixes, the fused launch's rows per thread "
                   "(tiles of 8 x that many rows), 1..4; 0: the mixes kernel's rule")
       ->check(CLI::Range(0, 4))
+      ->capture_default_str();
+  cmd->add_option("--mhc-fuse-min-rows", opt->mhc_fuse_min_rows,
+                  "cuda: with --mhc-fuse-expand-mixes, the fewest rows a forward takes the fused "
+                  "launch at (fewer: two launches)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
       ->capture_default_str();
   cmd->add_option("--pdl", opt->pdl,
                   "cuda: programmatic dependent launch of our kernels (each scheduled before its "

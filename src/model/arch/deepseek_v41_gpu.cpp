@@ -2070,6 +2070,11 @@ struct DeepseekV41Gpu::Impl {
     cu::launch_moe_combine(ye, inv, n, k, d, y, stream);
   }
 
+  // Whether the mHC expands of a forward of n rows take the fused expand + mixes launch.
+  bool fuse_mixes(int64_t n) const {
+    return opt.mhc_fuse_expand_mixes && n >= opt.mhc_fuse_min_rows;
+  }
+
   // out [rows, cols] = clamped SwiGLU of g and u (pitch ld_in; 0: cols).
   void swiglu(const float* g, const float* u, float* out, int64_t rows, int64_t cols,
               const float* row_weight, int64_t ld_in = 0) {
@@ -2405,7 +2410,7 @@ struct DeepseekV41Gpu::Impl {
       // The ffn site's input collapse(x', pre_a) fused into the expand (mixes does not write x).
       float* fbuf = buf<float>("f", n * d);
       float *pre_f, *post_f, *comb_f;
-      if (opt.mhc_fuse_expand_mixes) {
+      if (fuse_mixes(n)) {
         // The ffn site's mixes of x' in the same launch.
         pre_f = buf<float>("pre_f", n * hc);
         post_f = buf<float>("post_f", n * hc);
@@ -2444,7 +2449,7 @@ struct DeepseekV41Gpu::Impl {
       // unless bounded replay narrows the rows at that layer's start (x is gathered there).
       const int32_t next_l = fuse_next ? layer_ids[li + 1] : -1;
       const bool next_narrows = next_l >= boundary && s == &b.enc && b.dec.n != b.enc.n;
-      if (opt.mhc_fuse_expand_mixes && fuse_next && !next_narrows) {
+      if (fuse_mixes(n) && fuse_next && !next_narrows) {
         const Layer& N = *layers[static_cast<size_t>(next_l)];
         expand_mixes(x, y, n, post_f, comb_f, pre_f, buf<float>("a", n * d), N.hc_attn_fn,
                      N.hc_attn_base, N.hc_attn_scale, buf<float>("pre_a", n * hc),

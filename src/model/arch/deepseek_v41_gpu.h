@@ -172,13 +172,15 @@ struct GpuModelOptions {
   // ffn site's after the attention expand; the next layer's attention site's after the ffn
   // expand, where no Engram and no bounded-replay narrowing come between) run as one launch
   // (cuda::launch_hc_expand_mixes: x read once and written once instead of written, then read
-  // again by the mixes). x and the fused collapse are the same bits; the mixes' fp32 sums run in
-  // another order. The same cost accounting. Not in the DSpark draft stages. Its tests pass on
-  // the H200, but it is slower there (r9, call 5): at 384 rows the fused launches take 4.63 ms
-  // per step against 4.46 for the expands and mixes apart (decode 64x6 51.6 -> 52.0 ms); at 64
-  // rows 2.07 against 2.32 ms, the step no faster. Its tile rule (4 rows per thread at 384
-  // rows: 96 one-per-SM blocks) is the mixes kernel's and untuned for it. Off.
+  // again by the mixes), where the rows are at least mhc_fuse_min_rows. x and the fused collapse
+  // are the same bits; the mixes' fp32 sums run in another order. The same cost accounting. Not
+  // in the DSpark draft stages. Measured on the H200 (r10, call 3): decode 64 x 6 49.88 -> 49.66
+  // ms, prefill 8K 130.2 -> 128.4 ms; at 64 rows (decode 64 x 1, one row per thread) the step is
+  // ~0.2 ms slower (23.70 -> 23.89 ms), hence the row floor.
   bool mhc_fuse_expand_mixes = true;
+  // The fewest rows a forward takes the fused launch at (fewer: the two launches). 129: past the
+  // 128 rows that the fused kernel's one-row tiles fit in one wave (16 clusters of 8 on 132 SMs).
+  int64_t mhc_fuse_min_rows = 129;
   // The fused launch's rows per thread (HcExpandMixesParams::rows_per_thread: tiles of 8 x that
   // many rows), 1..4; 0 = the mixes kernel's rule (4 at 384 rows). For timing the tile height.
   int mhc_fused_rows_per_thread = 0;
@@ -189,7 +191,9 @@ struct GpuModelOptions {
   // reads, instead of the fp32 output [rows, heads * head_dim] that launch_act_quant_mxfp8 reads
   // back (at 384 rows, 64 heads: 50 MB written and read per layer; the fp32 buffer is then not
   // allocated). The same bits (trace: attn_quant_epilogue), the same cost accounting. Not in the
-  // DSpark draft stages. Unmeasured. Off.
+  // DSpark draft stages. Measured on the H200 (r10, call 3): decode 64 x 6 50.32 -> 49.66 ms
+  // (wo_a's part 4.50 -> 3.72 ms, the attention 7.93 -> 8.36), prefill 8K 129.6 -> 128.4 ms,
+  // decode 64 x 1 the same (23.94 / 23.89 ms).
   bool attn_quant_epilogue = true;
   // true: our kernels are launched with programmatic dependent launch (PDL, sm_90;
   // cuda::set_programmatic_launch): each may be scheduled once every CTA of its predecessor on
