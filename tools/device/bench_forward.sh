@@ -62,26 +62,23 @@ args_decode_s1_pass224="$args_decode_s1 --moe-rs-max-pass 224"
 # (GpuModelOptions::moe_fuse_swiglu; off by default: measured slower, r8).
 args_decode_s6_fswq="$args_decode_s6 --moe-fuse-swiglu true"
 args_decode_s1_fswq="$args_decode_s1 --moe-fuse-swiglu true"
-# Each mHC expand and the mixes after it in one launch (GpuModelOptions::mhc_fuse_expand_mixes;
-# off by default: measured slower at 64 x 6 in r9).
+# Each mHC expand and the mixes after it in one launch (GpuModelOptions::mhc_fuse_expand_mixes,
+# from mhc_fuse_min_rows = 129 rows) and wo_a's MXFP8-quantised bf16 input written by the wgmma
+# attention's epilogue (attn_quant_epilogue): both on by default since r10. The *_fmix / *_aqe
+# rows name them explicitly (the defaults now); *_nofmix, *_noaqe and *_off2 turn them off;
+# *_fmix1/2/3 pin the fused launch's tile height (the default rule: 2 rows per thread at 384).
 args_decode_s6_fmix="$args_decode_s6 --mhc-fuse-expand-mixes true"
 args_decode_s1_fmix="$args_decode_s1 --mhc-fuse-expand-mixes true"
-# wo_a's MXFP8-quantised bf16 input written by the wgmma attention's epilogue instead of the fp32
-# output and the quantiser (GpuModelOptions::attn_quant_epilogue; off by default: unmeasured).
 args_decode_s6_aqe="$args_decode_s6 --attn-quant-epilogue true"
 args_decode_s1_aqe="$args_decode_s1 --attn-quant-epilogue true"
-# The same with the fused launch's tile height pinned (the default rule gives 4 rows per thread
-# at 384 rows: 96 blocks).
-# Each of the two (on by default since r10) turned off, and both.
+args_decode_s6_fmix_aqe="$args_decode_s6_fmix --attn-quant-epilogue true"
+args_decode_s1_fmix_aqe="$args_decode_s1_fmix --attn-quant-epilogue true"
 args_decode_s6_nofmix="$args_decode_s6 --mhc-fuse-expand-mixes false"
 args_decode_s1_nofmix="$args_decode_s1 --mhc-fuse-expand-mixes false"
 args_decode_s6_noaqe="$args_decode_s6 --attn-quant-epilogue false"
 args_decode_s1_noaqe="$args_decode_s1 --attn-quant-epilogue false"
 args_decode_s6_off2="$args_decode_s6 --mhc-fuse-expand-mixes false --attn-quant-epilogue false"
 args_decode_s1_off2="$args_decode_s1 --mhc-fuse-expand-mixes false --attn-quant-epilogue false"
-# Both (rows for turning the two on together).
-args_decode_s6_fmix_aqe="$args_decode_s6_fmix --attn-quant-epilogue true"
-args_decode_s1_fmix_aqe="$args_decode_s1_fmix --attn-quant-epilogue true"
 args_decode_s6_fmix1="$args_decode_s6_fmix --mhc-fused-rows-per-thread 1"
 args_decode_s6_fmix2="$args_decode_s6_fmix --mhc-fused-rows-per-thread 2"
 args_decode_s6_fmix3="$args_decode_s6_fmix --mhc-fused-rows-per-thread 3"
