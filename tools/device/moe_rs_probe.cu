@@ -11,7 +11,9 @@
 // Variants of the swapped-operand kernel compile with -DMOESERVE_RS_PROBE=P (1: no dequant after
 // tile 0, 2: no loads after the prologue, 3: no wgmma), -DMOESERVE_RS_STAGES=S,
 // -DMOESERVE_RS_WIDE_BUFS=3 (the 224-row passes with three fragment buffers) and
-// -DMOESERVE_RS_LOOP=1 (the 192-row kernel with the 224-row one's K loop):
+// -DMOESERVE_RS_LOOP=1 (the 192-row kernel with the 224-row one's K loop) and
+// -DMOESERVE_RS_DECOUPLED=1 (the warpgroups' K loops apart). Each row also prints a hash of the
+// output bits of its last launch, so that two builds' rows can be compared bit for bit:
 //   nvcc -O3 -std=c++20 -arch=sm_90a -I src tools/device/moe_rs_probe.cu -o /tmp/rs && /tmp/rs
 #include <cstdio>
 #include <random>
@@ -24,6 +26,16 @@
 using namespace moeserve::cuda;
 
 namespace {
+
+// FNV-1a over the bytes of n floats on the device.
+uint64_t device_hash(const float* dev, int64_t n) {
+  std::vector<float> h(static_cast<size_t>(n));
+  MS_CUDA_CHECK(cudaMemcpy(h.data(), dev, h.size() * 4, cudaMemcpyDeviceToHost));
+  uint64_t x = 1469598103934665603ull;
+  const auto* b = reinterpret_cast<const unsigned char*>(h.data());
+  for (size_t i = 0; i < h.size() * 4; ++i) x = (x ^ b[i]) * 1099511628211ull;
+  return x;
+}
 
 int64_t passes(const std::vector<int32_t>& counts, int64_t max_pass) {
   int64_t n = 0;
@@ -136,13 +148,16 @@ int main() {
           const double us = 1000.0 * ms / iters;
           static constexpr const char* kNames[] = {"v1", "rs", "rs w1+w3", "rs kperm",
                                                    "rs kperm w1+w3"};
-          const double flops = 2.0 * rows * n * k * (variant == 2 || variant == 4 ? 2 : 1);
+          const bool two = variant == 2 || variant == 4;
+          const double flops = 2.0 * rows * n * k * (two ? 2 : 1);
+          const uint64_t hash =
+              device_hash(y, rows * n) ^ (two ? device_hash(y2, rows * n) * 31 : 0);
           std::printf(
-              "probe %d stages %d wide bufs %d loop %d %-7s max %d %-14s n %5ld k %5ld: "
-              "%7.1f us %6.0f TFLOP/s\n",
+              "probe %d stages %d wide bufs %d loop %d decoupled %d %-7s max %d %-14s n %5ld "
+              "k %5ld: %7.1f us %6.0f TFLOP/s hash %016llx\n",
               MOESERVE_RS_PROBE, MOESERVE_RS_STAGES, MOESERVE_RS_WIDE_BUFS, MOESERVE_RS_LOOP,
-              cs.name, max_pass, kNames[variant], static_cast<long>(n), static_cast<long>(k), us,
-              flops / us * 1e-6);
+              MOESERVE_RS_DECOUPLED, cs.name, max_pass, kNames[variant], static_cast<long>(n),
+              static_cast<long>(k), us, flops / us * 1e-6, static_cast<unsigned long long>(hash));
         }
     }
   }

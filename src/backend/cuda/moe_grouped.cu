@@ -1109,6 +1109,20 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 // 3 the wgmma; MOESERVE_RS_STAGES sets the ring depth; MOESERVE_RS_WIDE_BUFS 3 gives the 224-row
 // passes three fragment buffers; MOESERVE_RS_LOOP 1 gives the 192-row kernel the K loop of the
 // 224-row one (see grs_pass).
+// Build-time variant (off; compile-only so far, for timing against the default on the H200):
+// MOESERVE_RS_DECOUPLED 1 lets the two warpgroups run their K loops apart. By default every K tile
+// ends with a __syncthreads, because warpgroup 0 copies the scales of all 128 weight rows and the
+// single TMA issuer (thread 0) may refill a slot only when both warpgroups' wgmma are done with
+// it, so a warpgroup that stalls (on its decode, its wgmma or the TMA) stalls the other. In the
+// variant each warpgroup copies the weights and scales of its own 64 rows (even threads the
+// scales) and syncs on its own named barrier (1 + wg, 128 threads); warpgroup 1 releases each
+// slot's A rows on an "empty" mbarrier per slot (one arrival per tile, after its named barrier,
+// i.e. after every warp's wait_group showed that tile's wgmma complete), and thread 0 waits on it
+// before the TMA refills the slot. The same loads, decode and wgmma in the same order: the same
+// bits. A slot's k-th use pairs with the empty barrier's k-th phase (warpgroup 1 arrives once for
+// every tile of every pass, the tail tiles after the pass's last wait_group), and warpgroup 1 can
+// be at most one phase ahead of thread 0's wait (the tile after needs thread 0's refill first), so
+// the parity waits are unambiguous.
 #ifndef MOESERVE_RS_PROBE
 #define MOESERVE_RS_PROBE 0
 #endif
@@ -1120,6 +1134,9 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 #endif
 #ifndef MOESERVE_RS_LOOP
 #define MOESERVE_RS_LOOP 0
+#endif
+#ifndef MOESERVE_RS_DECOUPLED
+#define MOESERVE_RS_DECOUPLED 0
 #endif
 
 namespace grs {
@@ -1148,7 +1165,7 @@ struct Ring {
   // 29 KB at 192 rows, 33 KB at 224
   static constexpr int kStageBytes = (kABytes + kWBytes + kSBytes + 1023) / 1024 * 1024;
   static constexpr int kSmemBytes =
-      kStages * kStageBytes + 8 * kStages + 1024;  // + mbarriers, alignment
+      kStages * kStageBytes + 16 * kStages + 1024;  // + full / empty mbarriers, alignment
   static_assert(kMaxTok % 32 == 0 && kMaxTok <= 256);
   static_assert(kABytes + kWBytes + kSBytes <= kStageBytes && kStageBytes % 1024 == 0);
   static_assert(kSmemBytes <= 227 * 1024);
@@ -1211,6 +1228,20 @@ __device__ __forceinline__ void grs_dequant(const uint8_t* st, int r0, int t, in
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
+#if MOESERVE_RS_DECOUPLED
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// The named barrier of warpgroup wg's 128 threads (ids 1 and 2; 0 is __syncthreads). Immediate
+// ids, so ptxas reserves three barriers, not all sixteen.
+__device__ __forceinline__ void wg_bar_sync(int wg) {
+  if (wg == 0) {
+    asm volatile("bar.sync 1, 128;\n" ::: "memory");
+  } else {
+    asm volatile("bar.sync 2, 128;\n" ::: "memory");
+  }
+}
+#endif
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
                : "memory");
@@ -1257,11 +1288,15 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
   const int nk = static_cast<int>(p.k / kBK);
   // The copied rows within their set, from n0 (rows past n: row n - 1).
   const int wrow = kFuse ? (tid >> 1) % (kBW / 2) : tid >> 1;
-  const int srow = kFuse ? tid % (kBW / 2) : tid & (kBW - 1);
+  // The copied scale row: ring row tid (threads < 128); MOESERVE_RS_DECOUPLED: ring row tid / 2
+  // (even threads), so each warpgroup copies its own rows' scales.
+  const int srow = MOESERVE_RS_DECOUPLED ? (kFuse ? (tid >> 1) % (kBW / 2) : tid >> 1)
+                                         : (kFuse ? tid % (kBW / 2) : tid & (kBW - 1));
   const uint8_t* const wsrc = wexp + min(n0 + wrow, p.n - 1) * (p.k / 2) + (tid & 1) * 16;
   const uint8_t* const ssrc = sexp + min(n0 + srow, p.n - 1) * (p.k / 32);
   const int32_t row0 = static_cast<int32_t>(beg + m0);
   const uint32_t bars = base + kStages * kStageBytes;  // one mbarrier (8 B) per ring slot
+  [[maybe_unused]] const uint32_t empties = bars + 8 * kStages;  // MOESERVE_RS_DECOUPLED
   const int r0 = 64 * wg + 16 * warp + g;
   const auto slot = [&](int kt) { return (tc + static_cast<uint32_t>(kt)) % kStages; };
 
@@ -1279,7 +1314,9 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
     }
     uint8_t* st = smem + sl * kStageBytes;
     cp_async16_zfill(st + kABytes + tid * 16, wsrc + kt * (kBK / 2), true);
-    if (tid < kBW) cp_async4(st + kABytes + kWBytes + tid * 4, ssrc + (kt >> 1) * 4);
+    if (MOESERVE_RS_DECOUPLED ? (tid & 1) == 0 : tid < kBW)
+      cp_async4(st + kABytes + kWBytes + (MOESERVE_RS_DECOUPLED ? tid >> 1 : tid) * 4,
+                ssrc + (kt >> 1) * 4);
   };
 
   float acc[kTN / 2];
@@ -1321,7 +1358,19 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
     wgmma::wait_group<kBufs - 1>();
     wgmma::fence_operands(acc);
     asm volatile("cp.async.wait_group %0;\n" ::"n"(kAhead - 2) : "memory");  // weights of kt + 1
+#if MOESERVE_RS_DECOUPLED
+    // This warpgroup's weights of kt + 1 visible to it, and its wgmma on tile kt - kBufs + 1 (the
+    // slot that tile kt + kAhead refills) done; warpgroup 1 tells thread 0 so.
+    wg_bar_sync(wg);
+    const int done = kt - kBufs + 1;
+    if (done >= 0) {
+      if (tid == 128) mbar_arrive(empties + 8 * slot(done));
+      if (tid == 0 && kt + kAhead < nk)
+        mbar_wait(empties + 8 * slot(done), ((tc + static_cast<uint32_t>(done)) / kStages) & 1);
+    }
+#else
     __syncthreads();  // weights of kt + 1 visible; both warpgroups done with that tile's slot
+#endif
     if (kt + kAhead < nk && MOESERVE_RS_PROBE != 2) load_tile(kt + kAhead);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     if (kt + 1 < nk && MOESERVE_RS_PROBE != 1)
@@ -1349,6 +1398,12 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
   }
   wgmma::wait_group<0>();
   wgmma::fence_operands(acc);
+#if MOESERVE_RS_DECOUPLED
+  // Warpgroup 1 releases the tail tiles' slots too (one arrival per tile and use of a slot).
+  wg_bar_sync(wg);
+  if (tid == 128)
+    for (int kt = max(nk - kBufs + 1, 0); kt < nk; ++kt) mbar_arrive(empties + 8 * slot(kt));
+#endif
   if constexpr (kFuse) {
     // d[4i + 2h + v] = D[r0 + 8h][8i + 2t + v] -> tile wg (0: g, 1: u), row 8i + 2t + v, column
     // r0 + 8h - 64 wg (the same column in both tiles).
@@ -1427,7 +1482,8 @@ __global__ void __launch_bounds__(grs::kThreads, 1)
   const uint32_t base = (raw_addr + 1023u) & ~1023u;
   uint8_t* const smem = grs_smem_raw + (base - raw_addr);
   if (threadIdx.x == 0) {
-    for (int i = 0; i < kStages; ++i) mbar_init(base + kStages * kStageBytes + 8 * i, 1);
+    // The full barriers (TMA bytes), then the empty ones (MOESERVE_RS_DECOUPLED: warpgroup 1).
+    for (int i = 0; i < 2 * kStages; ++i) mbar_init(base + kStages * kStageBytes + 8 * i, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -1442,7 +1498,7 @@ __global__ void __launch_bounds__(grs::kThreads, 1)
   // The set of the ring rows this thread copies: weights of row tid / 2, scales of row tid % 128.
   const int tid = static_cast<int>(threadIdx.x);
   const bool w_in_b = kFuse ? tid >> 1 >= kRows : second;
-  const bool s_in_b = kFuse ? (tid & (kBW - 1)) >= kRows : second;
+  const bool s_in_b = kFuse ? (MOESERVE_RS_DECOUPLED ? tid >> 1 : tid & (kBW - 1)) >= kRows : second;
   const uint8_t* const wexp = (w_in_b ? p.w_b : p.w)[e];
   const uint8_t* const sexp = (s_in_b ? p.w_scale_b : p.w_scale)[e];
   float* const y = second ? p.y_b : p.y;
