@@ -157,6 +157,31 @@ constexpr uint8_t float_to_ue8m0_ceil(float x) {
   return static_cast<uint8_t>(up >= 0xFF ? kUe8m0Max : up);
 }
 
+#if defined(__CUDACC__)
+#define MOESERVE_HOST_DEVICE __host__ __device__
+#else
+#define MOESERVE_HOST_DEVICE
+#endif
+
+// The MXFP8 activation block scale's ue8m0 code, float_to_ue8m0_ceil(a / 448) (fake_quant.h's
+// fp8_block_scale), from the fp32 bits of a = max(amax, 1e-4), a finite float >= 1e-4 or +inf,
+// without the division. a = 1.m * 2^(e - 127) (e = a_bits >> 23, normal since a >= 1e-4):
+// - 1.m <= 1.75: the exact quotient a / 448 = (1.m / 1.75) * 2^(e - 135) lies in
+//   (2^(e - 136), 2^(e - 135)] (1.m / 1.75 > 0.57), and rounding to nearest keeps it there, so
+//   ceil(log2) = e - 135: code e - 8;
+// - 1.m > 1.75 (mantissa bits > 0x600000, i.e. at least 1.75 + 2^-23): the quotient exceeds
+//   2^(e - 135) by at least 2^-23 / 1.75 relative, more than the half ulp (2^-24) that rounding
+//   could take off, and stays below 2^(e - 134): code e - 7;
+// - +inf: inf / 448 = inf, which the satfinite encoder clamps to 254.
+// Codes of finite a are in [105, 247] (1e-4 has e = 113). The device quantisers use it
+// (v41::mxfp8_scale); Ue8m0.Mxfp8ScaleCodeFromBitsIsTheDivisionRule checks it against the division
+// (every mantissa at several exponents, the boundary mantissas at every exponent, random floats;
+// every a with MOESERVE_NUMERIC_EXHAUSTIVE=1).
+MOESERVE_HOST_DEVICE constexpr uint32_t mxfp8_scale_code_from_bits(uint32_t a_bits) {
+  if (a_bits >= 0x7F800000u) return kUe8m0Max;
+  return (a_bits >> 23) - 8u + ((a_bits & 0x7FFFFFu) > 0x600000u ? 1u : 0u);
+}
+
 // Exact encoding of a power of two 2^k, k in [-127, 127]; pow2_to_ue8m0 MS_CHECKs that it is one.
 [[nodiscard]] constexpr bool is_ue8m0_pow2(float x) {
   const uint32_t bits = std::bit_cast<uint32_t>(x);

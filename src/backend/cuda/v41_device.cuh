@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "common/numeric.h"
+
 namespace moeserve::cuda::v41 {
 
 __device__ __forceinline__ float e4m3_decode(uint32_t code) {
@@ -83,22 +85,13 @@ struct Mxfp8Scale {
   float s, inv;
   uint32_t code;  // ue8m0 code of s
 };
-// Branch- and division-free, bit for bit the rule above. With a = max(amax, 1e-4) (never NaN:
-// fmaxf drops it) = 1.m * 2^(ea - 127):
-// - q = a / 448 = (1.m / 1.75) * 2^(ea - 135) rounded to nearest. For 1.m <= 1.75 the exact
-//   quotient lies in (2^(ea - 136), 2^(ea - 135)] (1.m / 1.75 > 0.57), so ceil(log2 q) = ea - 135
-//   whatever the rounding. For 1.m > 1.75 (mantissa field > 0x600000) it exceeds 2^(ea - 135) by
-//   at least 2^-23 / 1.75 relative, more than the half ulp (2^-24) that could round it down, and
-//   stays below 2^(ea - 134): ceil(log2 q) = ea - 134. So code = ea - 8 + (m > 0x600000), in
-//   [105, 247] for finite a (a >= 1e-4 has ea >= 113), and 254 for a = inf (the satfinite clamp
-//   of float_to_ue8m0_ceil);
-// - s = 2^(code - 127) and 1 / s = 2^(127 - code) are exact (2^-127, a float subnormal, for
-//   code 254).
-// CudaV41.Mxfp8ScaleRuleOnEdgeBlocks checks the block edges against the host's rule.
+// Branch- and division-free, bit for bit the rule above: the scale code from the bits of
+// a = max(amax, 1e-4) (never NaN: fmaxf drops it) by mxfp8_scale_code_from_bits (common/numeric.h,
+// which derives it and whose CPU test checks it against the division); s = 2^(code - 127) and
+// 1 / s = 2^(127 - code) exactly (2^-127, a float subnormal, for code 254).
+// CudaV41.Mxfp8ScaleRuleOnEdgeBlocks checks the quantisers' outputs on edge blocks on the device.
 __device__ __forceinline__ Mxfp8Scale mxfp8_scale(float amax) {
-  const uint32_t bits = __float_as_uint(fmaxf(amax, 1e-4f));
-  const uint32_t code =
-      bits >= 0x7F800000u ? 0xFEu : (bits >> 23) - 8u + ((bits & 0x7FFFFFu) > 0x600000u ? 1u : 0u);
+  const uint32_t code = mxfp8_scale_code_from_bits(__float_as_uint(fmaxf(amax, 1e-4f)));
   const float inv = __uint_as_float(code == 0xFEu ? 0x00400000u : (254u - code) << 23);
   return {__uint_as_float(code << 23), inv, code};
 }

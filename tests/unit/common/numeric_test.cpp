@@ -1,9 +1,13 @@
 #include "common/numeric.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <random>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -213,6 +217,44 @@ TEST(Ue8m0, EveryCodeRoundTrips) {
   EXPECT_FALSE(is_ue8m0_pow2(0.0f));
   EXPECT_FALSE(is_ue8m0_pow2(std::ldexp(1.0f, -128)));
   EXPECT_FALSE(is_ue8m0_pow2(kInf));
+}
+
+// mxfp8_scale_code_from_bits (the device quantisers' division-free scale rule) against the rule it
+// replaces, float_to_ue8m0_ceil(max(amax, 1e-4) / 448), over amax >= 0 (the amax of a block is
+// never negative, and never NaN after fmaxf): every mantissa at the clamp's exponent, at 1 and at
+// 2^73, the mantissas around 1.75 at every exponent, amax below the clamp, +inf, and 4M random
+// finite amax. MOESERVE_NUMERIC_EXHAUSTIVE=1 walks every float from 0 to +inf (2^31 + 1 values;
+// 4 minutes in a Debug build; it passed when this was written).
+TEST(Ue8m0, Mxfp8ScaleCodeFromBitsIsTheDivisionRule) {
+  size_t checked = 0, wrong = 0;
+  const auto check = [&](uint32_t amax_bits) {
+    const float a = std::max(from_bits(amax_bits), 1e-4f);
+    const uint32_t want = float_to_ue8m0_ceil(a / 448.0f);
+    const uint32_t got = mxfp8_scale_code_from_bits(to_bits(a));
+    ++checked;
+    if (got != want && ++wrong <= 5)
+      ADD_FAILURE() << "amax bits " << std::hex << amax_bits << ": got " << std::dec << got
+                    << " want " << want;
+  };
+  for (const uint32_t e : {113u, 127u, 200u})
+    for (uint32_t m = 0; m < (1u << 23); ++m) check(e << 23 | m);
+  for (uint32_t e = 0; e < 255; ++e)
+    for (const uint32_t m : {0u, 1u, 2u, 0x5FFFFEu, 0x5FFFFFu, 0x600000u, 0x600001u, 0x600002u,
+                             0x7FFFFEu, 0x7FFFFFu})
+      check(e << 23 | m);
+  check(0x7F800000u);  // +inf
+  check(0u);
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<uint32_t> finite(0u, 0x7F7FFFFFu);
+  for (int i = 0; i < (1 << 22); ++i) check(finite(rng));
+  const char* env = std::getenv("MOESERVE_NUMERIC_EXHAUSTIVE");
+  if (env != nullptr && std::string(env) == "1")
+    for (uint32_t b = 0; b <= 0x7F800000u; ++b) check(b);
+  EXPECT_EQ(wrong, 0u) << "of " << checked;
+  // The range the derivation states: 105 at the clamp, 247 at FLT_MAX, 254 for +inf.
+  EXPECT_EQ(mxfp8_scale_code_from_bits(to_bits(1e-4f)), 105u);
+  EXPECT_EQ(mxfp8_scale_code_from_bits(0x7F7FFFFFu), 247u);
+  EXPECT_EQ(mxfp8_scale_code_from_bits(0x7F800000u), 254u);
 }
 
 TEST(Ue8m0DeathTest, Pow2RejectsOtherValues) {
