@@ -2196,8 +2196,8 @@ TEST_F(CudaV41, SortRowsAscending) {
 
 // The MXFP8 activation fake-quant is the host rule bit for bit (bf16 and fp32 outputs), with a
 // row gather and a row count read on the device; rows past the count stay untouched. Shapes: the
-// vector kernel (5120 columns; 96 columns, a partial 2048-column chunk, pitch 100) and the scalar
-// fallback (pitch 98 is not float4-aligned).
+// vector kernel (5120 columns; 96 columns, pitch 100) and the scalar fallback (pitch 98 is not
+// float4-aligned).
 TEST_F(CudaV41, ActQuantMxfp8IsBitExact) {
   struct Shape {
     int64_t cols, ldx, ldo;
@@ -2247,6 +2247,99 @@ TEST_F(CudaV41, ActQuantMxfp8IsBitExact) {
         for (int64_t c = r < 6 ? cols : 0; c < ldo; ++c)
           ASSERT_TRUE(std::isnan(got[static_cast<size_t>(r * ldo + c)])) << r << " " << c;
     }
+  }
+}
+
+// The vector quantisers' grid-stride loop at a DEP32 decode's size (MoE::act_quant over 2304 of
+// a 3000-row bound, 5120 columns: 1.47M 8-column items, so every thread takes several loop steps,
+// with both items of a step live, one live and none), k-permuted bf16 as the forward runs it:
+// act_quant bit for bit the host rule on its gathered rows, the SwiGLU quantiser's bf16 output
+// the bf16 of its fp32 output (the same kernel's two output types; SwigluQuantMatchesCpu compares
+// that one with the host) at 2304 columns; rows past the device count untouched.
+TEST_F(CudaV41, QuantisersGridStrideAtDecodeSize) {
+  std::mt19937 rng(32);
+  const int64_t bound = 3000, live = 2304, src_rows = 384;
+  for (const int64_t cols : {int64_t{5120}, int64_t{2304}}) {
+    SCOPED_TRACE("cols " + std::to_string(cols));
+    auto x = rnd(src_rows * cols, rng, -3, 3);
+    scale_blocks32(x, rng, 6);
+    std::vector<int32_t> index(static_cast<size_t>(bound));
+    std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(src_rows) - 1);
+    for (auto& i : index) i = pick(rng);
+    const std::vector<int32_t> count = {static_cast<int32_t>(live)};
+    const size_t n = static_cast<size_t>(bound * cols);
+    const std::vector<uint16_t> poison(n, 0x7FC1);
+    // act_quant, k-permuted bf16, against the host rule and the permutation of kperm64_col.
+    auto* o = up(poison);
+    cuda::ActQuantParams p;
+    p.x = up(x);
+    p.ldx = cols;
+    p.row_index = up(index);
+    p.rows = bound;
+    p.device_rows = up(count);
+    p.cols = cols;
+    p.out = o;
+    p.out_type = cuda::ActivationType::kBF16;
+    p.ldo = cols;
+    p.kperm64 = true;
+    cuda::launch_act_quant_mxfp8(p, stream_);
+    const auto got = down(o, n);
+    std::vector<float> ref(static_cast<size_t>(cols));
+    size_t diff = 0, touched = 0;
+    for (int64_t r = 0; r < bound; ++r) {
+      if (r < live)
+        fq_fp8_block32_pow2(std::span<const float>(x).subspan(
+                                static_cast<size_t>(index[static_cast<size_t>(r)] * cols), cols),
+                            ref);
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t k = c & 63;
+        const int64_t pc = (c - k) + 16 * ((k >> 2) & 3) + 8 * ((k >> 1) & 1) + 2 * (k >> 4) + (k & 1);
+        const uint16_t g = got[static_cast<size_t>(r * cols + pc)];
+        if (r < live) {
+          diff += g != float_to_bf16(ref[static_cast<size_t>(c)]);
+        } else {
+          touched += g != 0x7FC1;
+        }
+      }
+    }
+    EXPECT_EQ(diff, 0u) << "act_quant";
+    EXPECT_EQ(touched, 0u) << "act_quant wrote past the device count";
+    // swiglu_quant at these rows (gate and up: rows of x and of a second draw).
+    if (cols != 2304) continue;
+    auto g = rnd(bound * cols, rng, -15, 15), u = rnd(bound * cols, rng, -15, 15);
+    auto w = rnd(bound, rng, 0.1f, 2);
+    cuda::SwigluQuantParams q;
+    q.gate = up(g);
+    q.up = up(u);
+    q.ld = cols;
+    q.row_weight = up(w);
+    q.rows = bound;
+    q.device_rows = up(count);
+    q.cols = cols;
+    q.limit = 10.0f;
+    float* o32 = nans(n);
+    q.out = o32;
+    q.out_type = cuda::ActivationType::kF32;
+    q.ldo = cols;
+    cuda::launch_swiglu_quant_mxfp8(q, stream_);
+    auto* o16 = up(poison);
+    q.out = o16;
+    q.out_type = cuda::ActivationType::kBF16;
+    cuda::launch_swiglu_quant_mxfp8(q, stream_);
+    const auto f32 = down(o32, n);
+    const auto b16 = down(o16, n);
+    size_t sdiff = 0, stouched = 0, nonzero = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (i < static_cast<size_t>(live * cols)) {
+        sdiff += b16[i] != float_to_bf16(f32[i]);
+        nonzero += f32[i] != 0.0f;
+      } else {
+        stouched += b16[i] != 0x7FC1 || !std::isnan(f32[i]);
+      }
+    }
+    EXPECT_EQ(sdiff, 0u) << "swiglu_quant bf16 vs fp32";
+    EXPECT_EQ(stouched, 0u) << "swiglu_quant wrote past the device count";
+    EXPECT_GT(nonzero, static_cast<size_t>(live * cols) / 2);
   }
 }
 
