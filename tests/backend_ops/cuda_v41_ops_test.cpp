@@ -283,6 +283,39 @@ class CudaV41 : public ::testing::Test {
   }
   float* nans(size_t n) { return up(std::vector<float>(n, kNaN)); }
 
+  // The inputs of a sparse attention launch as device copies of the host arrays: q [rows, heads,
+  // 512], the SWA ring records and (empty: the implicit window) its per-row indices, the global
+  // records with gk indices per row, the sinks, the positions and (empty: no inverse RoPE) the
+  // RoPE frequencies. The outputs and kernel choices are the caller's.
+  struct AttentionInputs {
+    const std::vector<float>& q;
+    int64_t rows;
+    int heads;
+    const std::vector<uint8_t>& ring;
+    const std::vector<int32_t>& sidx;
+    const std::vector<uint8_t>& glob;
+    const std::vector<int32_t>& gidx;
+    int gk;
+    const std::vector<float>& sink;
+    const std::vector<int32_t>& pos;
+    const std::vector<double>& freqs;
+  };
+  cuda::SparseAttentionParams attention_params(const AttentionInputs& in) {
+    cuda::SparseAttentionParams p;
+    p.q = up(in.q);
+    p.rows = in.rows;
+    p.heads = in.heads;
+    p.swa = up(in.ring);
+    p.swa_idx = in.sidx.empty() ? nullptr : up(in.sidx);
+    p.glob = up(in.glob);
+    p.glob_idx = up(in.gidx);
+    p.glob_k = in.gk;
+    p.sink = up(in.sink);
+    p.pos = up(in.pos);
+    p.freqs = in.freqs.empty() ? nullptr : up(in.freqs);
+    return p;
+  }
+
   // The grouped GEMM's A: random rows after the MXFP8 fake-quant, as fp32 (the CPU reference's
   // input) and as their exact bf16 bits (the device's).
   struct Mxfp8Rows {
@@ -1439,18 +1472,9 @@ TEST_F(CudaV41, SparseAttention) {
                           gidx.data(), gk, sink.data(), 0.04419417382415922f, pos.data(),
                           f.data(), 64, ref.data());
     for (bool explicit_swa : {false, true}) {
-      cuda::SparseAttentionParams p;
-      p.q = up(q);
-      p.rows = t;
-      p.heads = heads;
-      p.swa = up(ring);
-      p.swa_idx = explicit_swa ? up(sidx) : nullptr;
-      p.glob = up(glob);
-      p.glob_idx = up(gidx);
-      p.glob_k = gk;
-      p.sink = up(sink);
-      p.pos = up(pos);
-      p.freqs = up(f);
+      cuda::SparseAttentionParams p =
+          attention_params({q, t, heads, ring, explicit_swa ? sidx : std::vector<int32_t>{}, glob,
+                            gidx, gk, sink, pos, f});
       for (bool split : {true, false}) {
         float* o = nans(ref.size());
         p.out = o;
@@ -1506,18 +1530,9 @@ TEST_F(CudaV41, SparseAttentionWgmma) {
                             gidx.data(), gk, sink.data(), 0.04419417382415922f, pos.data(),
                             f.data(), 64, ref.data());
       for (bool explicit_swa : {false, true}) {
-        cuda::SparseAttentionParams p;
-        p.q = up(q);
-        p.rows = t;
-        p.heads = heads;
-        p.swa = up(ring);
-        p.swa_idx = explicit_swa ? up(sidx) : nullptr;
-        p.glob = up(glob);
-        p.glob_idx = up(gidx);
-        p.glob_k = gk;
-        p.sink = up(sink);
-        p.pos = up(pos);
-        p.freqs = up(f);
+        cuda::SparseAttentionParams p =
+            attention_params({q, t, heads, ring, explicit_swa ? sidx : std::vector<int32_t>{}, glob,
+                              gidx, gk, sink, pos, f});
         for (bool split : {true, false}) {
           SCOPED_TRACE(testing::Message() << heads << " heads, split " << split << ", explicit swa "
                                           << explicit_swa << ", block spread " << spread);
@@ -1580,18 +1595,8 @@ TEST_F(CudaV41, SparseAttentionWgmmaShortLists) {
   cpu::sparse_attention(q.data(), t, heads, hd, ring.data(), sidx.data(), sk, glob.data(),
                         gidx.data(), gk, sink.data(), 0.04419417382415922f, pos.data(), f.data(),
                         64, ref.data());
-  cuda::SparseAttentionParams p;
-  p.q = up(q);
-  p.rows = t;
-  p.heads = heads;
-  p.swa = up(ring);
-  p.swa_idx = up(sidx);
-  p.glob = up(glob);
-  p.glob_idx = up(gidx);
-  p.glob_k = gk;
-  p.sink = up(sink);
-  p.pos = up(pos);
-  p.freqs = up(f);
+  cuda::SparseAttentionParams p =
+      attention_params({q, t, heads, ring, sidx, glob, gidx, gk, sink, pos, f});
   for (bool split : {true, false}) {
     SCOPED_TRACE(testing::Message() << "split " << split);
     p.split_precision = split;
@@ -1645,18 +1650,8 @@ TEST_F(CudaV41, SparseAttentionWgmmaPersistent) {
   for (int heads : {64, 128}) {
     auto q = rnd(t * heads * hd, rng, -1, 1);
     auto sink = rnd(heads, rng, -2, 2);
-    cuda::SparseAttentionParams p;
-    p.q = up(q);
-    p.rows = t;
-    p.heads = heads;
-    p.swa = up(ring);
-    p.swa_idx = up(sidx);
-    p.glob = up(glob);
-    p.glob_idx = up(gidx);
-    p.glob_k = gk;
-    p.sink = up(sink);
-    p.pos = up(pos);
-    p.freqs = up(f);
+    cuda::SparseAttentionParams p =
+        attention_params({q, t, heads, ring, sidx, glob, gidx, gk, sink, pos, f});
     for (bool split : {true, false}) {
       SCOPED_TRACE(testing::Message() << heads << " heads, split " << split);
       p.split_precision = split;
@@ -1727,17 +1722,8 @@ TEST_F(CudaV41, SparseAttentionWgmmaQuantEpilogueIsBitIdentical) {
     for (auto& g : gidx) g = pick(rng);
     const auto q = rnd(t * cols, rng, -1, 1);
     const auto sink = rnd(heads, rng, -2, 2);
-    cuda::SparseAttentionParams p;
-    p.q = up(q);
-    p.rows = t;
-    p.heads = heads;
-    p.swa = up(ring);
-    p.swa_idx = up(sidx);
-    p.glob = up(glob);
-    p.glob_idx = up(gidx);
-    p.glob_k = gk;
-    p.sink = up(sink);
-    p.pos = up(pos);
+    cuda::SparseAttentionParams p = attention_params(
+        {q, t, heads, ring, sidx, glob, gidx, gk, sink, pos, std::vector<double>{}});
     p.use_wgmma = true;
     const size_t n = static_cast<size_t>(t * cols);
     for (const bool rope : {true, false}) {
