@@ -77,6 +77,7 @@ struct BenchForwardOptions {
   bool attn_quant_epilogue = true;
   int32_t mhc_fused_rows_per_thread = 0;
   int64_t mhc_fuse_min_rows = 129;
+  bool mhc_fuse_norm = true;
   bool pdl = true;          // programmatic dependent launch of our kernels
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
@@ -241,6 +242,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.attn_quant_epilogue = opt.attn_quant_epilogue;
   go.mhc_fused_rows_per_thread = opt.mhc_fused_rows_per_thread;
   go.mhc_fuse_min_rows = opt.mhc_fuse_min_rows;
+  go.mhc_fuse_norm = opt.mhc_fuse_norm;
   go.programmatic_launch = opt.pdl;
   go.cuda_graphs = decode && opt.cuda_graphs;
   go.dspark = decode && opt.dspark;
@@ -480,6 +482,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"attn_quant_epilogue", opt.attn_quant_epilogue},
               {"mhc_fused_rows_per_thread", opt.mhc_fused_rows_per_thread},
               {"mhc_fuse_min_rows", opt.mhc_fuse_min_rows},
+              {"mhc_fuse_norm", opt.mhc_fuse_norm},
               {"pdl", opt.pdl},
               {"cuda_graphs", decode && opt.cuda_graphs},
               {"dspark", opt.dspark},
@@ -711,6 +714,10 @@ void register_bench_forward(CLI::App& bench) {
                   "cuda: with --mhc-fuse-expand-mixes, the fewest rows a forward takes the fused "
                   "launch at (fewer: two launches)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  cmd->add_option("--mhc-fuse-norm", opt->mhc_fuse_norm,
+                  "cuda: where the fused expand + mixes launch writes the next site's collapse, "
+                  "it also applies that site's RMSNorm (false: a separate RMSNorm launch)")
       ->capture_default_str();
   cmd->add_option("--pdl", opt->pdl,
                   "cuda: programmatic dependent launch of our kernels (each scheduled before its "

@@ -1131,10 +1131,11 @@ struct DeepseekV41Gpu::Impl {
   }
   // expand(x, y, n, post, comb, collapse_pre, collapse_out) then mixes(x', n, fn, ...) in one
   // launch (mhc_fuse_expand_mixes); the cost counted as mixes() counts it (expand counts none).
+  // collapse_norm set: collapse_out is rms(collapse, collapse_norm) instead (mhc_fuse_norm).
   void expand_mixes(float* x, const float* y, int64_t n, const float* post, const float* comb,
                     const float* collapse_pre, float* collapse_out, const DeviceMemory& fn,
                     const DeviceMemory& base, const DeviceMemory& scale, float* pre,
-                    float* mix_post, float* mix_comb) {
+                    float* mix_post, float* mix_comb, const DeviceMemory* collapse_norm = nullptr) {
     cu::HcExpandMixesParams p;
     set_mix_weights(p, fn, base, scale);
     p.x = x;
@@ -1148,6 +1149,10 @@ struct DeepseekV41Gpu::Impl {
     p.mix_post = mix_post;
     p.mix_comb = mix_comb;
     p.rows_per_thread = opt.mhc_fused_rows_per_thread;
+    if (collapse_norm != nullptr) {
+      p.collapse_norm_weight = collapse_norm->as<float>();
+      p.collapse_norm_eps = static_cast<float>(c.rms_norm_eps);  // as rms()
+    }
     cu::launch_hc_expand_mixes(p, stream);
     count_mixes(n, fn);
   }
@@ -2341,6 +2346,8 @@ struct DeepseekV41Gpu::Impl {
     // true: the previous layer's last expand (mhc_fuse_expand_mixes) already wrote this layer's
     // attention-site mixes of x into "pre_a", "post_a", "comb_a".
     bool attn_mixes_ready = false;
+    // true (with a_ready): that expand also applied this layer's attn_norm to "a" (mhc_fuse_norm).
+    bool a_normed = false;
     for (size_t li = 0; li < layer_ids.size(); ++li) {
       const int32_t l = layer_ids[li];
       Layer& L = *layers[static_cast<size_t>(l)];
@@ -2364,11 +2371,14 @@ struct DeepseekV41Gpu::Impl {
         cu::launch_gather_rows(tmp, d, iota.as<int32_t>(), n, d,
                                buf<float>("taps", opt.max_rows * width) + slot * d, width, stream);
       }
-      mark(GpuComponent::kMhc, "attn_norm");
       float* a = buf<float>("a", n * d);
-      if (!a_ready) collapse(x, n, pre, a);
+      if (!a_normed) {
+        mark(GpuComponent::kMhc, "attn_norm");
+        if (!a_ready) collapse(x, n, pre, a);
+        rms(a, n, d, L.attn_norm);
+      }
       a_ready = false;
-      rms(a, n, d, L.attn_norm);
+      a_normed = false;
       if (info.is_kv_source) {
         mark(GpuComponent::kAttention);
         compress(b, *s, l, a);
@@ -2410,13 +2420,15 @@ struct DeepseekV41Gpu::Impl {
       // The ffn site's input collapse(x', pre_a) fused into the expand (mixes does not write x).
       float* fbuf = buf<float>("f", n * d);
       float *pre_f, *post_f, *comb_f;
+      // mhc_fuse_norm: the fused launch writes ffn_norm(collapse) into f (no rms launch below).
+      const bool f_normed = fuse_mixes(n) && opt.mhc_fuse_norm;
       if (fuse_mixes(n)) {
         // The ffn site's mixes of x' in the same launch.
         pre_f = buf<float>("pre_f", n * hc);
         post_f = buf<float>("post_f", n * hc);
         comb_f = buf<float>("comb_f", n * hc * hc);
         expand_mixes(x, y, n, post_a, comb_a, pre_a, fbuf, L.hc_ffn_fn, L.hc_ffn_base,
-                     L.hc_ffn_scale, pre_f, post_f, comb_f);
+                     L.hc_ffn_scale, pre_f, post_f, comb_f, f_normed ? &L.ffn_norm : nullptr);
       } else {
         expand(x, y, n, post_a, comb_a, pre_a, fbuf);
         mark(GpuComponent::kMhc, "mixes");
@@ -2425,8 +2437,10 @@ struct DeepseekV41Gpu::Impl {
         comb_f = buf<float>("comb_f", n * hc * hc);
         mixes(x, n, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f, post_f, comb_f);
       }
-      mark(GpuComponent::kMhc, "ffn_norm");
-      rms(fbuf, n, d, L.ffn_norm);
+      if (!f_normed) {
+        mark(GpuComponent::kMhc, "ffn_norm");
+        rms(fbuf, n, d, L.ffn_norm);
+      }
       if (opt.trace) trace_rows(trace.ffn_in, l, fbuf, n * d);
       mark(GpuComponent::kMoe, "router");
       moe(*s, l, fbuf, y);
@@ -2446,15 +2460,18 @@ struct DeepseekV41Gpu::Impl {
       const bool fuse_next =
           li + 1 < layer_ids.size() && c.layer(layer_ids[li + 1]).engram_index < 0;
       // mhc_fuse_expand_mixes: the next layer's attention-site mixes of x' in the same launch too,
-      // unless bounded replay narrows the rows at that layer's start (x is gathered there).
+      // unless bounded replay narrows the rows at that layer's start (x is gathered there); with
+      // mhc_fuse_norm also the next layer's attn_norm of its input "a".
       const int32_t next_l = fuse_next ? layer_ids[li + 1] : -1;
       const bool next_narrows = next_l >= boundary && s == &b.enc && b.dec.n != b.enc.n;
       if (fuse_mixes(n) && fuse_next && !next_narrows) {
         const Layer& N = *layers[static_cast<size_t>(next_l)];
         expand_mixes(x, y, n, post_f, comb_f, pre_f, buf<float>("a", n * d), N.hc_attn_fn,
                      N.hc_attn_base, N.hc_attn_scale, buf<float>("pre_a", n * hc),
-                     buf<float>("post_a", n * hc), buf<float>("comb_a", n * hc * hc));
+                     buf<float>("post_a", n * hc), buf<float>("comb_a", n * hc * hc),
+                     opt.mhc_fuse_norm ? &N.attn_norm : nullptr);
         attn_mixes_ready = true;
+        a_normed = opt.mhc_fuse_norm;
       } else {
         expand(x, y, n, post_f, comb_f, fuse_next ? pre_f : nullptr,
                fuse_next ? buf<float>("a", n * d) : nullptr);

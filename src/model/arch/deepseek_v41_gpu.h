@@ -184,6 +184,15 @@ struct GpuModelOptions {
   // The fused launch's rows per thread (HcExpandMixesParams::rows_per_thread: tiles of 8 x that
   // many rows), 1..4; 0 = the mixes kernel's rule (4 at 384 rows). For timing the tile height.
   int mhc_fused_rows_per_thread = 0;
+  // true: where the fused expand + mixes launch (mhc_fuse_expand_mixes) writes the next site's
+  // collapse (the ffn site's input "f"; the next layer's attention input "a"), it also applies
+  // that site's RMSNorm (ffn_norm / the next layer's attn_norm: HcExpandMixesParams::
+  // collapse_norm_weight), and the separate RMSNorm launch of that buffer is skipped (at decode
+  // 64 x 6 two launches of ~16 us per layer). The same values but for the order of the norm's sum
+  // of squares (the cluster's blocks in rank order); the profile counts the norm in mhc.expand.
+  // No effect where the two launches run (mhc_fuse_expand_mixes off, fewer rows than
+  // mhc_fuse_min_rows, Engram or bounded-replay narrowing next). Unmeasured (compile-only so far).
+  bool mhc_fuse_norm = true;
   // true: where the sparse attention runs on the wgmma kernel
   // (cuda::sparse_attention_wgmma_applies) and wo_a on the bf16 cuBLASLt GEMM (an FP8 weight with
   // MXFP8 input, neither fp8_wgmma's kernel nor exact_linears), the attention's epilogue writes the
