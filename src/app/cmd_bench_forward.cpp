@@ -70,6 +70,7 @@ struct BenchForwardOptions {
   int32_t moe_rs_max_pass = 192;
   bool moe_fuse_swiglu = false;
   bool fuse_shared_w13 = true;
+  bool fuse_qkv_a = false;
   bool moe_shared_overlap = true;
   bool router_split_tf32 = false;
   int32_t router_split_k = 1;
@@ -235,6 +236,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_rs_max_pass = opt.moe_rs_max_pass;
   go.moe_fuse_swiglu = opt.moe_fuse_swiglu;
   go.fuse_shared_w13 = opt.fuse_shared_w13;
+  go.fuse_qkv_a = opt.fuse_qkv_a;
   go.moe_shared_overlap = opt.moe_shared_overlap;
   go.router_split_tf32 = opt.router_split_tf32;
   go.router_split_k = opt.router_split_k;
@@ -475,6 +477,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"moe_rs_max_pass", opt.moe_rs_max_pass},
               {"moe_fuse_swiglu", opt.moe_fuse_swiglu},
               {"fuse_shared_w13", opt.fuse_shared_w13},
+              {"fuse_qkv_a", opt.fuse_qkv_a},
               {"moe_shared_overlap", opt.moe_shared_overlap},
               {"router_split_tf32", opt.router_split_tf32},
               {"router_split_k", opt.router_split_k},
@@ -678,6 +681,10 @@ void register_bench_forward(CLI::App& bench) {
                   "cuda: where the swapped-operand kernel takes the w1 + w3 launch with it, the "
                   "routed experts' SwiGLU and MXFP8 quantisation in that launch's epilogue (false: "
                   "fp32 gate and up, then the SwiGLU quantiser)")
+      ->capture_default_str();
+  cmd->add_option("--fuse-qkv-a", opt->fuse_qkv_a,
+                  "cuda: the attention's wq_a and wkv as one GEMM of [wq_a; wkv] (false: two "
+                  "GEMMs)")
       ->capture_default_str();
   cmd->add_option("--fuse-shared-w13", opt->fuse_shared_w13,
                   "cuda: the shared expert's w1 and w3 as one GEMM of [w1; w3] (false: two "

@@ -65,6 +65,8 @@ struct Layer {
   // GpuModelOptions::fuse_shared_w13: [shared.w1; shared.w3] as one linear (out 2 * inter, w1's
   // rows then w3's). Set: shared.w1 / w3 keep their shapes and kinds but no device memory.
   Linear shared_w13;
+  // GpuModelOptions::fuse_qkv_a: [wq_a; wkv] (out q_lora_rank + head_dim), as shared_w13.
+  Linear wqkv_a;
   // Device arrays of the local experts' MXFP4 pointers: w1, w1 scale, w3, w3 scale, w2, w2 scale
   // ([6][local]); the last forward's grouped offsets [local + 1] (read back for the cost).
   DeviceMemory expert_ptrs, moe_offsets;
@@ -542,42 +544,51 @@ struct DeepseekV41Gpu::Impl {
     weight_bytes += L.gate_split.bytes();
   }
 
-  // GpuModelOptions::fuse_shared_w13: L.shared_w13 = [w1; w3] by device copies, when w1 and w3
-  // have one format and shape (FP8: w1's rows a multiple of the 32-row scale blocks, so each
-  // block stays whole; fp32: any), then w1's and w3's own copies are freed (only moe() reads
-  // them, and it reads shared_w13 instead). Every buffer is row-major with rows outermost (codes,
-  // block scales, bf16 copy, fp32), so [w1; w3] is each buffer's bytes, w1's then w3's: the
-  // device bytes and the bytes the roofline counts (w13.bytes() = w1 + w3) stay as unfused.
-  void fuse_shared_w13(Layer& L) {
-    Linear& w1 = L.shared.w1;
-    Linear& w3 = L.shared.w3;
-    if (!opt.fuse_shared_w13 || w1.kind != w3.kind || w1.act_quant != w3.act_quant ||
-        w1.out != w3.out || w1.in != w3.in)
-      return;
-    if (!(w1.kind == Linear::Kind::kF32 || (w1.kind == Linear::Kind::kFp8 && w1.out % 32 == 0)))
-      return;
+  // [a; b] as one linear by device copies, when a and b have one format, input width and input
+  // quantisation (FP8: a's rows a multiple of the 32-row scale blocks, so each block stays whole;
+  // fp32: any; MXFP4 weights are not concatenated), then a's and b's own copies are freed (they
+  // keep their shapes and kinds). Every buffer is row-major with rows outermost (codes, block
+  // scales, bf16 copy, fp32), so [a; b] is each buffer's bytes, a's then b's: the device bytes and
+  // the bytes the roofline counts (bytes() = a's + b's) stay as unfused. Kind kNone: not fused.
+  Linear concat_rows(Linear& a, Linear& b) {
+    if (a.kind != b.kind || a.act_quant != b.act_quant || a.in != b.in) return {};
+    if (!(a.kind == Linear::Kind::kF32 || (a.kind == Linear::Kind::kFp8 && a.out % 32 == 0)))
+      return {};
     Linear f;
-    f.kind = w1.kind;
-    f.out = 2 * w1.out;
-    f.in = w1.in;
-    f.act_quant = w1.act_quant;
-    const auto cat = [&](DeviceMemory& a, DeviceMemory& b) {
-      DeviceMemory m(a.bytes() + b.bytes());
-      cu::copy_d2d(m.as(), a.as(), a.bytes(), stream);
-      cu::copy_d2d(m.as<uint8_t>() + a.bytes(), b.as(), b.bytes(), stream);
+    f.kind = a.kind;
+    f.out = a.out + b.out;
+    f.in = a.in;
+    f.act_quant = a.act_quant;
+    const auto cat = [&](DeviceMemory& x, DeviceMemory& y) {
+      DeviceMemory m(x.bytes() + y.bytes());
+      cu::copy_d2d(m.as(), x.as(), x.bytes(), stream);
+      cu::copy_d2d(m.as<uint8_t>() + x.bytes(), y.as(), y.bytes(), stream);
       return m;
     };
-    f.w = cat(w1.w, w3.w);
-    f.scale = cat(w1.scale, w3.scale);
-    f.wbf16 = cat(w1.wbf16, w3.wbf16);
-    // The copies read w1 / w3 (and random fills still queued on the stream) before the frees.
+    f.w = cat(a.w, b.w);
+    f.scale = cat(a.scale, b.scale);
+    f.wbf16 = cat(a.wbf16, b.wbf16);
+    // The copies read a / b (and random fills still queued on the stream) before the frees.
     cu::stream_synchronize(stream);
-    for (Linear* lin : {&w1, &w3}) {
+    for (Linear* lin : {&a, &b}) {
       lin->w.reset();
       lin->scale.reset();
       lin->wbf16.reset();
     }
-    L.shared_w13 = std::move(f);
+    return f;
+  }
+
+  // GpuModelOptions::fuse_shared_w13: L.shared_w13 = [w1; w3] (concat_rows) where w1 and w3 also
+  // have one shape; only moe() reads them, and it reads shared_w13 instead.
+  void fuse_shared_w13(Layer& L) {
+    if (opt.fuse_shared_w13 && L.shared.w1.out == L.shared.w3.out)
+      L.shared_w13 = concat_rows(L.shared.w1, L.shared.w3);
+  }
+
+  // GpuModelOptions::fuse_qkv_a: L.wqkv_a = [wq_a; wkv] (concat_rows) in main-model layers, whose
+  // wq_a and wkv only attention() reads (the DSpark draft stages read theirs in their own code).
+  void fuse_qkv_a(Layer& L, const LayerInfo& info) {
+    if (opt.fuse_qkv_a && !info.is_draft) L.wqkv_a = concat_rows(L.wq_a, L.wkv);
   }
 
   Linear random_linear(Linear::Kind kind, int64_t out, int64_t in) {
@@ -773,6 +784,7 @@ struct DeepseekV41Gpu::Impl {
       MS_ASSIGN_OR_RETURN(L->shared.w3, load_linear(r, sp + "w3.weight", inter, d));
       MS_ASSIGN_OR_RETURN(L->shared.w2, load_linear(r, sp + "w2.weight", d, inter));
       fuse_shared_w13(*L);
+      fuse_qkv_a(*L, info);
       if (info.engram_index >= 0) {
         const EngramLayer& el = c.engram_layers[static_cast<size_t>(info.engram_index)];
         const std::string ep = p + "engram.";
@@ -873,6 +885,7 @@ struct DeepseekV41Gpu::Impl {
       L->shared.w3 = random_linear(K::kFp8, inter, d);
       L->shared.w2 = random_linear(K::kFp8, d, inter);
       fuse_shared_w13(*L);
+      fuse_qkv_a(*L, info);
       if (info.engram_index >= 0) {
         const int64_t rows = opt.random_engram_rows;
         const int64_t dim = c.engram_head_dim;
@@ -1068,15 +1081,20 @@ struct DeepseekV41Gpu::Impl {
   }
 
   void rms(float* x, int64_t rows, int64_t dim, const DeviceMemory& w) {
+    rms_to(x, dim, rows, dim, w, x, dim);
+  }
+  // out [rows, dim] (pitch ldo) = RMSNorm of x [rows, dim] (pitch ldx).
+  void rms_to(const float* x, int64_t ldx, int64_t rows, int64_t dim, const DeviceMemory& w,
+              float* out, int64_t ldo) {
     if (rows == 0) return;
     cu::RmsNormParams p;
     p.x = x;
     p.weight = w.as<float>();
-    p.out = x;
+    p.out = out;
     p.rows = rows;
     p.cols = dim;
-    p.x_stride = dim;
-    p.out_stride = dim;
+    p.x_stride = ldx;
+    p.out_stride = ldo;
     p.eps = static_cast<float>(c.rms_norm_eps);
     cu::launch_rms_norm(p, stream);
   }
@@ -1616,7 +1634,27 @@ struct DeepseekV41Gpu::Impl {
     mark(GpuComponent::kDense, "qkv_a");
     float* qr = buf<float>("qr", n * q);
     float* kv = buf<float>("kv", n * hd);
-    if (L.wq_a.act_quant && L.wkv.act_quant && L.wq_a.kind == L.wkv.kind) {
+    // kv_norm's input: kv, or (fuse_qkv_a) kv's columns of the fused GEMM's output.
+    const float* kv_raw = kv;
+    int64_t ld_kv_raw = hd;
+    const bool fused_qkv = L.wqkv_a.kind != Linear::Kind::kNone;
+    if (opt.trace) trace.qkv_a[l] = fused_qkv;
+    if (fused_qkv) {
+      // One GEMM into [n, q + hd]; q_norm writes qr from its first q columns (below), kv_norm
+      // reads the rest later. The same input and GEMM path as the two GEMMs (FP8 codes only where
+      // wq_a and wkv each take them; they keep their shapes and kinds).
+      float* qkv = buf<float>("qkv_a", n * (q + hd));
+      if (L.wqkv_a.act_quant) {
+        const QuantRows qa = quant_rows(a, d, n, d, L.wqkv_a.kind, "aq_attn",
+                                        fp8_wgmma_fits(L.wq_a) && fp8_wgmma_fits(L.wkv));
+        gemm_q(qa, d, n, L.wqkv_a, qkv, q + hd);
+      } else {
+        linear(a, d, n, L.wqkv_a, qkv, q + hd);
+      }
+      rms_to(qkv, q + hd, n, q, L.q_norm, qr, q);
+      kv_raw = qkv + q;
+      ld_kv_raw = q + hd;
+    } else if (L.wq_a.act_quant && L.wkv.act_quant && L.wq_a.kind == L.wkv.kind) {
       // One quantisation of a for both projections.
       const QuantRows qa = quant_rows(a, d, n, d, L.wq_a.kind, "aq_attn",
                                       fp8_wgmma_fits(L.wq_a) && fp8_wgmma_fits(L.wkv));
@@ -1626,13 +1664,13 @@ struct DeepseekV41Gpu::Impl {
       linear(a, d, n, L.wq_a, qr, q);
       linear(a, d, n, L.wkv, kv, hd);
     }
-    rms(qr, n, q, L.q_norm);
+    if (!fused_qkv) rms(qr, n, q, L.q_norm);
     float* qh = buf<float>("q", n * h * hd);
     mark(GpuComponent::kDense, "q_b");
     linear(qr, q, n, L.wq_b, qh, h * hd);
     mark(GpuComponent::kAttention, "rope_swa");
     rope(qh, n, h, hd, s.pos.as<int32_t>(), info.rope);
-    rms(kv, n, hd, L.kv_norm);
+    rms_to(kv_raw, ld_kv_raw, n, hd, L.kv_norm, kv, hd);
     rope(kv, n, 1, hd, s.pos.as<int32_t>(), info.rope);
     uint8_t* chunk = L.swa_pool.as<uint8_t>() + static_cast<int64_t>(opt.max_seqs) * window * rec;
     {

@@ -142,6 +142,17 @@ struct GpuModelOptions {
   // another order). H200, DEP32 decode 64 x 6: step 54.2 -> 53.7 ms; prefill 8K after 128K: 58.1k
   // -> 58.9k tok/s (docs/perf/forward-gpu-2026-11-30-r8.md).
   bool fuse_shared_w13 = true;
+  // true: the attention's wq_a and wkv as one GEMM of [wq_a; wkv] (out q_lora_rank + head_dim,
+  // built at load like fuse_shared_w13's, the two copies then freed) on the one quantised input;
+  // q_norm and kv_norm read their columns out of the [rows, q_lora_rank + head_dim] output into
+  // the contiguous qr and kv (RmsNormParams' strides), so nothing after them changes. At a decode
+  // 64 x 6 step cuBLASLt runs the two alone at 45% and 22% of the bf16 rate (384 x 1280 x 5120:
+  // 14.3 us, 384 x 512 x 5120: 11.7 us; docs/perf/cuda-ops-2026-11-30-r9.md). Main-model layers
+  // only (the DSpark draft stages keep wq_a and wkv); where both have one format and shape (FP8:
+  // wq_a's rows a multiple of 32; fp32: any), else the layer keeps two GEMMs (trace: qkv_a). The
+  // same products; cuBLASLt may pick another algorithm for the wider N (fp32 sums in another
+  // order). Compile-only so far (r10): off until measured.
+  bool fuse_qkv_a = false;
   // true: the shared expert runs on a second stream, forked from the main one where the MoE
   // starts and joined before the routed experts' combine adds into its output, so its GEMMs fill
   // the SMs the router, the grouping and the grouped GEMMs' last waves leave idle (the shared
@@ -234,6 +245,7 @@ struct GpuForwardTrace {
   std::map<int32_t, bool> moe_kperm;  // grouped GEMMs on k-permuted inputs (options.moe_kperm)
   std::map<int32_t, bool> moe_fuse_swiglu;  // SwiGLU in the w1 + w3 epilogue (moe_fuse_swiglu)
   std::map<int32_t, bool> shared_w13;  // shared expert's w1 + w3 as one GEMM (fuse_shared_w13)
+  std::map<int32_t, bool> qkv_a;       // the attention's wq_a + wkv as one GEMM (fuse_qkv_a)
   // wo_a's input quantised in the attention's epilogue (attn_quant_epilogue)
   std::map<int32_t, bool> attn_quant_epilogue;
   std::map<int32_t, std::vector<int32_t>> selected;  // index sources: [rows, index_topk] entries

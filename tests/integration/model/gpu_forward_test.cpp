@@ -1268,6 +1268,70 @@ TEST(GpuForward, FusedSharedW13AgreesWithTwoGemmsInTheForward) {
   std::filesystem::remove_all(dir);
 }
 
+// GpuModelOptions::fuse_qkv_a (the attention's wq_a and wkv as one GEMM of [wq_a; wkv], q_norm
+// and kv_norm reading their columns of its output) against the two GEMMs, on the wide model
+// (q_lora_rank 128, head_dim 512, hidden 256), on each path the fused GEMM takes, as
+// FusedSharedW13AgreesWithTwoGemmsInTheForward: cuBLASLt bf16 (another algorithm may sum in
+// another order: the first layer's attention output within 1e-5 in every row), the FP8 wgmma GEMM
+// (N only adds output tiles: bit-identical) and exact_linears (fp32: within 1e-6). Every layer
+// fuses (trace), the attention input is unchanged, and the cost (weight bytes, FLOPs) is the
+// unfused one.
+TEST(GpuForward, FusedQkvAAgreesWithTwoGemmsInTheForward) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_qkv_a");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  struct Case {
+    const char* name;
+    bool fp8_wgmma, exact_linears;
+    double tol;  // 0: bit-identical
+  };
+  for (const Case& k :
+       {Case{"cublaslt bf16", false, false, 1e-5}, Case{"fp8 wgmma", true, false, 0.0},
+        Case{"exact fp32", false, true, 1e-6}}) {
+    SCOPED_TRACE(k.name);
+    const auto run = [&](bool fuse, arch::GpuForwardCost* cost) {
+      return traced_prefill(
+          dir, 7,
+          [&](arch::GpuModelOptions& o) {
+            o.fuse_qkv_a = fuse;
+            o.fp8_wgmma = k.fp8_wgmma;
+            o.exact_linears = k.exact_linears;
+          },
+          cost);
+    };
+    arch::GpuForwardCost ca, cb;
+    const auto ta = run(false, &ca);
+    const auto tb = run(true, &cb);
+    ASSERT_FALSE(ta.attn_out.empty());
+    ASSERT_FALSE(tb.qkv_a.empty());
+    ASSERT_EQ(ta.qkv_a.size(), tb.qkv_a.size());
+    for (const auto& [layer, fused] : ta.qkv_a) EXPECT_FALSE(fused) << "layer " << layer;
+    for (const auto& [layer, fused] : tb.qkv_a) EXPECT_TRUE(fused) << "layer " << layer;
+    const int32_t l = ta.attn_out.begin()->first;
+    ASSERT_EQ(ta.attn_in.at(l), tb.attn_in.at(l));  // nothing before the first attention changed
+    const auto& a = ta.attn_out.at(l);
+    const auto& b = tb.attn_out.at(l);
+    ASSERT_EQ(a.size(), b.size());
+    for (const float x : b) ASSERT_TRUE(std::isfinite(x));
+    const int differing = rows_differing(a, b, 20, k.tol > 0 ? k.tol : 1e-6);
+    fmt::print("fuse_qkv_a {} vs two GEMMs: {} of 20 rows over {:.0e}, bit-identical: {}\n",
+               k.name, differing, k.tol, a == b);
+    EXPECT_EQ(differing, 0);
+    if (k.tol == 0) {
+      EXPECT_EQ(a, b) << "not bit-identical";
+    }
+    EXPECT_EQ(ca.flops, cb.flops);
+    EXPECT_EQ(ca.fp8_flops, cb.fp8_flops);
+    if (ta.experts == tb.experts) {
+      EXPECT_EQ(ca.weight_bytes, cb.weight_bytes);
+    } else {
+      fmt::print("fuse_qkv_a {}: routing differs in a later layer, weight bytes not compared\n",
+                 k.name);
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // fuse_shared_w13 where a layer cannot fuse: layer 0's shared w3 rewritten as an F32 tensor (its
 // FP8 values; w1 stays FP8, so the formats differ). Layer 0 keeps the two GEMMs, silently (the
 // load succeeds), every other layer fuses, and layer 0's output is the unfused one bit for bit
