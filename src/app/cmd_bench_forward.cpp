@@ -70,6 +70,7 @@ struct BenchForwardOptions {
   int32_t moe_rs_max_pass = 192;
   bool moe_fuse_swiglu = false;
   bool fuse_shared_w13 = true;
+  bool fuse_qkv_a = false;
   bool moe_shared_overlap = true;
   bool router_split_tf32 = false;
   int32_t router_split_k = 1;
@@ -77,6 +78,7 @@ struct BenchForwardOptions {
   bool attn_quant_epilogue = true;
   int32_t mhc_fused_rows_per_thread = 0;
   int64_t mhc_fuse_min_rows = 129;
+  bool mhc_fuse_norm = true;
   bool pdl = true;          // programmatic dependent launch of our kernels
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
   bool dspark = false;      // decode: also time the DSpark draft cycle of every request
@@ -234,6 +236,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_rs_max_pass = opt.moe_rs_max_pass;
   go.moe_fuse_swiglu = opt.moe_fuse_swiglu;
   go.fuse_shared_w13 = opt.fuse_shared_w13;
+  go.fuse_qkv_a = opt.fuse_qkv_a;
   go.moe_shared_overlap = opt.moe_shared_overlap;
   go.router_split_tf32 = opt.router_split_tf32;
   go.router_split_k = opt.router_split_k;
@@ -241,6 +244,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.attn_quant_epilogue = opt.attn_quant_epilogue;
   go.mhc_fused_rows_per_thread = opt.mhc_fused_rows_per_thread;
   go.mhc_fuse_min_rows = opt.mhc_fuse_min_rows;
+  go.mhc_fuse_norm = opt.mhc_fuse_norm;
   go.programmatic_launch = opt.pdl;
   go.cuda_graphs = decode && opt.cuda_graphs;
   go.dspark = decode && opt.dspark;
@@ -473,6 +477,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"moe_rs_max_pass", opt.moe_rs_max_pass},
               {"moe_fuse_swiglu", opt.moe_fuse_swiglu},
               {"fuse_shared_w13", opt.fuse_shared_w13},
+              {"fuse_qkv_a", opt.fuse_qkv_a},
               {"moe_shared_overlap", opt.moe_shared_overlap},
               {"router_split_tf32", opt.router_split_tf32},
               {"router_split_k", opt.router_split_k},
@@ -480,6 +485,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"attn_quant_epilogue", opt.attn_quant_epilogue},
               {"mhc_fused_rows_per_thread", opt.mhc_fused_rows_per_thread},
               {"mhc_fuse_min_rows", opt.mhc_fuse_min_rows},
+              {"mhc_fuse_norm", opt.mhc_fuse_norm},
               {"pdl", opt.pdl},
               {"cuda_graphs", decode && opt.cuda_graphs},
               {"dspark", opt.dspark},
@@ -676,6 +682,10 @@ void register_bench_forward(CLI::App& bench) {
                   "routed experts' SwiGLU and MXFP8 quantisation in that launch's epilogue (false: "
                   "fp32 gate and up, then the SwiGLU quantiser)")
       ->capture_default_str();
+  cmd->add_option("--fuse-qkv-a", opt->fuse_qkv_a,
+                  "cuda: the attention's wq_a and wkv as one GEMM of [wq_a; wkv] (false: two "
+                  "GEMMs)")
+      ->capture_default_str();
   cmd->add_option("--fuse-shared-w13", opt->fuse_shared_w13,
                   "cuda: the shared expert's w1 and w3 as one GEMM of [w1; w3] (false: two "
                   "GEMMs)")
@@ -711,6 +721,10 @@ void register_bench_forward(CLI::App& bench) {
                   "cuda: with --mhc-fuse-expand-mixes, the fewest rows a forward takes the fused "
                   "launch at (fewer: two launches)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  cmd->add_option("--mhc-fuse-norm", opt->mhc_fuse_norm,
+                  "cuda: where the fused expand + mixes launch writes the next site's collapse, "
+                  "it also applies that site's RMSNorm (false: a separate RMSNorm launch)")
       ->capture_default_str();
   cmd->add_option("--pdl", opt->pdl,
                   "cuda: programmatic dependent launch of our kernels (each scheduled before its "

@@ -787,6 +787,176 @@ TEST_F(CudaV41, HcExpandMixesRefusesBadArguments) {
   }
 }
 
+// Per row of [rows, cols]: max|got - ref| / max|ref| of the row; the worst row (NaN: inf).
+double worst_row_rel_err(const std::vector<float>& got, const std::vector<float>& ref, int64_t rows,
+                         int64_t cols) {
+  double worst = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    double num = 0.0, den = 1e-30;
+    for (int64_t c = 0; c < cols; ++c) {
+      const size_t i = static_cast<size_t>(r * cols + c);
+      const double d = std::abs(static_cast<double>(got[i]) - ref[i]);
+      if (std::isnan(d)) return kInf;
+      num = std::max(num, d);
+      den = std::max(den, std::abs(static_cast<double>(ref[i])));
+    }
+    worst = std::max(worst, num / den);
+  }
+  return worst;
+}
+
+// HcExpandMixesParams::collapse_norm_weight: the launch with the norm against the same launch
+// without it followed by launch_rms_norm on collapse_out (in place, the same weight and eps), on
+// random inputs: x' and pre/post/comb bit for bit the same (the norm changes nothing else);
+// collapse_out within 2e-6 of the row's largest value in every row (only the order of the sum of
+// squares differs: per block, then the cluster's blocks in rank order, against rms_norm_kernel's
+// block sum), 1e-5 relative to a double RMSNorm of the CPU collapse, and the same bits on a second
+// launch. One-kernel shapes at dim 5120 (the model's) and 256 and 96 (3 chunks: blocks of the
+// cluster without any) at 1, 2, 3 and 4 rows per thread (pinned, and the default rule, 2 at 389
+// rows), row counts leaving a partial last tile; then shapes that run as two launches (hc 3,
+// dim % 32 != 0), where the norm is launch_rms_norm itself: bit for bit.
+TEST_F(CudaV41, HcExpandMixesNormMatchesExpandMixesThenRmsNorm) {
+  std::mt19937 rng(46);
+  struct Shape {
+    int hc;
+    int64_t dim, rows;
+    int rpt;
+  };
+  const std::vector<Shape> shapes = {
+      {4, 5120, 7, 0},   {4, 5120, 389, 0}, {4, 5120, 45, 1},  {4, 5120, 100, 2}, {4, 5120, 77, 3},
+      {4, 5120, 100, 4}, {4, 256, 1000, 1}, {4, 256, 1000, 2}, {4, 256, 1000, 4}, {4, 96, 45, 0},
+      {4, 96, 45, 4},    {4, 72, 45, 0},    {3, 64, 33, 0},
+  };
+  const float eps = 1e-6f;
+  for (const Shape& sh : shapes) {
+    const int hc = sh.hc;
+    const int64_t dim = sh.dim, t = sh.rows;
+    const bool two_launches = hc != 4 || dim % 32 != 0;
+    const std::string what = "hc " + std::to_string(hc) + " dim " + std::to_string(dim) + " rows " +
+                             std::to_string(t) + " rpt " + std::to_string(sh.rpt);
+    const ExpandMixesCase k = expand_mixes_case(rng, hc, dim, t, 0.02f);
+    const auto w = rnd(dim, rng, 0.5f, 1.5f);
+    // The double RMSNorm of the CPU collapse.
+    std::vector<float> norm_ref(k.col.size());
+    for (int64_t r = 0; r < t; ++r) {
+      double ss = 0.0;
+      for (int64_t c = 0; c < dim; ++c) ss += double{k.col[r * dim + c]} * k.col[r * dim + c];
+      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(dim) + eps);
+      for (int64_t c = 0; c < dim; ++c)
+        norm_ref[r * dim + c] = static_cast<float>(k.col[r * dim + c] * inv * w[c]);
+    }
+    const float *dy = up(k.y), *dpost = up(k.post), *dcomb = up(k.comb), *dcpre = up(k.cpre);
+    const float *dfn = up(k.fn), *dbase = up(k.base), *dscale = up(k.scale), *dw = up(w);
+    const auto launch = [&](bool norm) {
+      cuda::HcExpandMixesParams p;
+      p.x = up(k.x);
+      p.y = dy;
+      p.rows = t;
+      p.hc = hc;
+      p.dim = dim;
+      p.post = dpost;
+      p.comb = dcomb;
+      p.collapse_pre = dcpre;
+      p.collapse_out = nans(k.col.size());
+      p.fn = dfn;
+      p.base = dbase;
+      p.scale = dscale;
+      p.mix_pre = nans(k.pre.size());
+      p.mix_post = nans(k.mpost.size());
+      p.mix_comb = nans(k.mcomb.size());
+      p.rows_per_thread = sh.rpt;
+      if (norm) {
+        p.collapse_norm_weight = dw;
+        p.collapse_norm_eps = eps;
+      }
+      cuda::launch_hc_expand_mixes(p, stream_);
+      return p;
+    };
+    // Without the norm, then launch_rms_norm in place.
+    const cuda::HcExpandMixesParams u = launch(false);
+    cuda::RmsNormParams rp;
+    rp.x = u.collapse_out;
+    rp.weight = dw;
+    rp.out = u.collapse_out;
+    rp.rows = t;
+    rp.cols = dim;
+    rp.x_stride = dim;
+    rp.out_stride = dim;
+    rp.eps = eps;
+    cuda::launch_rms_norm(rp, stream_);
+    const auto ux = down(u.x, k.x.size()), ucol = down(u.collapse_out, k.col.size());
+    const auto upre = down(u.mix_pre, k.pre.size()), upost = down(u.mix_post, k.mpost.size()),
+               ucomb = down(u.mix_comb, k.mcomb.size());
+    ASSERT_LE(rel_err(ucol, norm_ref), 1e-5) << "unfused reference, " << what;
+    std::vector<float> first;
+    for (int rerun = 0; rerun < 2; ++rerun) {
+      const cuda::HcExpandMixesParams p = launch(true);
+      const auto gcol = down(p.collapse_out, k.col.size());
+      if (rerun == 1) {
+        EXPECT_EQ(std::memcmp(gcol.data(), first.data(), gcol.size() * sizeof(float)), 0)
+            << "rerun differs, " << what;
+        continue;
+      }
+      first = gcol;
+      const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+        return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+      };
+      EXPECT_TRUE(same_bits(down(p.x, k.x.size()), ux)) << "x', " << what;
+      EXPECT_TRUE(same_bits(down(p.mix_pre, k.pre.size()), upre)) << "pre, " << what;
+      EXPECT_TRUE(same_bits(down(p.mix_post, k.mpost.size()), upost)) << "post, " << what;
+      EXPECT_TRUE(same_bits(down(p.mix_comb, k.mcomb.size()), ucomb)) << "comb, " << what;
+      EXPECT_LE(worst_row_rel_err(gcol, ucol, t, dim), 2e-6) << what;
+      EXPECT_LE(rel_err(gcol, norm_ref), 1e-5) << what;
+      if (two_launches) {
+        EXPECT_TRUE(same_bits(gcol, ucol)) << "two launches, " << what;
+      }
+    }
+  }
+}
+
+// The norm's arguments are refused before anything is launched: a weight without collapse_out
+// (and so without collapse_pre), a negative or NaN eps.
+TEST_F(CudaV41, HcExpandMixesNormRefusesBadArguments) {
+  std::mt19937 rng(47);
+  const int hc = 4;
+  const int64_t dim = 64, t = 3, width = hc * dim;
+  cuda::HcExpandMixesParams good;
+  good.x = up(rnd(t * width, rng, -2, 2));
+  good.y = up(rnd(t * dim, rng, -1, 1));
+  good.rows = t;
+  good.hc = hc;
+  good.dim = dim;
+  good.post = up(rnd(t * hc, rng, 0.2f, 2));
+  good.comb = up(rnd(t * hc * hc, rng, 0.01f, 0.6f));
+  good.collapse_pre = up(rnd(t * hc, rng, 0.1f, 1.1f));
+  good.collapse_out = nans(t * dim);
+  good.fn = up(rnd(24 * width, rng, -0.02f, 0.02f));
+  good.base = up(rnd(24, rng, -1, 1));
+  good.scale = up(rnd(3, rng, 0.5f, 1.5f));
+  good.mix_pre = nans(t * hc);
+  good.mix_post = nans(t * hc);
+  good.mix_comb = nans(t * hc * hc);
+  good.collapse_norm_weight = up(rnd(dim, rng, 0.5f, 1.5f));
+  good.collapse_norm_eps = 1e-6f;
+  cuda::launch_hc_expand_mixes(good, stream_);  // accepted
+  EXPECT_TRUE(std::isfinite(down(good.collapse_out, t * dim)[0]));
+  const std::vector<std::pair<const char*, std::function<void(cuda::HcExpandMixesParams&)>>> bad = {
+      {"norm weight without the collapse",
+       [](auto& p) {
+         p.collapse_out = nullptr;
+         p.collapse_pre = nullptr;
+       }},
+      {"eps -1e-6", [](auto& p) { p.collapse_norm_eps = -1e-6f; }},
+      {"eps NaN", [](auto& p) { p.collapse_norm_eps = kNaN; }},
+  };
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  for (const auto& [name, change] : bad) {
+    cuda::HcExpandMixesParams p = good;
+    change(p);
+    EXPECT_DEATH(cuda::launch_hc_expand_mixes(p, stream_), "bad arguments") << name;
+  }
+}
+
 // The SWA source lists against the rule of kernels.h, stated here per key: chunks of 1..300 rows
 // at random positions (some starting at 0, some past a window), replay floors below, inside and
 // above the window, several sequence slots.

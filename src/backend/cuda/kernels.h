@@ -471,9 +471,16 @@ void launch_hc_expand(const HcExpandParams& p, Stream stream);
 // collapse_out are the bits launch_hc_expand writes; the mixes are the same fp32 sums in another
 // order. The one-kernel path takes hc == 4, dim % 32 == 0 and 16-byte aligned x, y, fn and
 // collapse_out; other shapes run the two launches. The mixes outputs must not overlap x, y, post,
-// comb or collapse_pre. Refuses (cuda_call_failed, "bad arguments") hc outside 1..4, dim < 1,
-// rows < 0, a missing pointer, collapse_out without collapse_pre (or the reverse) and
-// rows_per_thread outside 0..4.
+// comb or collapse_pre. With collapse_norm_weight set, collapse_out[r,:] is instead the RMSNorm of
+// that collapse, v * 1/sqrt(mean(v^2) + collapse_norm_eps) * collapse_norm_weight (v the collapse
+// above): launch_rms_norm's operations on it but for the order of the sum of squares, which the
+// one-kernel path adds per block and then over the cluster's blocks in rank order (deterministic;
+// no second pass over collapse_out in global memory). Where the one-kernel path does not take the
+// shape, or its shared memory (which holds the block's collapse values until the row's sum is
+// known) would not fit, the collapse is normalised by launch_rms_norm in place. Refuses
+// (cuda_call_failed, "bad arguments") hc outside 1..4, dim < 1, rows < 0, a missing pointer,
+// collapse_out without collapse_pre (or the reverse), collapse_norm_weight without collapse_out,
+// collapse_norm_eps not >= 0 (NaN too) and rows_per_thread outside 0..4.
 struct HcExpandMixesParams {
   float* x = nullptr;
   const float* y = nullptr;
@@ -496,6 +503,9 @@ struct HcExpandMixesParams {
   // Rows per thread of the fused kernel's dots, 1..4 (tiles of 8 * that many rows); 0 = the rule
   // of HcMixesParams::rows_per_thread (not measured for this kernel).
   int rows_per_thread = 0;
+  // Optional RMSNorm of collapse_out [dim] weights (nullptr: collapse_out is the plain collapse).
+  const float* collapse_norm_weight = nullptr;
+  float collapse_norm_eps = 1e-6f;
 };
 void launch_hc_expand_mixes(const HcExpandMixesParams& p, Stream stream);
 

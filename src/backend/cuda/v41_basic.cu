@@ -333,16 +333,21 @@ __device__ __forceinline__ void staged_chunk_dots(const float* xs, const float* 
   }
 }
 
-// The end of a staged tile (hc_mixes_staged_kernel, hc_expand_mixes_kernel): acc holds this thread's sums of
-// tile rows r0 + 8r (r0 = lane % 8) over chunk columns 16 warp + 4 (lane / 8) .. + 4 of its
-// chunks; `smem` is the drained ring (at least kMixWarps x 8RPT x (M + 1) floats), `part` this
-// block's [8RPT][M + 1] sums, read by the whole cluster; `rank` the block's rank in it. All in a
-// fixed order: the kq lanes (lane bits 3, 4), then the warps in order, then (finish) the blocks
-// in rank order.
-template <int HC, int RPT>
+// The end of a staged tile (hc_mixes_staged_kernel, hc_expand_mixes_kernel): acc holds this
+// thread's sums of tile rows r0 + 8r (r0 = lane % 8) over chunk columns 16 warp + 4 (lane / 8) .. +
+// 4 of its chunks; `smem` is the drained ring (at least kMixWarps x 8RPT x (M + 1) floats), `part`
+// this block's [8RPT][M + 1] sums, read by the whole cluster; `rank` the block's rank in it. All in
+// a fixed order: the kq lanes (lane bits 3, 4), then the warps in order, then (finish) the blocks
+// in rank order. `in_cluster_phase` runs between the two cluster barriers, where every block's
+// shared memory written before the call is visible to the cluster and still alive.
+struct NoClusterPhase {
+  __device__ void operator()() const {}
+};
+template <int HC, int RPT, typename ClusterPhase = NoClusterPhase>
 __device__ __forceinline__ void staged_mixes_reduce_finish(
     const HcMixesParams& p, float (&acc)[RPT][(2 + HC) * HC + 1], float* smem, float* part,
-    cooperative_groups::cluster_group& cluster, int rank, int64_t tile0) {
+    cooperative_groups::cluster_group& cluster, int rank, int64_t tile0,
+    const ClusterPhase& in_cluster_phase = {}) {
   constexpr int MA = (2 + HC) * HC + 1, BR = 8 * RPT;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r0 = lane & 7;
 #pragma unroll
@@ -369,6 +374,7 @@ __device__ __forceinline__ void staged_mixes_reduce_finish(
   cluster.sync();
   for (int rr = rank + kMixCluster * warp; rr < BR; rr += kMixCluster * kMixWarps)
     if (tile0 + rr < p.rows) hc_mixes_finish_row<HC>(p, cluster, part, rr, tile0 + rr);
+  in_cluster_phase();
   cluster.sync();  // keep this block's `part` alive until the cluster has read it
 }
 
@@ -460,7 +466,18 @@ __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, 
 // slot; after a barrier the dots read x' from the slot. The thread keeps that row's post, comb and
 // collapse_pre in registers for all its chunks. The mixes' sums run in another order than
 // launch_hc_mixes' (other columns per block and lane), fp32 FMA throughout, deterministic.
-template <int RPT>
+// With kNorm (HcExpandMixesParams::collapse_norm_weight) the collapse is RMS-normalised before it
+// is written: the thread keeps its collapse values in shared memory (`cst`, [chunk][tile row]
+// [32]: the block's chunks of the tile, BR x ceil(dim / 256) x 32 floats) and sums their squares;
+// the 8 threads of a row add their sums (butterfly), and the row's partial lands in `nsq`. Between
+// the cluster barriers of the mixes' reduction (so no extra barrier), each block adds the row's 8
+// partials in rank order (the same total in every block), and the thread scales its own values,
+// read back from `cst`, as rms_norm_kernel does (1/sqrtf, then value * inv * weight): only the
+// order of the sum of squares differs from launch_rms_norm on the plain collapse.
+// NOTE: `cst` is why a kNorm block needs more shared memory (+40 KB at RPT 2, dim 5120): STAGES
+// (the ring's depth) is 3 where 4 would leave room for one block per SM instead of the two that
+// __launch_bounds__ asks (launch_fused_expand_mixes).
+template <int RPT, int STAGES = kStages>
 struct ExpandMixes {
   static constexpr int kHc = 4;
   static constexpr int kM = (2 + kHc) * kHc;
@@ -471,20 +488,30 @@ struct ExpandMixes {
   static constexpr int kFnFloats = kM * kStageK;
   static constexpr int kStageFloats = kXFloats + kFnFloats + kRows * kCols;
   static constexpr int kRedFloats = kMixWarps * kRows * kMA;
-  static constexpr int kRingFloats = std::max(kStages * kStageFloats, kRedFloats);
+  static constexpr int kRingFloats = std::max(STAGES * kStageFloats, kRedFloats);
   static constexpr int kSmemBytes = (kRingFloats + kRows * kMA) * 4;
+  // With the norm, after `part`: nsq [kRows], then cst (16-byte aligned: every size above is a
+  // multiple of 4 floats).
+  static_assert(kRingFloats % 4 == 0 && kRows * kMA % 4 == 0 && kRows % 4 == 0);
+  static constexpr size_t norm_smem_bytes(int64_t dim) {
+    const int64_t max_chunks = (dim / kCols + kMixCluster - 1) / kMixCluster;
+    return kSmemBytes + static_cast<size_t>(kRows + kRows * max_chunks * kCols) * 4;
+  }
 };
 
-template <int RPT>
+template <int RPT, bool kNorm, int STAGES>
 __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, RPT >= 3 ? 1 : 2)
     hc_expand_mixes_kernel(HcExpandMixesParams p) {
   pdl_wait();
-  using Cfg = ExpandMixes<RPT>;
+  using Cfg = ExpandMixes<RPT, STAGES>;
   constexpr int HC = Cfg::kHc, M = Cfg::kM, MA = Cfg::kMA, BR = Cfg::kRows, CC = Cfg::kCols;
   constexpr int kQuads = CC / 4;  // float4 per stream per chunk row
   static_assert(kStageK == HC * CC && kQuads == 8 && BR * kQuads <= kThreads);
+  static_assert(STAGES >= 2);
   extern __shared__ __align__(16) float smem[];
   float* part = smem + Cfg::kRingFloats;  // [BR][MA]: this block's sums, read by the cluster
+  float* nsq = part + BR * MA;            // kNorm: [BR] the rows' partial sums of squares
+  float* cst = nsq + BR;                  // kNorm: [my_chunks][BR][CC] collapse values
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
 
@@ -501,7 +528,7 @@ __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, 
   const int64_t erow = tile0 + er;
   const bool stages_y = tid < BR * kQuads;
   const bool expands = stages_y && erow < p.rows;
-  const bool collapse = p.collapse_out != nullptr;
+  const bool collapse = kNorm || p.collapse_out != nullptr;
   float post[HC], comb[HC][HC], cpre[HC];
 #pragma unroll
   for (int k = 0; k < HC; ++k) {
@@ -544,18 +571,19 @@ __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, 
 #pragma unroll
     for (int j = 0; j < MA; ++j) acc[r][j] = 0.0f;
   const int r0 = lane & 7, col = warp * 16 + (lane >> 3) * 4;
+  float ss = 0.0f;  // kNorm: Σ collapse^2 over this thread's values
 
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < STAGES - 1; ++s) {
     if (s < my_chunks) issue(s, s);
     async::commit();
   }
   for (int i = 0; i < my_chunks; ++i) {
-    async::wait<kStages - 2>();
-    __syncthreads();  // chunk i landed for all threads; slot (i - 1) % kStages is free again
-    if (i + kStages - 1 < my_chunks) issue(i + kStages - 1, (i + kStages - 1) % kStages);
+    async::wait<STAGES - 2>();
+    __syncthreads();  // chunk i landed for all threads; slot (i - 1) % STAGES is free again
+    if (i + STAGES - 1 < my_chunks) issue(i + STAGES - 1, (i + STAGES - 1) % STAGES);
     async::commit();
-    float* xs = smem + (i % kStages) * Cfg::kStageFloats;
+    float* xs = smem + (i % STAGES) * Cfg::kStageFloats;
     const float* fs = xs + Cfg::kXFloats;
     const float* ys = fs + Cfg::kFnFloats;
     if (expands) {
@@ -583,13 +611,29 @@ __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, 
         cv.z = fmaf(cpre[k], o.z, cv.z);
         cv.w = fmaf(cpre[k], o.w, cv.w);
       }
-      if (collapse) *reinterpret_cast<float4*>(p.collapse_out + erow * p.dim + c) = cv;
+      if constexpr (kNorm) {
+        *reinterpret_cast<float4*>(cst + (i * BR + er) * CC + eq * 4) = cv;
+        ss = fmaf(cv.x, cv.x, ss);
+        ss = fmaf(cv.y, cv.y, ss);
+        ss = fmaf(cv.z, cv.z, ss);
+        ss = fmaf(cv.w, cv.w, ss);
+      } else if (collapse) {
+        *reinterpret_cast<float4*>(p.collapse_out + erow * p.dim + c) = cv;
+      }
     }
     __syncthreads();  // x' of the chunk is in the slot
     staged_chunk_dots<RPT, M>(xs, fs, r0, col, acc);
   }
   async::wait<0>();
   __syncthreads();  // the ring becomes `red`
+  if constexpr (kNorm) {
+    // The row's partial over this block: its 8 threads (lanes 8q .. 8q + 7), by a butterfly;
+    // every warp takes part (threads past 8*BR hold 0), a thread of each row stores it.
+    ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+    ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+    ss += __shfl_xor_sync(0xffffffffu, ss, 4);
+    if (stages_y && eq == 0) nsq[er] = ss;
+  }
   HcMixesParams mp;
   mp.rows = p.rows;
   mp.hc = HC;
@@ -602,7 +646,26 @@ __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, 
   mp.pre = p.mix_pre;
   mp.post = p.mix_post;
   mp.comb = p.mix_comb;
-  staged_mixes_reduce_finish<HC, RPT>(mp, acc, smem, part, cluster, rank, tile0);
+  if constexpr (kNorm) {
+    // After the first cluster barrier: every block's nsq is visible. rms_norm_kernel's scale.
+    const auto normalise = [&] {
+      if (!expands) return;
+      float sum = 0.0f;
+#pragma unroll
+      for (int b = 0; b < kMixCluster; ++b) sum += cluster.map_shared_rank(nsq, b)[er];
+      const float inv = 1.0f / sqrtf(sum / static_cast<float>(p.dim) + p.collapse_norm_eps);
+      for (int i = 0; i < my_chunks; ++i) {
+        const int64_t c = (rank + static_cast<int64_t>(i) * kMixCluster) * CC + eq * 4;
+        const float4 v = *reinterpret_cast<const float4*>(cst + (i * BR + er) * CC + eq * 4);
+        const float4 w = __ldg(reinterpret_cast<const float4*>(p.collapse_norm_weight + c));
+        *reinterpret_cast<float4*>(p.collapse_out + erow * p.dim + c) =
+            make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
+      }
+    };
+    staged_mixes_reduce_finish<HC, RPT>(mp, acc, smem, part, cluster, rank, tile0, normalise);
+  } else {
+    staged_mixes_reduce_finish<HC, RPT>(mp, acc, smem, part, cluster, rank, tile0);
+  }
 }
 
 // V values per thread (4: float4 loads and stores; needs dim % 4 == 0 and aligned rows).
@@ -929,35 +992,97 @@ void launch_hc_expand(const HcExpandParams& p, Stream stream) {
 
 namespace {
 
+// Shared memory of the current device (queried once): the most a block may opt in to, an SM's
+// total, and what the system reserves per resident block.
+struct SmemLimits {
+  size_t per_block = 0, per_sm = 0, reserved = 0;
+};
+const SmemLimits& device_smem_limits() {
+  static const SmemLimits limits = [] {
+    int dev = 0, block = 0, sm = 0, reserved = 0;
+    MS_CUDA_CHECK(cudaGetDevice(&dev));
+    MS_CUDA_CHECK(cudaDeviceGetAttribute(&block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    MS_CUDA_CHECK(cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    MS_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
+    return SmemLimits{static_cast<size_t>(block), static_cast<size_t>(sm),
+                      static_cast<size_t>(reserved)};
+  }();
+  return limits;
+}
+
+template <int RPT, bool kNorm, int STAGES>
+void launch_expand_mixes_kernel(const HcExpandMixesParams& p, int64_t tiles, size_t smem,
+                                cudaStream_t s) {
+  const auto kernel = hc_expand_mixes_kernel<RPT, kNorm, STAGES>;
+  MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(smem)));
+  MS_CUDA_CHECK(
+      launch_kernel(kernel, dim3(kMixCluster, static_cast<unsigned>(tiles)), kThreads, smem, s, p));
+}
+
+// The fused kernel at RPT rows per thread. With the norm: false (nothing launched) where its
+// shared memory does not fit a block. At RPT <= 2 (two blocks per SM asked) the ring is 3 deep
+// where 4 would leave room for one block per SM only (at dim 5120 and RPT 2: 131 KB for 4 stages,
+// 108 KB for 3).
 template <int RPT>
-void launch_fused_expand_mixes(const HcExpandMixesParams& p, int64_t tiles, cudaStream_t s) {
-  constexpr int kSmem = ExpandMixes<RPT>::kSmemBytes;
-  const auto kernel = hc_expand_mixes_kernel<RPT>;
-  MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  MS_CUDA_CHECK(launch_kernel(kernel, dim3(kMixCluster, static_cast<unsigned>(tiles)), kThreads,
-                              kSmem, s, p));
+bool launch_fused_expand_mixes(const HcExpandMixesParams& p, int64_t tiles, cudaStream_t s) {
+  if (p.collapse_norm_weight == nullptr) {
+    launch_expand_mixes_kernel<RPT, false, kStages>(p, tiles, ExpandMixes<RPT>::kSmemBytes, s);
+    return true;
+  }
+  const SmemLimits& lim = device_smem_limits();
+  const size_t smem = ExpandMixes<RPT>::norm_smem_bytes(p.dim);
+  if constexpr (RPT == 2) {
+    const size_t smem3 = ExpandMixes<RPT, 3>::norm_smem_bytes(p.dim);
+    const auto two_fit = [&](size_t bytes) { return 2 * (bytes + lim.reserved) <= lim.per_sm; };
+    if (!two_fit(smem) && (two_fit(smem3) || smem > lim.per_block) && smem3 <= lim.per_block) {
+      launch_expand_mixes_kernel<RPT, true, 3>(p, tiles, smem3, s);
+      return true;
+    }
+  }
+  if (smem > lim.per_block) return false;
+  launch_expand_mixes_kernel<RPT, true, kStages>(p, tiles, smem, s);
+  return true;
+}
+
+// In place: collapse_out = launch_rms_norm(collapse_out) with the collapse norm's weight and eps
+// (the two-launch path of HcExpandMixesParams::collapse_norm_weight).
+void norm_collapse_out(const HcExpandMixesParams& p, Stream stream) {
+  RmsNormParams r;
+  r.x = p.collapse_out;
+  r.weight = p.collapse_norm_weight;
+  r.out = p.collapse_out;
+  r.rows = p.rows;
+  r.cols = p.dim;
+  r.x_stride = p.dim;
+  r.out_stride = p.dim;
+  r.eps = p.collapse_norm_eps;
+  launch_rms_norm(r, stream);
 }
 
 }  // namespace
 
 void launch_hc_expand_mixes(const HcExpandMixesParams& p, Stream stream) {
   const bool collapse = p.collapse_out != nullptr;
+  const bool norm = p.collapse_norm_weight != nullptr;
   if (p.rows < 0 || p.hc < 1 || p.hc > kMaxHc || p.dim < 1 || p.x == nullptr || p.y == nullptr ||
       p.post == nullptr || p.comb == nullptr || collapse != (p.collapse_pre != nullptr) ||
-      p.fn == nullptr || p.base == nullptr || p.scale == nullptr || p.mix_pre == nullptr ||
-      p.mix_post == nullptr || p.mix_comb == nullptr || p.rows_per_thread < 0 ||
-      p.rows_per_thread > 4) {
+      (norm && !collapse) || !(p.collapse_norm_eps >= 0.0f) || p.fn == nullptr ||
+      p.base == nullptr || p.scale == nullptr || p.mix_pre == nullptr || p.mix_post == nullptr ||
+      p.mix_comb == nullptr || p.rows_per_thread < 0 || p.rows_per_thread > 4) {
     detail::cuda_call_failed(__FILE__, __LINE__, "launch_hc_expand_mixes", "bad arguments",
                              "hc 1..4, dim >= 1, rows >= 0, all pointers but the collapse pair, "
-                             "collapse_pre with collapse_out, rows_per_thread 0..4");
+                             "collapse_pre with collapse_out, collapse_norm_weight only with "
+                             "collapse_out, collapse_norm_eps >= 0, rows_per_thread 0..4");
   }
   if (p.rows == 0) return;
   const bool fused = p.hc == ExpandMixes<1>::kHc && p.dim % ExpandMixes<1>::kCols == 0 &&
                      aligned16(p.x) && aligned16(p.y) && aligned16(p.fn) &&
-                     aligned16(p.collapse_out);
+                     aligned16(p.collapse_out) && aligned16(p.collapse_norm_weight);
   if (!fused) {
     launch_hc_expand(
         {p.x, p.y, p.rows, p.hc, p.dim, p.post, p.comb, p.collapse_pre, p.collapse_out}, stream);
+    if (norm) norm_collapse_out(p, stream);
     HcMixesParams m{p.x,        p.hc * p.dim, p.rows,           p.hc,
                     p.dim,      p.fn,         p.base,           p.scale,
                     p.rms_eps,  p.hc_eps,     p.sinkhorn_iters, p.mix_pre,
@@ -976,19 +1101,23 @@ void launch_hc_expand_mixes(const HcExpandMixesParams& p, Stream stream) {
   if (tiles > 65535)
     detail::cuda_call_failed(__FILE__, __LINE__, "hc expand mixes rows", "too many rows", "");
   const cudaStream_t s = as_cuda_stream(stream);
-  switch (rpt) {
-    case 1:
-      launch_fused_expand_mixes<1>(p, tiles, s);
-      break;
-    case 2:
-      launch_fused_expand_mixes<2>(p, tiles, s);
-      break;
-    case 3:
-      launch_fused_expand_mixes<3>(p, tiles, s);
-      break;
-    default:
-      launch_fused_expand_mixes<4>(p, tiles, s);
-      break;
+  const auto run = [&](const HcExpandMixesParams& q) {
+    switch (rpt) {
+      case 1:
+        return launch_fused_expand_mixes<1>(q, tiles, s);
+      case 2:
+        return launch_fused_expand_mixes<2>(q, tiles, s);
+      case 3:
+        return launch_fused_expand_mixes<3>(q, tiles, s);
+      default:
+        return launch_fused_expand_mixes<4>(q, tiles, s);
+    }
+  };
+  if (!run(p)) {  // the norm's shared memory does not fit: the plain collapse, then its norm
+    HcExpandMixesParams q = p;
+    q.collapse_norm_weight = nullptr;
+    run(q);
+    norm_collapse_out(p, stream);
   }
 }
 

@@ -65,6 +65,8 @@ struct Layer {
   // GpuModelOptions::fuse_shared_w13: [shared.w1; shared.w3] as one linear (out 2 * inter, w1's
   // rows then w3's). Set: shared.w1 / w3 keep their shapes and kinds but no device memory.
   Linear shared_w13;
+  // GpuModelOptions::fuse_qkv_a: [wq_a; wkv] (out q_lora_rank + head_dim), as shared_w13.
+  Linear wqkv_a;
   // Device arrays of the local experts' MXFP4 pointers: w1, w1 scale, w3, w3 scale, w2, w2 scale
   // ([6][local]); the last forward's grouped offsets [local + 1] (read back for the cost).
   DeviceMemory expert_ptrs, moe_offsets;
@@ -542,42 +544,51 @@ struct DeepseekV41Gpu::Impl {
     weight_bytes += L.gate_split.bytes();
   }
 
-  // GpuModelOptions::fuse_shared_w13: L.shared_w13 = [w1; w3] by device copies, when w1 and w3
-  // have one format and shape (FP8: w1's rows a multiple of the 32-row scale blocks, so each
-  // block stays whole; fp32: any), then w1's and w3's own copies are freed (only moe() reads
-  // them, and it reads shared_w13 instead). Every buffer is row-major with rows outermost (codes,
-  // block scales, bf16 copy, fp32), so [w1; w3] is each buffer's bytes, w1's then w3's: the
-  // device bytes and the bytes the roofline counts (w13.bytes() = w1 + w3) stay as unfused.
-  void fuse_shared_w13(Layer& L) {
-    Linear& w1 = L.shared.w1;
-    Linear& w3 = L.shared.w3;
-    if (!opt.fuse_shared_w13 || w1.kind != w3.kind || w1.act_quant != w3.act_quant ||
-        w1.out != w3.out || w1.in != w3.in)
-      return;
-    if (!(w1.kind == Linear::Kind::kF32 || (w1.kind == Linear::Kind::kFp8 && w1.out % 32 == 0)))
-      return;
+  // [a; b] as one linear by device copies, when a and b have one format, input width and input
+  // quantisation (FP8: a's rows a multiple of the 32-row scale blocks, so each block stays whole;
+  // fp32: any; MXFP4 weights are not concatenated), then a's and b's own copies are freed (they
+  // keep their shapes and kinds). Every buffer is row-major with rows outermost (codes, block
+  // scales, bf16 copy, fp32), so [a; b] is each buffer's bytes, a's then b's: the device bytes and
+  // the bytes the roofline counts (bytes() = a's + b's) stay as unfused. Kind kNone: not fused.
+  Linear concat_rows(Linear& a, Linear& b) {
+    if (a.kind != b.kind || a.act_quant != b.act_quant || a.in != b.in) return {};
+    if (!(a.kind == Linear::Kind::kF32 || (a.kind == Linear::Kind::kFp8 && a.out % 32 == 0)))
+      return {};
     Linear f;
-    f.kind = w1.kind;
-    f.out = 2 * w1.out;
-    f.in = w1.in;
-    f.act_quant = w1.act_quant;
-    const auto cat = [&](DeviceMemory& a, DeviceMemory& b) {
-      DeviceMemory m(a.bytes() + b.bytes());
-      cu::copy_d2d(m.as(), a.as(), a.bytes(), stream);
-      cu::copy_d2d(m.as<uint8_t>() + a.bytes(), b.as(), b.bytes(), stream);
+    f.kind = a.kind;
+    f.out = a.out + b.out;
+    f.in = a.in;
+    f.act_quant = a.act_quant;
+    const auto cat = [&](DeviceMemory& x, DeviceMemory& y) {
+      DeviceMemory m(x.bytes() + y.bytes());
+      cu::copy_d2d(m.as(), x.as(), x.bytes(), stream);
+      cu::copy_d2d(m.as<uint8_t>() + x.bytes(), y.as(), y.bytes(), stream);
       return m;
     };
-    f.w = cat(w1.w, w3.w);
-    f.scale = cat(w1.scale, w3.scale);
-    f.wbf16 = cat(w1.wbf16, w3.wbf16);
-    // The copies read w1 / w3 (and random fills still queued on the stream) before the frees.
+    f.w = cat(a.w, b.w);
+    f.scale = cat(a.scale, b.scale);
+    f.wbf16 = cat(a.wbf16, b.wbf16);
+    // The copies read a / b (and random fills still queued on the stream) before the frees.
     cu::stream_synchronize(stream);
-    for (Linear* lin : {&w1, &w3}) {
+    for (Linear* lin : {&a, &b}) {
       lin->w.reset();
       lin->scale.reset();
       lin->wbf16.reset();
     }
-    L.shared_w13 = std::move(f);
+    return f;
+  }
+
+  // GpuModelOptions::fuse_shared_w13: L.shared_w13 = [w1; w3] (concat_rows) where w1 and w3 also
+  // have one shape; only moe() reads them, and it reads shared_w13 instead.
+  void fuse_shared_w13(Layer& L) {
+    if (opt.fuse_shared_w13 && L.shared.w1.out == L.shared.w3.out)
+      L.shared_w13 = concat_rows(L.shared.w1, L.shared.w3);
+  }
+
+  // GpuModelOptions::fuse_qkv_a: L.wqkv_a = [wq_a; wkv] (concat_rows) in main-model layers, whose
+  // wq_a and wkv only attention() reads (the DSpark draft stages read theirs in their own code).
+  void fuse_qkv_a(Layer& L, const LayerInfo& info) {
+    if (opt.fuse_qkv_a && !info.is_draft) L.wqkv_a = concat_rows(L.wq_a, L.wkv);
   }
 
   Linear random_linear(Linear::Kind kind, int64_t out, int64_t in) {
@@ -773,6 +784,7 @@ struct DeepseekV41Gpu::Impl {
       MS_ASSIGN_OR_RETURN(L->shared.w3, load_linear(r, sp + "w3.weight", inter, d));
       MS_ASSIGN_OR_RETURN(L->shared.w2, load_linear(r, sp + "w2.weight", d, inter));
       fuse_shared_w13(*L);
+      fuse_qkv_a(*L, info);
       if (info.engram_index >= 0) {
         const EngramLayer& el = c.engram_layers[static_cast<size_t>(info.engram_index)];
         const std::string ep = p + "engram.";
@@ -873,6 +885,7 @@ struct DeepseekV41Gpu::Impl {
       L->shared.w3 = random_linear(K::kFp8, inter, d);
       L->shared.w2 = random_linear(K::kFp8, d, inter);
       fuse_shared_w13(*L);
+      fuse_qkv_a(*L, info);
       if (info.engram_index >= 0) {
         const int64_t rows = opt.random_engram_rows;
         const int64_t dim = c.engram_head_dim;
@@ -1068,15 +1081,20 @@ struct DeepseekV41Gpu::Impl {
   }
 
   void rms(float* x, int64_t rows, int64_t dim, const DeviceMemory& w) {
+    rms_to(x, dim, rows, dim, w, x, dim);
+  }
+  // out [rows, dim] (pitch ldo) = RMSNorm of x [rows, dim] (pitch ldx).
+  void rms_to(const float* x, int64_t ldx, int64_t rows, int64_t dim, const DeviceMemory& w,
+              float* out, int64_t ldo) {
     if (rows == 0) return;
     cu::RmsNormParams p;
     p.x = x;
     p.weight = w.as<float>();
-    p.out = x;
+    p.out = out;
     p.rows = rows;
     p.cols = dim;
-    p.x_stride = dim;
-    p.out_stride = dim;
+    p.x_stride = ldx;
+    p.out_stride = ldo;
     p.eps = static_cast<float>(c.rms_norm_eps);
     cu::launch_rms_norm(p, stream);
   }
@@ -1131,10 +1149,11 @@ struct DeepseekV41Gpu::Impl {
   }
   // expand(x, y, n, post, comb, collapse_pre, collapse_out) then mixes(x', n, fn, ...) in one
   // launch (mhc_fuse_expand_mixes); the cost counted as mixes() counts it (expand counts none).
+  // collapse_norm set: collapse_out is rms(collapse, collapse_norm) instead (mhc_fuse_norm).
   void expand_mixes(float* x, const float* y, int64_t n, const float* post, const float* comb,
                     const float* collapse_pre, float* collapse_out, const DeviceMemory& fn,
                     const DeviceMemory& base, const DeviceMemory& scale, float* pre,
-                    float* mix_post, float* mix_comb) {
+                    float* mix_post, float* mix_comb, const DeviceMemory* collapse_norm = nullptr) {
     cu::HcExpandMixesParams p;
     set_mix_weights(p, fn, base, scale);
     p.x = x;
@@ -1148,6 +1167,10 @@ struct DeepseekV41Gpu::Impl {
     p.mix_post = mix_post;
     p.mix_comb = mix_comb;
     p.rows_per_thread = opt.mhc_fused_rows_per_thread;
+    if (collapse_norm != nullptr) {
+      p.collapse_norm_weight = collapse_norm->as<float>();
+      p.collapse_norm_eps = static_cast<float>(c.rms_norm_eps);  // as rms()
+    }
     cu::launch_hc_expand_mixes(p, stream);
     count_mixes(n, fn);
   }
@@ -1611,7 +1634,27 @@ struct DeepseekV41Gpu::Impl {
     mark(GpuComponent::kDense, "qkv_a");
     float* qr = buf<float>("qr", n * q);
     float* kv = buf<float>("kv", n * hd);
-    if (L.wq_a.act_quant && L.wkv.act_quant && L.wq_a.kind == L.wkv.kind) {
+    // kv_norm's input: kv, or (fuse_qkv_a) kv's columns of the fused GEMM's output.
+    const float* kv_raw = kv;
+    int64_t ld_kv_raw = hd;
+    const bool fused_qkv = L.wqkv_a.kind != Linear::Kind::kNone;
+    if (opt.trace) trace.qkv_a[l] = fused_qkv;
+    if (fused_qkv) {
+      // One GEMM into [n, q + hd]; q_norm writes qr from its first q columns (below), kv_norm
+      // reads the rest later. The same input and GEMM path as the two GEMMs (FP8 codes only where
+      // wq_a and wkv each take them; they keep their shapes and kinds).
+      float* qkv = buf<float>("qkv_a", n * (q + hd));
+      if (L.wqkv_a.act_quant) {
+        const QuantRows qa = quant_rows(a, d, n, d, L.wqkv_a.kind, "aq_attn",
+                                        fp8_wgmma_fits(L.wq_a) && fp8_wgmma_fits(L.wkv));
+        gemm_q(qa, d, n, L.wqkv_a, qkv, q + hd);
+      } else {
+        linear(a, d, n, L.wqkv_a, qkv, q + hd);
+      }
+      rms_to(qkv, q + hd, n, q, L.q_norm, qr, q);
+      kv_raw = qkv + q;
+      ld_kv_raw = q + hd;
+    } else if (L.wq_a.act_quant && L.wkv.act_quant && L.wq_a.kind == L.wkv.kind) {
       // One quantisation of a for both projections.
       const QuantRows qa = quant_rows(a, d, n, d, L.wq_a.kind, "aq_attn",
                                       fp8_wgmma_fits(L.wq_a) && fp8_wgmma_fits(L.wkv));
@@ -1621,13 +1664,13 @@ struct DeepseekV41Gpu::Impl {
       linear(a, d, n, L.wq_a, qr, q);
       linear(a, d, n, L.wkv, kv, hd);
     }
-    rms(qr, n, q, L.q_norm);
+    if (!fused_qkv) rms(qr, n, q, L.q_norm);
     float* qh = buf<float>("q", n * h * hd);
     mark(GpuComponent::kDense, "q_b");
     linear(qr, q, n, L.wq_b, qh, h * hd);
     mark(GpuComponent::kAttention, "rope_swa");
     rope(qh, n, h, hd, s.pos.as<int32_t>(), info.rope);
-    rms(kv, n, hd, L.kv_norm);
+    rms_to(kv_raw, ld_kv_raw, n, hd, L.kv_norm, kv, hd);
     rope(kv, n, 1, hd, s.pos.as<int32_t>(), info.rope);
     uint8_t* chunk = L.swa_pool.as<uint8_t>() + static_cast<int64_t>(opt.max_seqs) * window * rec;
     {
@@ -2341,6 +2384,8 @@ struct DeepseekV41Gpu::Impl {
     // true: the previous layer's last expand (mhc_fuse_expand_mixes) already wrote this layer's
     // attention-site mixes of x into "pre_a", "post_a", "comb_a".
     bool attn_mixes_ready = false;
+    // true (with a_ready): that expand also applied this layer's attn_norm to "a" (mhc_fuse_norm).
+    bool a_normed = false;
     for (size_t li = 0; li < layer_ids.size(); ++li) {
       const int32_t l = layer_ids[li];
       Layer& L = *layers[static_cast<size_t>(l)];
@@ -2364,11 +2409,14 @@ struct DeepseekV41Gpu::Impl {
         cu::launch_gather_rows(tmp, d, iota.as<int32_t>(), n, d,
                                buf<float>("taps", opt.max_rows * width) + slot * d, width, stream);
       }
-      mark(GpuComponent::kMhc, "attn_norm");
       float* a = buf<float>("a", n * d);
-      if (!a_ready) collapse(x, n, pre, a);
+      if (!a_normed) {
+        mark(GpuComponent::kMhc, "attn_norm");
+        if (!a_ready) collapse(x, n, pre, a);
+        rms(a, n, d, L.attn_norm);
+      }
       a_ready = false;
-      rms(a, n, d, L.attn_norm);
+      a_normed = false;
       if (info.is_kv_source) {
         mark(GpuComponent::kAttention);
         compress(b, *s, l, a);
@@ -2410,13 +2458,15 @@ struct DeepseekV41Gpu::Impl {
       // The ffn site's input collapse(x', pre_a) fused into the expand (mixes does not write x).
       float* fbuf = buf<float>("f", n * d);
       float *pre_f, *post_f, *comb_f;
+      // mhc_fuse_norm: the fused launch writes ffn_norm(collapse) into f (no rms launch below).
+      const bool f_normed = fuse_mixes(n) && opt.mhc_fuse_norm;
       if (fuse_mixes(n)) {
         // The ffn site's mixes of x' in the same launch.
         pre_f = buf<float>("pre_f", n * hc);
         post_f = buf<float>("post_f", n * hc);
         comb_f = buf<float>("comb_f", n * hc * hc);
         expand_mixes(x, y, n, post_a, comb_a, pre_a, fbuf, L.hc_ffn_fn, L.hc_ffn_base,
-                     L.hc_ffn_scale, pre_f, post_f, comb_f);
+                     L.hc_ffn_scale, pre_f, post_f, comb_f, f_normed ? &L.ffn_norm : nullptr);
       } else {
         expand(x, y, n, post_a, comb_a, pre_a, fbuf);
         mark(GpuComponent::kMhc, "mixes");
@@ -2425,8 +2475,10 @@ struct DeepseekV41Gpu::Impl {
         comb_f = buf<float>("comb_f", n * hc * hc);
         mixes(x, n, L.hc_ffn_fn, L.hc_ffn_base, L.hc_ffn_scale, pre_f, post_f, comb_f);
       }
-      mark(GpuComponent::kMhc, "ffn_norm");
-      rms(fbuf, n, d, L.ffn_norm);
+      if (!f_normed) {
+        mark(GpuComponent::kMhc, "ffn_norm");
+        rms(fbuf, n, d, L.ffn_norm);
+      }
       if (opt.trace) trace_rows(trace.ffn_in, l, fbuf, n * d);
       mark(GpuComponent::kMoe, "router");
       moe(*s, l, fbuf, y);
@@ -2446,15 +2498,18 @@ struct DeepseekV41Gpu::Impl {
       const bool fuse_next =
           li + 1 < layer_ids.size() && c.layer(layer_ids[li + 1]).engram_index < 0;
       // mhc_fuse_expand_mixes: the next layer's attention-site mixes of x' in the same launch too,
-      // unless bounded replay narrows the rows at that layer's start (x is gathered there).
+      // unless bounded replay narrows the rows at that layer's start (x is gathered there); with
+      // mhc_fuse_norm also the next layer's attn_norm of its input "a".
       const int32_t next_l = fuse_next ? layer_ids[li + 1] : -1;
       const bool next_narrows = next_l >= boundary && s == &b.enc && b.dec.n != b.enc.n;
       if (fuse_mixes(n) && fuse_next && !next_narrows) {
         const Layer& N = *layers[static_cast<size_t>(next_l)];
         expand_mixes(x, y, n, post_f, comb_f, pre_f, buf<float>("a", n * d), N.hc_attn_fn,
                      N.hc_attn_base, N.hc_attn_scale, buf<float>("pre_a", n * hc),
-                     buf<float>("post_a", n * hc), buf<float>("comb_a", n * hc * hc));
+                     buf<float>("post_a", n * hc), buf<float>("comb_a", n * hc * hc),
+                     opt.mhc_fuse_norm ? &N.attn_norm : nullptr);
         attn_mixes_ready = true;
+        a_normed = opt.mhc_fuse_norm;
       } else {
         expand(x, y, n, post_f, comb_f, fuse_next ? pre_f : nullptr,
                fuse_next ? buf<float>("a", n * d) : nullptr);

@@ -142,6 +142,17 @@ struct GpuModelOptions {
   // another order). H200, DEP32 decode 64 x 6: step 54.2 -> 53.7 ms; prefill 8K after 128K: 58.1k
   // -> 58.9k tok/s (docs/perf/forward-gpu-2026-11-30-r8.md).
   bool fuse_shared_w13 = true;
+  // true: the attention's wq_a and wkv as one GEMM of [wq_a; wkv] (out q_lora_rank + head_dim,
+  // built at load like fuse_shared_w13's, the two copies then freed) on the one quantised input;
+  // q_norm and kv_norm read their columns out of the [rows, q_lora_rank + head_dim] output into
+  // the contiguous qr and kv (RmsNormParams' strides), so nothing after them changes. At a decode
+  // 64 x 6 step cuBLASLt runs the two alone at 45% and 22% of the bf16 rate (384 x 1280 x 5120:
+  // 14.3 us, 384 x 512 x 5120: 11.7 us; docs/perf/cuda-ops-2026-11-30-r9.md). Main-model layers
+  // only (the DSpark draft stages keep wq_a and wkv); where both have one format and shape (FP8:
+  // wq_a's rows a multiple of 32; fp32: any), else the layer keeps two GEMMs (trace: qkv_a). The
+  // same products; cuBLASLt may pick another algorithm for the wider N (fp32 sums in another
+  // order). Compile-only so far (r10): off until measured.
+  bool fuse_qkv_a = false;
   // true: the shared expert runs on a second stream, forked from the main one where the MoE
   // starts and joined before the routed experts' combine adds into its output, so its GEMMs fill
   // the SMs the router, the grouping and the grouped GEMMs' last waves leave idle (the shared
@@ -184,6 +195,15 @@ struct GpuModelOptions {
   // The fused launch's rows per thread (HcExpandMixesParams::rows_per_thread: tiles of 8 x that
   // many rows), 1..4; 0 = the mixes kernel's rule (4 at 384 rows). For timing the tile height.
   int mhc_fused_rows_per_thread = 0;
+  // true: where the fused expand + mixes launch (mhc_fuse_expand_mixes) writes the next site's
+  // collapse (the ffn site's input "f"; the next layer's attention input "a"), it also applies
+  // that site's RMSNorm (ffn_norm / the next layer's attn_norm: HcExpandMixesParams::
+  // collapse_norm_weight), and the separate RMSNorm launch of that buffer is skipped (at decode
+  // 64 x 6 two launches of ~16 us per layer). The same values but for the order of the norm's sum
+  // of squares (the cluster's blocks in rank order); the profile counts the norm in mhc.expand.
+  // No effect where the two launches run (mhc_fuse_expand_mixes off, fewer rows than
+  // mhc_fuse_min_rows, Engram or bounded-replay narrowing next). Unmeasured (compile-only so far).
+  bool mhc_fuse_norm = true;
   // true: where the sparse attention runs on the wgmma kernel
   // (cuda::sparse_attention_wgmma_applies) and wo_a on the bf16 cuBLASLt GEMM (an FP8 weight with
   // MXFP8 input, neither fp8_wgmma's kernel nor exact_linears), the attention's epilogue writes the
@@ -225,6 +245,7 @@ struct GpuForwardTrace {
   std::map<int32_t, bool> moe_kperm;  // grouped GEMMs on k-permuted inputs (options.moe_kperm)
   std::map<int32_t, bool> moe_fuse_swiglu;  // SwiGLU in the w1 + w3 epilogue (moe_fuse_swiglu)
   std::map<int32_t, bool> shared_w13;  // shared expert's w1 + w3 as one GEMM (fuse_shared_w13)
+  std::map<int32_t, bool> qkv_a;       // the attention's wq_a + wkv as one GEMM (fuse_qkv_a)
   // wo_a's input quantised in the attention's epilogue (attn_quant_epilogue)
   std::map<int32_t, bool> attn_quant_epilogue;
   std::map<int32_t, std::vector<int32_t>> selected;  // index sources: [rows, index_topk] entries

@@ -1036,6 +1036,8 @@ TEST(GpuForward, MoeFusedSwigluIsBitIdenticalInTheForward) {
 // - the cost accounting is the unfused one (FLOPs; weight bytes while the routing is the same).
 // Then greedy decoding against the CPU with the option on (16 prompts of 9 tokens, chunked
 // prefill with bounded replay, 8 steps), with the floor of GreedyDecodeWideModelMatchesCpu.
+// mhc_fuse_norm is off throughout (the collapse's RMSNorm as its own launch, so that the bits
+// above hold); GpuForward.MhcFusedNormAgreesInTheForward covers it.
 TEST(GpuForward, MhcFusedExpandMixesAgreesInTheForward) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   const std::filesystem::path dir = make_temp_dir("gpu_forward_mhc_fuse");
@@ -1046,6 +1048,7 @@ TEST(GpuForward, MhcFusedExpandMixesAgreesInTheForward) {
         [&](arch::GpuModelOptions& o) {
           o.mhc_fuse_expand_mixes = fuse;
           o.mhc_fuse_min_rows = 0;  // the test model's few rows take the fused launch too
+          o.mhc_fuse_norm = false;
         },
         cost);
   };
@@ -1096,10 +1099,100 @@ TEST(GpuForward, MhcFusedExpandMixesAgreesInTheForward) {
                                 [](arch::GpuModelOptions& o) {
                                   o.mhc_fuse_expand_mixes = true;
                                   o.mhc_fuse_min_rows = 0;
+                                  o.mhc_fuse_norm = false;
                                 });
   fmt::print(
       "mhc_fuse_expand_mixes, wide model, short: {} of 16 prompts never flipped, {:.3f} of "
       "greedy tokens identical\n",
+      never_flipped(r), same_fraction(r));
+  EXPECT_GE(same_fraction(r), kMinSameFraction);
+}
+
+// GpuModelOptions::mhc_fuse_norm (the fused expand + mixes launch also applies the RMSNorm of the
+// collapse it writes: ffn_norm of the ffn site's input, the next layer's attn_norm of its
+// attention input) against the separate RMSNorm launches, both with the fused launch
+// (mhc_fuse_expand_mixes, mhc_fuse_min_rows = 0), on the wide model (hidden 256: the one-kernel
+// path; Engram at layers 1 and 4, whose attention inputs the fused launch does not write).
+// Oracle prefill of 20 tokens, traced:
+// - layer 0's attention input is bit-identical (no fused launch before it);
+// - layer 0's FFN input (the first fused norm) agrees in every row within 1e-5 of the row's
+//   largest value: only the order of the norm's sum of squares differs;
+// - in later layers such a difference may flip an MXFP8 rounding of the MoE or attention input,
+//   so the first layer with a row over 1e-5 (attn_in, ffn_in or layer_out) may differ in at most
+//   3 rows (a wiring error - a missing or doubled norm, the wrong layer's weight - moves every
+//   row);
+// - the cost accounting is the same (FLOPs).
+// A profiled forward shows that the fused norm ran: no mhc.ffn_norm part with the option (every
+// ffn site fuses here), one without it. Then greedy decoding against the CPU with the option on,
+// with the floor of GreedyDecodeWideModelMatchesCpu.
+TEST(GpuForward, MhcFusedNormAgreesInTheForward) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_mhc_fuse_norm");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  const auto fused = [](bool norm) {
+    return [norm](arch::GpuModelOptions& o) {
+      o.mhc_fuse_expand_mixes = true;
+      o.mhc_fuse_min_rows = 0;  // the test model's few rows take the fused launch too
+      o.mhc_fuse_norm = norm;
+    };
+  };
+  arch::GpuForwardCost ca, cb;
+  const auto ta = traced_prefill(dir, 12, fused(false), &ca);
+  const auto tb = traced_prefill(dir, 12, fused(true), &cb);
+  ASSERT_FALSE(ta.layer_out.empty());
+  ASSERT_EQ(ta.layer_out.size(), tb.layer_out.size());
+  const int64_t rows = 20;
+  const int32_t l0 = ta.layer_out.begin()->first;
+  EXPECT_EQ(ta.attn_in.at(l0), tb.attn_in.at(l0));
+  EXPECT_EQ(rows_differing(ta.ffn_in.at(l0), tb.ffn_in.at(l0), rows, kRowAgree), 0)
+      << "the fused ffn_norm differs";
+  std::string line;
+  int first_layer = -1, first_rows = 0;
+  for (const auto& [l, a] : ta.layer_out) {
+    ASSERT_EQ(tb.layer_out.count(l), 1u) << "layer " << l;
+    const auto& b = tb.layer_out.at(l);
+    for (const float x : b) ASSERT_TRUE(std::isfinite(x)) << "layer " << l;
+    for (const float x : tb.attn_in.at(l)) ASSERT_TRUE(std::isfinite(x)) << "layer " << l;
+    for (const float x : tb.ffn_in.at(l)) ASSERT_TRUE(std::isfinite(x)) << "layer " << l;
+    const int di = rows_differing(ta.attn_in.at(l), tb.attn_in.at(l), rows, kRowAgree);
+    const int df = rows_differing(ta.ffn_in.at(l), tb.ffn_in.at(l), rows, kRowAgree);
+    const int dx = rows_differing(a, b, rows, kRowAgree);
+    line += fmt::format(" {}:{}/{}/{}", l, di, df, dx);
+    if (first_layer < 0 && di + df + dx > 0) {
+      first_layer = l;
+      first_rows = std::max({di, df, dx});
+    }
+  }
+  fmt::print(
+      "mhc_fuse_norm vs separate RMSNorm: rows over {:.0e} per layer "
+      "(attn_in/ffn_in/layer_out){}\n",
+      kRowAgree, line);
+  EXPECT_LE(first_rows, 3) << "the first difference (layer " << first_layer << ") is in "
+                           << first_rows << " rows, not a local rounding flip";
+  EXPECT_EQ(ca.flops, cb.flops);
+  EXPECT_EQ(ca.fp8_flops, cb.fp8_flops);
+  for (const bool norm : {false, true}) {
+    arch::GpuModelOptions opt;
+    opt.max_seqs = 2;
+    opt.max_context = 64;
+    opt.max_rows = 64;
+    fused(norm)(opt);
+    auto m = DeepseekV41Gpu::load(dir, opt);
+    ASSERT_TRUE(m) << m.error().to_string();
+    (*m)->set_profile(true);
+    (*m)->reset_profile();
+    oracle_prefill(**m, test_prompt(20, 12, static_cast<int32_t>((*m)->config().vocab_size)));
+    (*m)->set_profile(false);
+    const auto parts = (*m)->part_ms();
+    EXPECT_EQ(parts.count("mhc.ffn_norm"), norm ? 0u : 1u) << "mhc_fuse_norm " << norm;
+    EXPECT_EQ(parts.count("mhc.attn_norm"), 1u) << "layer 0 and the Engram layers' own norms";
+    EXPECT_EQ(parts.count("mhc.expand"), 1u);
+  }
+  std::filesystem::remove_all(dir);
+  const auto r = greedy_prompts(false, 16, 9, 0, 8, false, false, gpu_wide_config(), fused(true));
+  fmt::print(
+      "mhc_fuse_norm, wide model, short: {} of 16 prompts never flipped, {:.3f} of greedy "
+      "tokens identical\n",
       never_flipped(r), same_fraction(r));
   EXPECT_GE(same_fraction(r), kMinSameFraction);
 }
@@ -1170,6 +1263,70 @@ TEST(GpuForward, FusedSharedW13AgreesWithTwoGemmsInTheForward) {
       fmt::print(
           "fuse_shared_w13 {}: routing differs in a later layer, weight bytes not compared\n",
           k.name);
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// GpuModelOptions::fuse_qkv_a (the attention's wq_a and wkv as one GEMM of [wq_a; wkv], q_norm
+// and kv_norm reading their columns of its output) against the two GEMMs, on the wide model
+// (q_lora_rank 128, head_dim 512, hidden 256), on each path the fused GEMM takes, as
+// FusedSharedW13AgreesWithTwoGemmsInTheForward: cuBLASLt bf16 (another algorithm may sum in
+// another order: the first layer's attention output within 1e-5 in every row), the FP8 wgmma GEMM
+// (N only adds output tiles: bit-identical) and exact_linears (fp32: within 1e-6). Every layer
+// fuses (trace), the attention input is unchanged, and the cost (weight bytes, FLOPs) is the
+// unfused one.
+TEST(GpuForward, FusedQkvAAgreesWithTwoGemmsInTheForward) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_qkv_a");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  struct Case {
+    const char* name;
+    bool fp8_wgmma, exact_linears;
+    double tol;  // 0: bit-identical
+  };
+  for (const Case& k :
+       {Case{"cublaslt bf16", false, false, 1e-5}, Case{"fp8 wgmma", true, false, 0.0},
+        Case{"exact fp32", false, true, 1e-6}}) {
+    SCOPED_TRACE(k.name);
+    const auto run = [&](bool fuse, arch::GpuForwardCost* cost) {
+      return traced_prefill(
+          dir, 7,
+          [&](arch::GpuModelOptions& o) {
+            o.fuse_qkv_a = fuse;
+            o.fp8_wgmma = k.fp8_wgmma;
+            o.exact_linears = k.exact_linears;
+          },
+          cost);
+    };
+    arch::GpuForwardCost ca, cb;
+    const auto ta = run(false, &ca);
+    const auto tb = run(true, &cb);
+    ASSERT_FALSE(ta.attn_out.empty());
+    ASSERT_FALSE(tb.qkv_a.empty());
+    ASSERT_EQ(ta.qkv_a.size(), tb.qkv_a.size());
+    for (const auto& [layer, fused] : ta.qkv_a) EXPECT_FALSE(fused) << "layer " << layer;
+    for (const auto& [layer, fused] : tb.qkv_a) EXPECT_TRUE(fused) << "layer " << layer;
+    const int32_t l = ta.attn_out.begin()->first;
+    ASSERT_EQ(ta.attn_in.at(l), tb.attn_in.at(l));  // nothing before the first attention changed
+    const auto& a = ta.attn_out.at(l);
+    const auto& b = tb.attn_out.at(l);
+    ASSERT_EQ(a.size(), b.size());
+    for (const float x : b) ASSERT_TRUE(std::isfinite(x));
+    const int differing = rows_differing(a, b, 20, k.tol > 0 ? k.tol : 1e-6);
+    fmt::print("fuse_qkv_a {} vs two GEMMs: {} of 20 rows over {:.0e}, bit-identical: {}\n",
+               k.name, differing, k.tol, a == b);
+    EXPECT_EQ(differing, 0);
+    if (k.tol == 0) {
+      EXPECT_EQ(a, b) << "not bit-identical";
+    }
+    EXPECT_EQ(ca.flops, cb.flops);
+    EXPECT_EQ(ca.fp8_flops, cb.fp8_flops);
+    if (ta.experts == tb.experts) {
+      EXPECT_EQ(ca.weight_bytes, cb.weight_bytes);
+    } else {
+      fmt::print("fuse_qkv_a {}: routing differs in a later layer, weight bytes not compared\n",
+                 k.name);
     }
   }
   std::filesystem::remove_all(dir);
