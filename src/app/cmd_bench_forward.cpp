@@ -70,7 +70,7 @@ struct BenchForwardOptions {
   int32_t moe_rs_max_pass = 192;
   bool moe_fuse_swiglu = false;
   bool fuse_shared_w13 = true;
-  bool fuse_qkv_a = false;
+  bool fuse_qkv_a = true;
   bool moe_shared_overlap = true;
   bool router_split_tf32 = false;
   int32_t router_split_k = 1;

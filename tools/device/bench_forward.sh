@@ -83,14 +83,13 @@ args_decode_s6_fmix1="$args_decode_s6_fmix --mhc-fused-rows-per-thread 1"
 args_decode_s6_fmix2="$args_decode_s6_fmix --mhc-fused-rows-per-thread 2"
 args_decode_s6_fmix3="$args_decode_s6_fmix --mhc-fused-rows-per-thread 3"
 # The RMSNorms of the collapses that the fused launch writes, as separate launches
-# (GpuModelOptions::mhc_fuse_norm, on by default, unmeasured): *_nonorm turns the fused norm off.
+# (GpuModelOptions::mhc_fuse_norm, on by default since r11): *_nonorm turns the fused norm off.
 # Only where the fused launch runs (>= 129 rows): at 64 x 1 both rows run the same launches.
 args_decode_s6_nonorm="$args_decode_s6 --mhc-fuse-norm false"
 args_decode_s1_nonorm="$args_decode_s1 --mhc-fuse-norm false"
-# The attention's wq_a and wkv as one GEMM (GpuModelOptions::fuse_qkv_a; off by default:
-# compile-only in r10).
-args_decode_s6_fqkv="$args_decode_s6 --fuse-qkv-a true"
-args_decode_s1_fqkv="$args_decode_s1 --fuse-qkv-a true"
+# The attention's wq_a and wkv as two GEMMs (GpuModelOptions::fuse_qkv_a, on by default since r11).
+args_decode_s6_nofqkv="$args_decode_s6 --fuse-qkv-a false"
+args_decode_s1_nofqkv="$args_decode_s1 --fuse-qkv-a false"
 # The same plus one DSpark draft cycle for the batch (the draft stages' rings committed from
 # random taps): draft time, its components and roofline, step + draft.
 args_decode_s6_dspark="$args_decode_s6 --dspark"
@@ -126,7 +125,7 @@ args_prefill8k_prod_aqe="$args_prefill8k_prod --attn-quant-epilogue true"
 args_prefill8k_prod_nofmix="$args_prefill8k_prod --mhc-fuse-expand-mixes false"
 args_prefill8k_prod_noaqe="$args_prefill8k_prod --attn-quant-epilogue false"
 args_prefill8k_prod_off2="$args_prefill8k_prod --mhc-fuse-expand-mixes false --attn-quant-epilogue false"
-args_prefill8k_prod_fqkv="$args_prefill8k_prod --fuse-qkv-a true"
+args_prefill8k_prod_nofqkv="$args_prefill8k_prod --fuse-qkv-a false"
 args_prefill8k_prod_fmix_aqe="$args_prefill8k_prod --mhc-fuse-expand-mixes true --attn-quant-epilogue true"
 args_prefill8k_prod_nonorm="$args_prefill8k_prod --mhc-fuse-norm false"
 args_prefill8k_prod_router_fp32="$args_prefill8k_prod --router-split-tf32 false"

@@ -1109,9 +1109,12 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 // 3 the wgmma; MOESERVE_RS_STAGES sets the ring depth; MOESERVE_RS_WIDE_BUFS 3 gives the 224-row
 // passes three fragment buffers; MOESERVE_RS_LOOP 1 gives the 192-row kernel the K loop of the
 // 224-row one (see grs_pass).
-// Build-time variant (off; compile-only so far, for timing against the default on the H200):
-// MOESERVE_RS_DECOUPLED 1 lets the two warpgroups run their K loops apart. By default every K tile
-// ends with a __syncthreads, because warpgroup 0 copies the scales of all 128 weight rows and the
+// Build-time variant (off; measured SLOWER on the H200, r11: the probe's 192-row w1 at uniform
+// routing 124.7 -> 155.7 us, kperm 109.1 -> 139.6 us, bit-identical output hashes; the DEP32 decode
+// 64 x 6 step 48.8 -> 53.2 ms. Kept as a build variant for the record. Not profiled; a guess:
+// each warpgroup issues its own weight and scale copies, more copy instructions per tile on
+// the critical path). MOESERVE_RS_DECOUPLED 1 lets the two warpgroups run their K loops apart.
+// By default every K tile ends with a __syncthreads, because warpgroup 0 copies the scales of all 128 weight rows and the
 // single TMA issuer (thread 0) may refill a slot only when both warpgroups' wgmma are done with
 // it, so a warpgroup that stalls (on its decode, its wgmma or the TMA) stalls the other. In the
 // variant each warpgroup copies the weights and scales of its own 64 rows (even threads the
