@@ -62,6 +62,7 @@ struct BenchForwardOptions {
   // precision; false: the hi + lo pairs the GPU-vs-CPU tests use.
   bool fast_attention = true;
   bool indexer_wgmma = true;
+  bool indexer_fp8 = false;
   bool attention_wgmma = true;
   bool fp8_wgmma = false;
   bool moe_grouped_wgmma = true;
@@ -228,6 +229,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.tf32_dense = opt.tf32;
   go.fast_attention = opt.fast_attention;
   go.indexer_wgmma = opt.indexer_wgmma;
+  go.indexer_fp8 = opt.indexer_fp8;
   go.attention_wgmma = opt.attention_wgmma;
   go.fp8_wgmma = opt.fp8_wgmma;
   go.moe_grouped_wgmma = opt.moe_grouped_wgmma;
@@ -469,6 +471,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"tf32_fp32_linears", opt.tf32},
               {"fast_attention", opt.fast_attention},
               {"indexer_wgmma", opt.indexer_wgmma},
+              {"indexer_fp8", opt.indexer_fp8},
               {"attention_wgmma", opt.attention_wgmma},
               {"fp8_wgmma", opt.fp8_wgmma},
               {"moe_grouped_wgmma", opt.moe_grouped_wgmma},
@@ -650,6 +653,10 @@ void register_bench_forward(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--indexer-wgmma", opt->indexer_wgmma,
                   "cuda: the indexer scores on the sm_90a wgmma kernel (false: mma.sync)")
+      ->capture_default_str();
+  cmd->add_option("--indexer-fp8", opt->indexer_fp8,
+                  "cuda: with --indexer-wgmma, that kernel on e4m3 operands (the FP4 block scales "
+                  "folded in; false: bf16)")
       ->capture_default_str();
   cmd->add_option("--attention-wgmma", opt->attention_wgmma,
                   "cuda: the sparse attention on the sm_90a wgmma kernel (false: mma.sync)")

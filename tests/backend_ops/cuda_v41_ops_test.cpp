@@ -388,6 +388,9 @@ class CudaV41 : public ::testing::Test {
     return g;
   }
 
+  // The indexer's wgmma path against the CPU over decode-like batches (defined with its tests).
+  void check_indexer_wgmma_row_slots(bool fp8, int key_spread, double tol);
+
   std::unique_ptr<Backend> backend_;
   void* stream_ = nullptr;
   std::vector<std::unique_ptr<DeviceBuffer>> bufs_;
@@ -1366,9 +1369,15 @@ TEST_F(CudaV41, IndexerScoresBatched) {
 // batches whose longest sequence has 1-2, 3-4, 5-6 and 7-8 rows (partial slot blocks of 1, 3 and
 // 5 rows), sequences with no keys, a few visible keys (rows at position 0..5), key counts that end
 // inside a 64-key tile and inside the second 4096-column chunk, causal ratio 1 and 2. Against
-// cpu::indexer_scores, 1e-5 of max|ref|, and the -inf pattern exactly.
-TEST_F(CudaV41, IndexerScoresWgmmaRowSlots) {
-  std::mt19937 rng(23);
+// cpu::indexer_scores with the -inf pattern exactly and no NaN; bf16 operands (use_fp8 off) within
+// 1e-5 of max|ref| (fp32 sums).
+// use_fp8 (e4m3 operands, each vector's block scales folded in): with per-32-dim scales 2^-3..2^3
+// apart within every key and query (the folding's fast path; a wrong shift or weight scale moves
+// scores by factors of 2), and with keys 2^-8..2^8 apart (blocks more than 2^11 below their key's
+// largest take the rounding path). Within 2e-3 of max|ref|: Hopper's k32 sums keep ~14 bits
+// (2^-13 of the largest term of each of the 4 steps); the measured error is printed.
+void CudaV41::check_indexer_wgmma_row_slots(bool fp8, int key_spread, double tol) {
+  std::mt19937 rng(23 + key_spread);
   const int id = 128, heads = 32;
   struct Seq {
     int64_t rows, keys, first_pos;
@@ -1378,6 +1387,7 @@ TEST_F(CudaV41, IndexerScoresWgmmaRowSlots) {
       {{4, 1000, 996}, {3, 65, 1}, {1, 4097, 4096}, {0, 10, 10}},
       {{6, 8300, 8294}, {3, 77, 0}, {5, 130, 125}, {6, 1000, 2000}, {6, 0, 0}},
       {{8, 2000, 1992}, {7, 640, 639}, {1, 64, 63}}};
+  double worst = 0.0;
   for (const auto& seqs : batches)
     for (const int ratio : {1, 2}) {
       int64_t rows = 0, max_rows = 0, max_keys = 0, cap = 0;
@@ -1387,9 +1397,10 @@ TEST_F(CudaV41, IndexerScoresWgmmaRowSlots) {
         max_keys = std::max(max_keys, s.keys);
         cap = std::max(cap, s.keys);
       }
-      SCOPED_TRACE("max rows " + std::to_string(max_rows) + " ratio " + std::to_string(ratio));
+      SCOPED_TRACE("max rows " + std::to_string(max_rows) + " ratio " + std::to_string(ratio) +
+                   (fp8 ? " fp8, key spread " + std::to_string(key_spread) : " bf16"));
       auto pool = fp4_records(static_cast<int64_t>(seqs.size()) * cap, id,
-                              cpu::Fp4Record::kIndexBlock32Ue8m0, rng, 3);
+                              cpu::Fp4Record::kIndexBlock32Ue8m0, rng, key_spread);
       auto q = rnd(rows * heads * id, rng, -1, 1);
       scale_blocks32(q, rng, 3);
       fq_fp4_block32_ue8m0(q, q);
@@ -1431,9 +1442,12 @@ TEST_F(CudaV41, IndexerScoresWgmmaRowSlots) {
       p.max_seq_keys = max_keys;
       p.q_exact_bf16 = true;
       p.use_wgmma = true;
+      p.use_fp8 = fp8;
       cuda::launch_indexer_scores(p, stream_);
       const auto got = down(o, ref.size());
-      EXPECT_LE(rel_err(got, ref), 1e-5);
+      const double err = rel_err(got, ref);
+      worst = std::max(worst, err);
+      EXPECT_LE(err, tol);
       size_t inf_mismatch = 0, nan_count = 0;
       for (size_t i = 0; i < ref.size(); ++i) {
         inf_mismatch += std::isinf(ref[i]) != std::isinf(got[i]) ? 1 : 0;
@@ -1442,6 +1456,15 @@ TEST_F(CudaV41, IndexerScoresWgmmaRowSlots) {
       EXPECT_EQ(inf_mismatch, 0u);
       EXPECT_EQ(nan_count, 0u);
     }
+  std::printf("indexer wgmma %s, key block spread 2^%d: worst max|err| / max|ref| %.3g\n",
+              fp8 ? "fp8" : "bf16", key_spread, worst);
+}
+
+TEST_F(CudaV41, IndexerScoresWgmmaRowSlots) { check_indexer_wgmma_row_slots(false, 3, 1e-5); }
+
+TEST_F(CudaV41, IndexerScoresFp8RowSlots) {
+  check_indexer_wgmma_row_slots(true, 3, 2e-3);
+  check_indexer_wgmma_row_slots(true, 8, 2e-3);
 }
 
 // The single-sequence form with q_exact_bf16 (FP4 queries, one MMA per tile) equals the hi/lo

@@ -654,6 +654,14 @@ struct IndexerScoreParams {
   // heads == 32; every other shape runs the mma.sync kernels whatever this says. Same numbers:
   // bf16 products, fp32 accumulation (summation order differs, so not bit-identical).
   bool use_wgmma = false;
+  // With use_wgmma (where that kernel runs): e4m3 operands (wgmma m64nNk32, twice the bf16 rate)
+  // instead of bf16. Each key's and each query vector's power-of-two block scales fold into its
+  // e4m3 values relative to one power of two per vector, taken out again in the epilogue, so the
+  // products stay exact for FP4 queries (q values e2m1 times a power of two per 32 dims, as the
+  // forward's) and keys whose block scales lie within 2^11 of each other; other values round to
+  // e4m3. The sums differ: Hopper adds each k32 step's products and the accumulator with ~14
+  // significant bits (truncating) where the bf16 kernel sums in fp32 (v41_select.cu, kFp8).
+  bool use_fp8 = false;
 };
 void launch_indexer_scores(const IndexerScoreParams& p, Stream stream);
 

@@ -4,6 +4,7 @@
 // memory), exact row top-k (per-row radix select + bitonic sort of the survivors), candidate
 // blocks, and top-k/top-p sampling.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 
@@ -388,6 +389,28 @@ __global__ void __launch_bounds__(kIdxThreads, idx_min_ctas(kCand, kSplit))
 // the MMAs: (64 + 192) x 32 B per k-step, ~85 B/cycle of the 128. Not yet tried: A (keys) from
 // registers (wgmma RS), converting straight into fragments, which drops the tile stores, the
 // proxy fence and A's shared reads but double-buffers 2 x 32 fragment registers.
+//
+// kFp8 (IndexerScoreParams::use_fp8): the same kernel on e4m3 operands (wgmma m64nNk32, twice the
+// bf16 rate). FP4 values are e2m1 codes times a power of two per 32 dims, and e4m3 holds e2m1
+// times 2^d exactly over a wide range of d, so each vector's block scales fold into its e4m3
+// values relative to one power of two per vector, which leaves the MMA and returns in the
+// epilogue:
+//   key j  (4 ue8m0 codes c_b, E = max c_b): stored c * 2^(c_b - E + 6); the MMA's sum for it is
+//          then 2^(133 - E) times the true one, and the score is multiplied back by 2^(E - 133)
+//          (kmul, one float per key of the tile). d = c_b - E + 6 <= 6 keeps 6 * 2^d <= 384 < 448;
+//          exact for d >= -5 (block scales within 2^11 of the key's largest: 0.5 * 2^-5 is the
+//          smallest normal e4m3 it needs); past that (never in practice: a block 2^-11 of the
+//          others) the values round to e4m3 through a slower per-value path.
+//   query column n = (row, head) (fp32 values, FP4 fake-quant): the vector's max |q| M picks
+//          s = floor(log2 M) - 8, the stored values are q * 2^-s (e4m3: M becomes 256 or 384), and
+//          the head's weight w * 2^s (exact) carries the shift: w' relu(acc') = w relu(acc) times
+//          the key's power of two, since relu commutes with positive scaling.
+// So the products are exact, as with bf16; what differs is the sum: Hopper adds each k32 step's
+// 32 products and the running accumulator aligned to the largest exponent with ~14 significant
+// bits (truncating; fp8_wgmma_gemm.cu), where the bf16 path sums in fp32. A key's 128 dims are 4
+// k32 steps. The e2m1 -> e4m3 conversion takes ~9 instructions per 8 dims (two PRMT table lookups
+// with the block's shift folded into the table bytes, two PRMT sign replications, two LOP3) against
+// ~22 for bf16, and the tiles and q are half the bytes.
 constexpr int kWgThreads = 128;
 constexpr int kWgTile = 64;       // keys per tile (wgmma M)
 constexpr int kWgChunk = 4096;    // score columns per CTA (amortises the q tile fill)
@@ -395,16 +418,22 @@ constexpr int kWgRowBytes = 128;  // one 64-dim panel row of bf16
 constexpr int kWgPanel = kWgTile * kWgRowBytes;  // 8 KB: one panel of a key tile
 constexpr int kWgKtBuf = 2 * kWgPanel;           // 16 KB: one key tile (128 dims)
 constexpr int kWgSmemKt = 0;
-constexpr int kWgSmemQ = kWgSmemKt + 2 * kWgKtBuf;
-__host__ __device__ constexpr int wg_smem_w(int rows) {
-  return kWgSmemQ + 2 * 32 * rows * kWgRowBytes;
+// kFp8: a key tile is one panel (64 keys x 128 e4m3 dims), q one panel per column.
+__host__ __device__ constexpr int wg_kt_buf(bool fp8) { return fp8 ? kWgPanel : kWgKtBuf; }
+__host__ __device__ constexpr int wg_smem_q(bool fp8) { return kWgSmemKt + 2 * wg_kt_buf(fp8); }
+__host__ __device__ constexpr int wg_smem_w(int rows, bool fp8) {
+  return wg_smem_q(fp8) + (fp8 ? 1 : 2) * 32 * rows * kWgRowBytes;
 }
-__host__ __device__ constexpr int wg_smem_vis(int rows) {
-  return wg_smem_w(rows) + kIdxMaxSlots * 32 * 4;
+// kFp8: f32 [2 buffers][64 keys], each key's 2^(E - 133).
+__host__ __device__ constexpr int wg_smem_kmul(int rows, bool fp8) {
+  return wg_smem_w(rows, fp8) + kIdxMaxSlots * 32 * 4;
+}
+__host__ __device__ constexpr int wg_smem_vis(int rows, bool fp8) {
+  return wg_smem_kmul(rows, fp8) + (fp8 ? 2 * kWgTile * 4 : 0);
 }
 // + 1024 for aligning the dynamic shared memory base to a swizzle atom.
-__host__ __device__ constexpr int wg_smem_bytes(int rows) {
-  return wg_smem_vis(rows) + kIdxMaxSlots * 8 + 1024;
+__host__ __device__ constexpr int wg_smem_bytes(int rows, bool fp8) {
+  return wg_smem_vis(rows, fp8) + kIdxMaxSlots * 8 + 1024;
 }
 
 // Dims [64 * half, 64 * half + 64) of one key (exact bf16) into panel `half` of a key tile, row
@@ -420,21 +449,102 @@ __device__ __forceinline__ void wg_store_key(const IdxRaw& r, uint8_t* tile, int
         e2m1x8_to_bf16(r.w[c], c < 4 ? s0 : s1);
 }
 
-template <int kRows>
-__global__ void __launch_bounds__(kWgThreads, 2)
+// prmt.b32 in its default mode, all four selector nibbles as given (bit 3 of a nibble replicates
+// the selected byte's sign bit over the result byte).
+__device__ __forceinline__ uint32_t prmt_b32(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// The e4m3 bytes of the e2m1 magnitudes 0, .5, 1, 1.5 (kE2m1E4m3Lo) and 2, 3, 4, 6 (kE2m1E4m3Hi).
+constexpr uint32_t kE2m1E4m3Lo = 0x3C383000u, kE2m1E4m3Hi = 0x4C484440u;
+
+// Eight e2m1 values (one record word, the low nibble first) times 2^d as eight e4m3 bytes in the
+// natural order, for -5 <= d <= 6: the tables t0, t1 are kE2m1E4m3Lo/Hi with 8 d added to every
+// nonzero byte (the exponent field; no byte leaves [0x08, 0x7C], so no carries between bytes).
+// Signs: byte i takes the sign of nibble i, bit 4 i + 3 of x, which is the top bit of byte i / 2 of
+// x << 4 (i even) or of x (i odd), replicated by PRMT's sign mode.
+__device__ __forceinline__ uint2 e2m1x8_to_e4m3(uint32_t x, uint32_t t0, uint32_t t1) {
+  const uint32_t m = x & 0x77777777u;
+  const uint32_t xs = x << 4;
+  const uint32_t lo = prmt_b32(t0, t1, m) | (prmt_b32(x, xs, 0x9D8Cu) & 0x80808080u);
+  const uint32_t hi = prmt_b32(t0, t1, m >> 16) | (prmt_b32(x, xs, 0xBFAEu) & 0x80808080u);
+  return make_uint2(lo, hi);
+}
+
+// The same for any d (d < -5: the values round to e4m3, subnormals included).
+__device__ __noinline__ uint2 e2m1x8_to_e4m3_rounded(uint32_t x, int d) {
+  constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  uint32_t w[2] = {0, 0};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t nib = (x >> (4 * i)) & 0xFu;
+    const float v = ldexpf((nib & 8u) != 0 ? -kMag[nib & 7u] : kMag[nib & 7u], d);
+    w[i >> 2] |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3))
+                 << (8 * (i & 3));
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+// 2^k as a float for k >= -149 (0 below).
+__device__ __forceinline__ float pow2f(int k) {
+  return k >= -126 ? __int_as_float((k + 127) << 23) : ldexpf(1.0f, k);
+}
+
+// kFp8: dims [64 * half, 64 * half + 64) of key `key` as e4m3 (see the kFp8 note above) into row
+// `key` of the tile (128-byte swizzled: 16-byte chunk c = dims [16 c, 16 c + 16)); the half-0
+// thread writes the key's 2^(E - 133) into kmul (0 for a missing key).
+__device__ __forceinline__ void wg_store_key_fp8(const IdxRaw& r, uint8_t* tile, float* kmul,
+                                                 int key, int half) {
+  const int e = static_cast<int>(max(max(r.sc & 0xFFu, (r.sc >> 8) & 0xFFu),
+                                     max((r.sc >> 16) & 0xFFu, r.sc >> 24)));
+  uint8_t* row = tile + key * kWgRowBytes;
+#pragma unroll
+  for (int b = 0; b < 2; ++b) {
+    const int d = static_cast<int>((r.sc >> (16 * half + 8 * b)) & 0xFFu) - e + 6;
+    const uint32_t t0 = kE2m1E4m3Lo + static_cast<uint32_t>(d) * 0x08080800u;
+    const uint32_t t1 = kE2m1E4m3Hi + static_cast<uint32_t>(d) * 0x08080808u;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int q = 4 * b + 2 * c;  // record words q, q + 1: dims 64 half + 8 q .. + 16
+      uint2 v0, v1;
+      if (d >= -5) {
+        v0 = e2m1x8_to_e4m3(r.w[q], t0, t1);
+        v1 = e2m1x8_to_e4m3(r.w[q + 1], t0, t1);
+      } else {
+        v0 = e2m1x8_to_e4m3_rounded(r.w[q], d);
+        v1 = e2m1x8_to_e4m3_rounded(r.w[q + 1], d);
+      }
+      const int chunk = 4 * half + 2 * b + c;
+      *reinterpret_cast<uint4*>(row + ((chunk ^ (key & 7)) << 4)) =
+          make_uint4(v0.x, v0.y, v1.x, v1.y);
+    }
+  }
+  if (half == 0) kmul[key] = r.id >= 0 ? pow2f(e - 133) : 0.0f;
+}
+
+// CTAs per SM the registers are sized for: 3 for kFp8 up to 6 row slots (168 registers, no
+// spills; ~43 KB of shared memory each), else 2.
+constexpr int wg_min_ctas(int rows, bool fp8) { return fp8 && rows <= 6 ? 3 : 2; }
+
+template <int kRows, bool kFp8>
+__global__ void __launch_bounds__(kWgThreads, wg_min_ctas(kRows, kFp8))
     indexer_wgmma_kernel(IndexerScoreParams p, IdxLaunch L) {
   pdl_wait();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   static_assert(kRows % 2 == 0 && kRows <= kIdxMaxSlots, "row slots pair up in the quad reduction");
   constexpr int kN = 32 * kRows;  // wgmma N: query columns
   constexpr int kAcc = kN / 2;    // fp32 accumulators per thread
+  constexpr int kKtBuf = wg_kt_buf(kFp8);
   extern __shared__ __align__(1024) uint8_t wg_smem_raw[];
   const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(wg_smem_raw));
   uint8_t* smem = wg_smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
   uint8_t* kt = smem + kWgSmemKt;
-  uint8_t* qs = smem + kWgSmemQ;
-  auto* ws = reinterpret_cast<float*>(smem + wg_smem_w(kRows));
-  auto* vis = reinterpret_cast<int64_t*>(smem + wg_smem_vis(kRows));
+  uint8_t* qs = smem + wg_smem_q(kFp8);
+  auto* ws = reinterpret_cast<float*>(smem + wg_smem_w(kRows, kFp8));
+  [[maybe_unused]] auto* kmul = reinterpret_cast<float*>(smem + wg_smem_kmul(kRows, kFp8));
+  auto* vis = reinterpret_cast<int64_t*>(smem + wg_smem_vis(kRows, kFp8));
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -460,11 +570,54 @@ __global__ void __launch_bounds__(kWgThreads, 2)
         tid < nrows ? min(n_keys, (static_cast<int64_t>(p.pos[row0 + tid]) + 1) / p.ratio) : 0;
     vis[tid] = max(v, int64_t{0});
   }
+  const bool q_vec = (reinterpret_cast<uintptr_t>(p.q) & 15u) == 0;
+  if constexpr (kFp8) {
+    // q -> e4m3 in the B layout (one panel: column n's 128 dims in one swizzled row), each column
+    // shifted by its own 2^-s and its weight by 2^s (the kFp8 note). Item i = (column n, 8 dims
+    // c8): the 16 items of a column are 16 consecutive lanes (their max: 4 shuffles); kN * 16 is a
+    // multiple of the block, so every lane of a warp runs every step.
+    for (int i = tid; i < kN * 16; i += kWgThreads) {
+      const int n = i >> 4, c8 = i & 15;
+      const int slot = n >> 5;
+      float a[8] = {};
+      if (slot < nrows) {
+        const float* src = p.q + ((row0 + slot) * p.heads + (n & 31)) * kIdxDim + 8 * c8;
+        if (q_vec) {
+          const float4 lo = __ldg(reinterpret_cast<const float4*>(src));
+          const float4 hi = __ldg(reinterpret_cast<const float4*>(src) + 1);
+          a[0] = lo.x, a[1] = lo.y, a[2] = lo.z, a[3] = lo.w;
+          a[4] = hi.x, a[5] = hi.y, a[6] = hi.z, a[7] = hi.w;
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; ++j) a[j] = __ldg(src + j);
+        }
+      }
+      float m = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(a[j]));
+#pragma unroll
+      for (int o = 1; o < 16; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+      // s = floor(log2 M) - 8 from M's exponent field (0: M is 0 or subnormal, s = 0), kept in
+      // [-126, 126] so that 2^s and 2^-s are normal floats.
+      const int ebits = static_cast<int>((__float_as_uint(m) >> 23) & 0xFFu);
+      const int sh = ebits == 0 ? 0 : min(max(ebits - 135, -126), 126);
+      const float inv = __int_as_float((127 - sh) << 23);
+      uint32_t wv[4];  // e4m3 pairs, the first value in the low byte
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        wv[j] = static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(
+            make_float2(a[2 * j] * inv, a[2 * j + 1] * inv), __NV_SATFINITE, __NV_E4M3));
+      *reinterpret_cast<uint2*>(qs + n * kWgRowBytes + (((c8 >> 1) ^ (n & 7)) << 4) + 8 * (c8 & 1)) =
+          make_uint2(wv[0] | (wv[1] << 16), wv[2] | (wv[3] << 16));
+      if (c8 == 0)
+        ws[n] = slot < nrows ? p.w[(row0 + slot) * p.heads + (n & 31)] * __int_as_float((127 + sh) << 23)
+                             : 0.0f;
+    }
+  } else {
   for (int i = tid; i < kRows * 32; i += kWgThreads)
     ws[i] = i / 32 < nrows ? p.w[(row0 + i / 32) * p.heads + i % 32] : 0.0f;
   // q -> bf16 (exact: q_exact_bf16) in the B layout. Item i = (column n, panel, chunk c): 8
   // consecutive dims, 16 items per column, so consecutive threads read consecutive 32 B.
-  const bool q_vec = (reinterpret_cast<uintptr_t>(p.q) & 15u) == 0;
   for (int i = tid; i < kN * 16; i += kWgThreads) {
     const int n = i >> 4, panel = (i >> 3) & 1, c = i & 7;
     const int slot = n >> 5;
@@ -489,6 +642,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     *reinterpret_cast<uint4*>(qs + panel * (kN * kWgRowBytes) + n * kWgRowBytes +
                               ((c ^ (n & 7)) << 4)) = v;
   }
+  }
   __syncthreads();
   int64_t max_vis = 0;
   for (int r = 0; r < kRows; ++r) max_vis = max(max_vis, vis[r]);
@@ -504,9 +658,17 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     return c < c_end ? c : -1;
   };
   IdxRaw raw;
+  // Tile `it`'s keys into buffer b.
+  const auto store_key = [&](int b) {
+    if constexpr (kFp8) {
+      wg_store_key_fp8(raw, kt + b * kKtBuf, kmul + b * kWgTile, my_key, my_half);
+    } else {
+      wg_store_key(raw, kt + b * kKtBuf, my_key, my_half);
+    }
+  };
   if (ntiles > 0) {
     idx_load_raw(p.keys, key_base, key_of(0), n_keys, my_half, raw);
-    wg_store_key(raw, kt, my_key, my_half);
+    store_key(0);
   }
   if (ntiles > 1) idx_load_raw(p.keys, key_base, key_of(1), n_keys, my_half, raw);
   wgmma::fence_proxy_async_smem();
@@ -527,16 +689,25 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     const int64_t k0 = c_begin + static_cast<int64_t>(it) * kWgTile;
     wgmma::fence_operands(acc);  // the previous epilogue's reads stay above the MMAs
     wgmma::fence();
+    if constexpr (kFp8) {
 #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      // k-step s: dims [16s, 16s + 16) = panel s / 4, bytes [32 (s % 4), +32) of each row.
-      const uint32_t off_a = buf * kWgKtBuf + (s >> 2) * kWgPanel + (s & 3) * 32;
-      const uint32_t off_b = (s >> 2) * (kN * kWgRowBytes) + (s & 3) * 32;
-      wgmma::bf16_ss<kN>(acc, desc_kt + (off_a >> 4), desc_q + (off_b >> 4), s > 0 ? 1 : 0);
+      for (int s = 0; s < 4; ++s) {
+        // k32 step s: dims [32s, 32s + 32) = bytes [32 s, +32) of each row.
+        const uint32_t off_a = buf * kKtBuf + s * 32, off_b = s * 32;
+        wgmma::e4m3_ss<kN>(acc, desc_kt + (off_a >> 4), desc_q + (off_b >> 4), s > 0 ? 1 : 0);
+      }
+    } else {
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        // k-step s: dims [16s, 16s + 16) = panel s / 4, bytes [32 (s % 4), +32) of each row.
+        const uint32_t off_a = buf * kKtBuf + (s >> 2) * kWgPanel + (s & 3) * 32;
+        const uint32_t off_b = (s >> 2) * (kN * kWgRowBytes) + (s & 3) * 32;
+        wgmma::bf16_ss<kN>(acc, desc_kt + (off_a >> 4), desc_q + (off_b >> 4), s > 0 ? 1 : 0);
+      }
     }
     wgmma::commit_group();
     // Overlapped with the MMAs: buffer buf ^ 1 was last read by tile it - 1, waited for below.
-    if (it + 1 < ntiles) wg_store_key(raw, kt + (buf ^ 1) * kWgKtBuf, my_key, my_half);
+    if (it + 1 < ntiles) store_key(buf ^ 1);
     if (it + 2 < ntiles) idx_load_raw(p.keys, key_base, key_of(it + 2), n_keys, my_half, raw);
     wgmma::fence_proxy_async_smem();
     wgmma::wait_group<0>();
@@ -568,13 +739,15 @@ __global__ void __launch_bounds__(kWgThreads, 2)
       u[i] = (b0 ? v[2 * i + 1] : v[2 * i]) + __shfl_xor_sync(0xFFFFFFFFu, send, 1);
     }
     const int64_t c = k0 + key_out;
+    // kFp8: the key's 2^(E - 133) folded into the scale (both powers of two times p.scale).
+    const float out_scale = kFp8 ? p.scale * kmul[buf * kWgTile + key_out] : p.scale;
 #pragma unroll
     for (int i = 0; i < kRows / 2; ++i) {
       const float send = b1 ? u[2 * i] : u[2 * i + 1];
       const float x = (b1 ? u[2 * i + 1] : u[2 * i]) + __shfl_xor_sync(0xFFFFFFFFu, send, 2);
       const int slot = 2 * i + (t >> 1);
       if (slot < nrows && c < c_end)
-        p.scores[(row0 + slot) * p.ld + c] = c >= vis[slot] ? -INFINITY : x * p.scale;
+        p.scores[(row0 + slot) * p.ld + c] = c >= vis[slot] ? -INFINITY : x * out_scale;
     }
     // Every thread's stores into buffer buf ^ 1 (and its proxy fence) before the next tile's
     // MMAs read it; every warp past its wait before tile it + 1 overwrites buffer buf.
@@ -907,8 +1080,8 @@ void launch_indexer_mma(const IndexerScoreParams& p, const IdxLaunch& L, int64_t
 template <int kRows>
 void launch_indexer_wgmma(const IndexerScoreParams& p, const IdxLaunch& L, int64_t n_seqs,
                           cudaStream_t s) {
-  const auto fn = indexer_wgmma_kernel<kRows>;
-  constexpr int kSmem = wg_smem_bytes(kRows);
+  const auto fn = p.use_fp8 ? indexer_wgmma_kernel<kRows, true> : indexer_wgmma_kernel<kRows, false>;
+  const int kSmem = wg_smem_bytes(kRows, p.use_fp8);
   MS_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const dim3 grid(static_cast<unsigned>(n_seqs * L.blocks_per_seq),
                   static_cast<unsigned>(ceil_div(L.width, kWgChunk)));

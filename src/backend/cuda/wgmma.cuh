@@ -161,6 +161,34 @@ __device__ __forceinline__ void bf16_rs(float (&d)[kN / 2], const uint32_t (&a)[
   bf16_rs(d, a, desc_b, accumulate, Shape<kN>{});
 }
 
+// ---- e4m3 operands, A and B from shared memory (the FP8 indexer scores, v41_select.cu) ----------
+//
+// d (+)= A · B^T for one k32 step: A 64 x 32 and B kN x 32, both e4m3, both K-major in shared
+// memory (desc_k_sw128: a 128-byte swizzle row holds 128 e4m3 values; k32 step s starts 32 s bytes
+// into the row), fp32 accumulators d[kN / 2] in the bf16_ss layout. accumulate == 0 starts from
+// zero. NOTE: Hopper sums each k32 step's 32 products together with d (accumulate == 1) aligned
+// to the largest exponent with ~14 significant bits, truncating (fp8_wgmma_gemm.cu says more).
+#define MS_WGMMA_E4M3_SS(N, NACC, P0, P1, P2)                                                    \
+  __device__ __forceinline__ void e4m3_ss(float (&d)[NACC], uint64_t desc_a, uint64_t desc_b,   \
+                                          int accumulate, Shape<N>) {                          \
+    asm volatile("{\n.reg .pred p;\n"                                                          \
+                 "setp.ne.b32 p, %" #P2 ", 0;\n"                                               \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 "                    \
+                 "{" MS_WGMMA_D##NACC "}, %" #P0 ", %" #P1 ", p, 1, 1;\n}\n"                    \
+                 : MS_WGMMA_ACC##NACC("+f", d)                                                 \
+                 : "l"(desc_a), "l"(desc_b), "r"(accumulate));                                 \
+  }
+MS_WGMMA_E4M3_SS(64, 32, 32, 33, 34)
+MS_WGMMA_E4M3_SS(128, 64, 64, 65, 66)
+MS_WGMMA_E4M3_SS(192, 96, 96, 97, 98)
+MS_WGMMA_E4M3_SS(256, 128, 128, 129, 130)
+
+template <int kN>
+__device__ __forceinline__ void e4m3_ss(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b,
+                                        int accumulate) {
+  e4m3_ss(d, desc_a, desc_b, accumulate, Shape<kN>{});
+}
+
 // ---- fp16 operands (sparse attention, v41_attention_wgmma.cu) -----------------------------------
 //
 // MN-major 128-byte-swizzle descriptor (an operand whose MN dimension is contiguous in shared
@@ -227,3 +255,4 @@ __device__ __forceinline__ void f16_rs_n256_tb(float (&d)[128], const uint32_t (
 
 #undef MS_WGMMA_BF16_RS
 #undef MS_WGMMA_BF16_SS
+#undef MS_WGMMA_E4M3_SS

@@ -1567,6 +1567,7 @@ struct DeepseekV41Gpu::Impl {
       // The queries went through the FP4 round trip above: every value is a bf16.
       p.q_exact_bf16 = true;
       p.use_wgmma = opt.indexer_wgmma;
+      p.use_fp8 = opt.indexer_fp8;
       if (p.n_seqs > 0) cu::launch_indexer_scores(p, stream);
     }
     if (info.is_candidate_source) {

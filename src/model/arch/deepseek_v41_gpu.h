@@ -82,6 +82,11 @@ struct GpuModelOptions {
   // (IndexerScoreParams::use_wgmma); false: the mma.sync kernel. Same products (exact bf16 q,
   // exact bf16 keys), fp32 sums in a different order.
   bool indexer_wgmma = true;
+  // true (with indexer_wgmma): that kernel on e4m3 operands (IndexerScoreParams::use_fp8: each
+  // FP4 key's and query's block scales folded into its e4m3 values, wgmma m64nNk32 at twice the
+  // bf16 rate). The same exact products; the sums keep Hopper's ~14-bit k32 accumulation instead
+  // of fp32 (CudaV41.IndexerScoresFp8RowSlots prints the error against the CPU).
+  bool indexer_fp8 = false;
   // true: the sparse attention on the sm_90a wgmma kernel (SparseAttentionParams::use_wgmma:
   // persistent blocks over (row, 64 heads) items, each key tile dequantised once per row) where
   // it takes the shape (heads % 64 == 0, sm_90); false: the mma.sync kernel. The same products;
