@@ -62,7 +62,7 @@ struct BenchForwardOptions {
   // precision; false: the hi + lo pairs the GPU-vs-CPU tests use.
   bool fast_attention = true;
   bool indexer_wgmma = true;
-  bool indexer_fp8 = false;
+  bool indexer_fp8 = true;
   bool attention_wgmma = true;
   bool fp8_wgmma = false;
   bool moe_grouped_wgmma = true;

@@ -90,9 +90,9 @@ args_decode_s1_nonorm="$args_decode_s1 --mhc-fuse-norm false"
 # The attention's wq_a and wkv as two GEMMs (GpuModelOptions::fuse_qkv_a, on by default since r11).
 args_decode_s6_nofqkv="$args_decode_s6 --fuse-qkv-a false"
 args_decode_s1_nofqkv="$args_decode_s1 --fuse-qkv-a false"
-# The indexer's wgmma scores on e4m3 operands (GpuModelOptions::indexer_fp8, off by default).
-args_decode_s6_ifp8="$args_decode_s6 --indexer-fp8 true"
-args_decode_s1_ifp8="$args_decode_s1 --indexer-fp8 true"
+# The indexer's wgmma scores on bf16 operands (GpuModelOptions::indexer_fp8, on by default since r11).
+args_decode_s6_noifp8="$args_decode_s6 --indexer-fp8 false"
+args_decode_s1_noifp8="$args_decode_s1 --indexer-fp8 false"
 # The same plus one DSpark draft cycle for the batch (the draft stages' rings committed from
 # random taps): draft time, its components and roofline, step + draft.
 args_decode_s6_dspark="$args_decode_s6 --dspark"
@@ -129,7 +129,7 @@ args_prefill8k_prod_nofmix="$args_prefill8k_prod --mhc-fuse-expand-mixes false"
 args_prefill8k_prod_noaqe="$args_prefill8k_prod --attn-quant-epilogue false"
 args_prefill8k_prod_off2="$args_prefill8k_prod --mhc-fuse-expand-mixes false --attn-quant-epilogue false"
 args_prefill8k_prod_nofqkv="$args_prefill8k_prod --fuse-qkv-a false"
-args_prefill8k_prod_ifp8="$args_prefill8k_prod --indexer-fp8 true"
+args_prefill8k_prod_noifp8="$args_prefill8k_prod --indexer-fp8 false"
 args_prefill8k_prod_fmix_aqe="$args_prefill8k_prod --mhc-fuse-expand-mixes true --attn-quant-epilogue true"
 args_prefill8k_prod_nonorm="$args_prefill8k_prod --mhc-fuse-norm false"
 args_prefill8k_prod_router_fp32="$args_prefill8k_prod --router-split-tf32 false"
