@@ -108,8 +108,8 @@ int main() {
       if (split) {
         variants.push_back({"2 bufs", attn_wg::launch<true, attn_wg::kNBSplit>});
       } else {
-        variants.push_back({"2 bufs", attn_wg::launch<false, attn_wg::kNBHalf>});
-        variants.push_back({"3 bufs", attn_wg::launch<false, attn_wg::kNBHalfPipelined>});
+        variants.push_back({"2 bufs", attn_wg::launch<false, 2>});
+        variants.push_back({"3 bufs", attn_wg::launch<false, 3>});
       }
       p.use_wgmma = true;
       for (const Variant& v : variants) {

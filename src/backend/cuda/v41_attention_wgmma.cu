@@ -147,14 +147,14 @@ struct Smem {
                 "alignment");
   static_assert(kOBytes <= kList, "the O staging tile lies below the key list and RoPE table");
 };
-// The instantiations launch_sparse_attention_wgmma takes: two key buffers in both modes. The
-// three-buffer fp16 pipeline (S_{t+1} and P . V_t under one dequantisation, 2 barriers per tile)
-// measured slower on the H200 (attn_probe, 64 heads, 640 keys: 384 rows 360.7 vs 342.8 us, 512
-// rows 483.7 vs 457.5 us; docs/perf/forward-gpu-2026-11-30-r6.md); the probe still times it as
-// the starting point for the next pipelining attempt.
+// The instantiations launch_sparse_attention_wgmma takes: two key buffers with hi + lo, three in
+// fp16 (S_{t+1} and P . V_t under one dequantisation, 2 barriers per tile). The three-buffer
+// pipeline measured slower in r6 (attn_probe, 64 heads, 640 keys: 384 rows 360.7 vs 342.8 us);
+// since the later changes to the loop it is the faster one at every row count the probe times
+// (r11: 1 row 65.7 vs 70.6 us, 64 rows 67.0 vs 70.0, 384 rows 208.1 vs 209.4, 512 rows 274.7 vs
+// 274.8; docs/perf/forward-gpu-2026-11-30-r11.md).
 constexpr int kNBSplit = 2;
-constexpr int kNBHalf = 2;
-constexpr int kNBHalfPipelined = 3;
+constexpr int kNBHalf = 3;
 
 // Phase clocks for tools/device/attn_probe.cu (compiled out unless MOESERVE_ATTN_CLOCKS): thread
 // 0 of each CTA adds the cycles since the previous mark to slot i (names in the probe).
