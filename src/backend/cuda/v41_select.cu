@@ -798,6 +798,9 @@ constexpr int kTkThreads = 512;
 constexpr int kTkBins = 2048;  // 11-bit digits (then 11, then 10)
 constexpr int kMaxK = 2048;
 constexpr int64_t kTkCacheMax = 24576;  // rows up to this many scores are read once into smem
+// Longer rows: candidates (key, index) whose top digit is at least the k-th's, compacted into
+// shared memory after the first pass when at most this many (48 KB: three blocks per SM).
+constexpr int64_t kTkCompactMax = 6144;
 
 struct TkShared {
   uint32_t hist[kTkBins];
@@ -806,6 +809,7 @@ struct TkShared {
   uint32_t found[3];  // digit, remaining k within it, total counted
   uint32_t n_sel;
   uint32_t eq_base;
+  uint32_t n_cand;
 };
 
 __device__ __forceinline__ uint32_t ordered_bits(float v) {
@@ -881,12 +885,21 @@ __device__ void tk_find_digit(TkShared& S, int nbins, uint32_t krem) {
 // entries equal to T to take; a collect pass takes every key > T and the lowest-index entries
 // == T (index-ordered block scan, only when T is tied across the cut); a bitonic sort of the k
 // survivors on (key, ~index) gives the order. Rows up to kTkCacheMax scores are read from HBM once
-// into shared memory; longer rows are streamed four times.
+// into shared memory. Longer rows are read twice where the k-th key's top digit leaves at most
+// kTkCompactMax candidates (keys with a top digit >= its): the first pass, then a pass that
+// compacts the candidates (order-preserving key bits and index; warp-aggregated slots, so in no
+// particular order) into shared memory, which the other passes and the collect read instead of
+// the row; only a cut inside a tie (taken in index order) reads the row once more. Otherwise
+// (a huge tie at the cut, e.g. mostly zero scores and fewer positives than k) the row is
+// streamed four times, as before.
 __global__ void __launch_bounds__(kTkThreads) topk_radix_kernel(TopkParams p, bool cache) {
   pdl_wait();
   extern __shared__ __align__(16) uint8_t tk_smem[];
   TkShared& S = *reinterpret_cast<TkShared*>(tk_smem);
   float* rowc = reinterpret_cast<float*>(tk_smem + (sizeof(TkShared) + 15) / 16 * 16);
+  // !cache: the candidates, keys [kTkCompactMax] then indices [kTkCompactMax].
+  uint32_t* cand_o = reinterpret_cast<uint32_t*>(rowc);
+  int32_t* cand_i = reinterpret_cast<int32_t*>(rowc) + kTkCompactMax;
   const int tid = threadIdx.x;
   const int64_t r = blockIdx.x;
   const int64_t n = p.n;
@@ -909,15 +922,52 @@ __global__ void __launch_bounds__(kTkThreads) topk_radix_kernel(TopkParams p, bo
   __syncthreads();
   tk_find_digit(S, kTkBins, k);
   const bool take_all = S.found[2] <= k;
+  // f(index, key bits) for every valid entry of the row, or of the compacted candidates (which
+  // hold every valid key whose top digit is >= d1: all that the passes and collect below use).
+  bool compact = false;
+  const auto each_key = [&](auto&& f) {
+    if (compact) {
+      const int nc = static_cast<int>(S.n_cand);
+      for (int j = tid; j < nc; j += kTkThreads) f(static_cast<int64_t>(cand_i[j]), cand_o[j]);
+    } else {
+      tk_for_each(src, n, [&](int64_t i, float v) {
+        if (tk_valid(v)) f(i, ordered_bits(v));
+      });
+    }
+  };
   uint32_t thr = 1, k_eq = 0, cnt_eq = 0;  // valid keys are >= 0x00800000
   if (!take_all) {
     const uint32_t d1 = S.found[0], k1 = S.found[1];
+    const uint32_t n_cand = (k - k1) + S.hist[d1];
     __syncthreads();
+    if (!cache && n_cand <= kTkCompactMax) {
+      if (tid == 0) S.n_cand = 0;
+      __syncthreads();
+      const int lane = tid & 31;
+      tk_for_each(src, n, [&](int64_t i, float v) {
+        const uint32_t o = ordered_bits(v);
+        const bool want = tk_valid(v) && (o >> 21) >= d1;
+        const unsigned act = __activemask();
+        const unsigned m = __ballot_sync(act, want);
+        if (m != 0) {
+          const int leader = __ffs(m) - 1;
+          uint32_t base = 0;
+          if (lane == leader) base = atomicAdd(&S.n_cand, static_cast<uint32_t>(__popc(m)));
+          base = __shfl_sync(act, base, leader);
+          if (want) {
+            const uint32_t j = base + static_cast<uint32_t>(__popc(m & ((1u << lane) - 1u)));
+            cand_o[j] = o;
+            cand_i[j] = static_cast<int32_t>(i);
+          }
+        }
+      });
+      __syncthreads();
+      compact = true;
+    }
     for (int i = tid; i < kTkBins; i += kTkThreads) S.hist[i] = 0;
     __syncthreads();
-    tk_for_each(src, n, [&](int64_t, float v) {
-      const uint32_t o = ordered_bits(v);
-      if (tk_valid(v) && (o >> 21) == d1) atomicAdd(&S.hist[(o >> 10) & 0x7FFu], 1u);
+    each_key([&](int64_t, uint32_t o) {
+      if ((o >> 21) == d1) atomicAdd(&S.hist[(o >> 10) & 0x7FFu], 1u);
     });
     __syncthreads();
     tk_find_digit(S, kTkBins, k1);
@@ -925,9 +975,8 @@ __global__ void __launch_bounds__(kTkThreads) topk_radix_kernel(TopkParams p, bo
     __syncthreads();
     for (int i = tid; i < 1024; i += kTkThreads) S.hist[i] = 0;
     __syncthreads();
-    tk_for_each(src, n, [&](int64_t, float v) {
-      const uint32_t o = ordered_bits(v);
-      if (tk_valid(v) && (o >> 10) == pre) atomicAdd(&S.hist[o & 0x3FFu], 1u);
+    each_key([&](int64_t, uint32_t o) {
+      if ((o >> 10) == pre) atomicAdd(&S.hist[o & 0x3FFu], 1u);
     });
     __syncthreads();
     tk_find_digit(S, 1024, k2);
@@ -940,9 +989,8 @@ __global__ void __launch_bounds__(kTkThreads) topk_radix_kernel(TopkParams p, bo
   };
   if (take_all || k_eq == cnt_eq) {
     // Every key >= thr is taken (k of them, or all valid ones).
-    tk_for_each(src, n, [&](int64_t i, float v) {
-      const uint32_t o = ordered_bits(v);
-      if (tk_valid(v) && o >= thr) S.sel[atomicAdd(&S.n_sel, 1u)] = composite(o, i);
+    each_key([&](int64_t i, uint32_t o) {
+      if (o >= thr) S.sel[atomicAdd(&S.n_sel, 1u)] = composite(o, i);
     });
   } else {
     // Ties at the cut: keys > thr anyhow, then == thr in index order until k_eq are taken.
@@ -1155,7 +1203,7 @@ void launch_topk(const TopkParams& p, Stream stream) {
     detail::cuda_call_failed(__FILE__, __LINE__, "topk k", "1 <= k <= 2048", "");
   const bool cache = p.n <= kTkCacheMax;
   const size_t base = (sizeof(TkShared) + 15) / 16 * 16;
-  const size_t smem = base + (cache ? static_cast<size_t>(p.n) * 4 : 0);
+  const size_t smem = base + (cache ? static_cast<size_t>(p.n) * 4 : kTkCompactMax * 8);
   MS_CUDA_CHECK(cudaFuncSetAttribute(topk_radix_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(base + kTkCacheMax * 4)));
   MS_CUDA_CHECK(launch_kernel(topk_radix_kernel, static_cast<unsigned>(p.rows), kTkThreads, smem,
