@@ -668,7 +668,9 @@ void launch_indexer_scores(const IndexerScoreParams& p, Stream stream);
 // Exact row top-k (k <= 2048; -inf and NaN dropped; sorted by score desc, ties -> lower index;
 // -1 / -inf padding): one block per row, a radix select over the order-preserving score bits
 // (three shared-memory histogram passes, 11 + 11 + 10 bits), a collect pass (index order where the
-// k-th score is tied) and a bitonic sort of the k survivors. Rows of <= 24576 scores are read once.
+// k-th score is tied) and a bitonic sort of the k survivors. Rows of <= 24576 scores are read once;
+// longer rows twice where the k-th key's top 11 bits leave <= 6144 candidates (compacted into
+// shared memory; a cut inside a tie reads the row once more), else four times.
 struct TopkParams {
   const float* scores = nullptr;
   int64_t rows = 0;
