@@ -399,8 +399,9 @@ __global__ void __launch_bounds__(kIdxThreads, idx_min_ctas(kCand, kSplit))
 //          then 2^(133 - E) times the true one, and the score is multiplied back by 2^(E - 133)
 //          (kmul, one float per key of the tile). d = c_b - E + 6 <= 6 keeps 6 * 2^d <= 384 < 448;
 //          exact for d >= -5 (block scales within 2^11 of the key's largest: 0.5 * 2^-5 is the
-//          smallest normal e4m3 it needs); past that (never in practice: a block 2^-11 of the
-//          others) the values round to e4m3 through a slower per-value path.
+//          smallest normal e4m3 it needs); past that (a block more than 2^11 below the key's
+//          largest, whose products are then below 2^-11 of that block's) the values round to
+//          e4m3 through a slower per-value path.
 //   query column n = (row, head) (fp32 values, FP4 fake-quant): the vector's max |q| M picks
 //          s = floor(log2 M) - 8, the stored values are q * 2^-s (e4m3: M becomes 256 or 384), and
 //          the head's weight w * 2^s (exact) carries the shift: w' relu(acc') = w relu(acc) times
