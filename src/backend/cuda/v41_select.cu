@@ -525,6 +525,22 @@ __device__ __forceinline__ void wg_store_key_fp8(const IdxRaw& r, uint8_t* tile,
   if (half == 0) kmul[key] = r.id >= 0 ? pow2f(e - 133) : 0.0f;
 }
 
+// The 8 fp32 query values q[row, head, dim0 .. dim0 + 8) (two 16-byte loads when q is 16-byte
+// aligned).
+__device__ __forceinline__ void idx_load_q8(const IndexerScoreParams& p, int64_t row, int head,
+                                            int dim0, bool vec, float (&a)[8]) {
+  const float* src = p.q + (row * p.heads + head) * kIdxDim + dim0;
+  if (vec) {
+    const float4 lo = __ldg(reinterpret_cast<const float4*>(src));
+    const float4 hi = __ldg(reinterpret_cast<const float4*>(src) + 1);
+    a[0] = lo.x, a[1] = lo.y, a[2] = lo.z, a[3] = lo.w;
+    a[4] = hi.x, a[5] = hi.y, a[6] = hi.z, a[7] = hi.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) a[j] = __ldg(src + j);
+  }
+}
+
 // CTAs per SM the registers are sized for: 3 for kFp8 up to 6 row slots (168 registers, no
 // spills; ~43 KB of shared memory each), else 2.
 constexpr int wg_min_ctas(int rows, bool fp8) { return fp8 && rows <= 6 ? 3 : 2; }
@@ -581,18 +597,7 @@ __global__ void __launch_bounds__(kWgThreads, wg_min_ctas(kRows, kFp8))
       const int n = i >> 4, c8 = i & 15;
       const int slot = n >> 5;
       float a[8] = {};
-      if (slot < nrows) {
-        const float* src = p.q + ((row0 + slot) * p.heads + (n & 31)) * kIdxDim + 8 * c8;
-        if (q_vec) {
-          const float4 lo = __ldg(reinterpret_cast<const float4*>(src));
-          const float4 hi = __ldg(reinterpret_cast<const float4*>(src) + 1);
-          a[0] = lo.x, a[1] = lo.y, a[2] = lo.z, a[3] = lo.w;
-          a[4] = hi.x, a[5] = hi.y, a[6] = hi.z, a[7] = hi.w;
-        } else {
-#pragma unroll
-          for (int j = 0; j < 8; ++j) a[j] = __ldg(src + j);
-        }
-      }
+      if (slot < nrows) idx_load_q8(p, row0 + slot, n & 31, 8 * c8, q_vec, a);
       float m = 0.0f;
 #pragma unroll
       for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(a[j]));
@@ -615,34 +620,23 @@ __global__ void __launch_bounds__(kWgThreads, wg_min_ctas(kRows, kFp8))
                              : 0.0f;
     }
   } else {
-  for (int i = tid; i < kRows * 32; i += kWgThreads)
-    ws[i] = i / 32 < nrows ? p.w[(row0 + i / 32) * p.heads + i % 32] : 0.0f;
-  // q -> bf16 (exact: q_exact_bf16) in the B layout. Item i = (column n, panel, chunk c): 8
-  // consecutive dims, 16 items per column, so consecutive threads read consecutive 32 B.
-  for (int i = tid; i < kN * 16; i += kWgThreads) {
-    const int n = i >> 4, panel = (i >> 3) & 1, c = i & 7;
-    const int slot = n >> 5;
-    float a[8] = {};
-    if (slot < nrows) {
-      const float* src = p.q + ((row0 + slot) * p.heads + (n & 31)) * kIdxDim + 64 * panel + 8 * c;
-      if (q_vec) {
-        const float4 lo = __ldg(reinterpret_cast<const float4*>(src));
-        const float4 hi = __ldg(reinterpret_cast<const float4*>(src) + 1);
-        a[0] = lo.x, a[1] = lo.y, a[2] = lo.z, a[3] = lo.w;
-        a[4] = hi.x, a[5] = hi.y, a[6] = hi.z, a[7] = hi.w;
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) a[j] = __ldg(src + j);
-      }
+    for (int i = tid; i < kRows * 32; i += kWgThreads)
+      ws[i] = i / 32 < nrows ? p.w[(row0 + i / 32) * p.heads + i % 32] : 0.0f;
+    // q -> bf16 (exact: q_exact_bf16) in the B layout. Item i = (column n, panel, chunk c): 8
+    // consecutive dims, 16 items per column, so consecutive threads read consecutive 32 B.
+    for (int i = tid; i < kN * 16; i += kWgThreads) {
+      const int n = i >> 4, panel = (i >> 3) & 1, c = i & 7;
+      const int slot = n >> 5;
+      float a[8] = {};
+      if (slot < nrows) idx_load_q8(p, row0 + slot, n & 31, 64 * panel + 8 * c, q_vec, a);
+      // Word j holds dims (j, j + 4) of the group: the key tile's order.
+      const uint4 v = make_uint4(bf162_bits(__floats2bfloat162_rn(a[0], a[4])),
+                                 bf162_bits(__floats2bfloat162_rn(a[1], a[5])),
+                                 bf162_bits(__floats2bfloat162_rn(a[2], a[6])),
+                                 bf162_bits(__floats2bfloat162_rn(a[3], a[7])));
+      *reinterpret_cast<uint4*>(qs + panel * (kN * kWgRowBytes) + n * kWgRowBytes +
+                                ((c ^ (n & 7)) << 4)) = v;
     }
-    // Word j holds dims (j, j + 4) of the group: the key tile's order.
-    const uint4 v = make_uint4(bf162_bits(__floats2bfloat162_rn(a[0], a[4])),
-                               bf162_bits(__floats2bfloat162_rn(a[1], a[5])),
-                               bf162_bits(__floats2bfloat162_rn(a[2], a[6])),
-                               bf162_bits(__floats2bfloat162_rn(a[3], a[7])));
-    *reinterpret_cast<uint4*>(qs + panel * (kN * kWgRowBytes) + n * kWgRowBytes +
-                              ((c ^ (n & 7)) << 4)) = v;
-  }
   }
   __syncthreads();
   int64_t max_vis = 0;
