@@ -15,8 +15,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -1213,20 +1215,28 @@ TEST(GpuForward, MhcFusedNormAgreesInTheForward) {
   EXPECT_GE(same_fraction(r), kMinSameFraction);
 }
 
-// GpuModelOptions::fuse_shared_w13 (the shared expert's w1 and w3 as one GEMM of [w1; w3], the
-// SwiGLU reading both halves of its output) against the two GEMMs, on the wide model (inter 128,
-// hidden 256), on each path the fused GEMM takes:
+// What a GEMM-fusion option's test compares in a trace: which layers fused, and the input and
+// output of the first layer's block that holds the fused GEMM.
+struct FusedGemmView {
+  const std::map<int32_t, bool>& fused;
+  const std::map<int32_t, std::vector<float>>& in;
+  const std::map<int32_t, std::vector<float>>& out;
+};
+
+// A GEMM-fusion option (set(options, on)) against the two GEMMs it replaces, on the wide model, on
+// each path the fused GEMM takes:
 // - cuBLASLt bf16 (the default): the same exact bf16 products, but cuBLASLt may pick another
-//   algorithm for N = 256 than for 128 (fp32 sums in another order): every row within 1e-5;
-// - the FP8 wgmma GEMM (fp8_wgmma; inter and hidden % 128): each output tile runs the same K loop
-//   either way (K = 256 is two K tiles, which the kernel never splits; N only adds tiles):
-//   bit-identical;
+//   algorithm for the wider N (fp32 sums in another order): every row within 1e-5;
+// - the FP8 wgmma GEMM (fp8_wgmma): each output tile runs the same K loop either way (N only
+//   adds tiles): bit-identical;
 // - exact_linears (fp32 weights, cuBLASLt fp32): the same fp32 products, again maybe in another
 //   order: every row within 1e-6, not necessarily bit-identical.
-// Every layer fuses (trace), and the forward's cost (weight bytes, FLOPs) is the unfused one.
-TEST(GpuForward, FusedSharedW13AgreesWithTwoGemmsInTheForward) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
-  const std::filesystem::path dir = make_temp_dir("gpu_forward_shared_w13");
+// Every layer fuses (trace), the block's input is unchanged, and the forward's cost (weight bytes,
+// FLOPs) is the unfused one.
+void expect_fused_gemm_agrees(const char* option, const char* dir_tag,
+                              const std::function<void(arch::GpuModelOptions&, bool)>& set,
+                              const std::function<FusedGemmView(const arch::GpuForwardTrace&)>& view) {
+  const std::filesystem::path dir = make_temp_dir(dir_tag);
   ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
   struct Case {
     const char* name;
@@ -1241,7 +1251,7 @@ TEST(GpuForward, FusedSharedW13AgreesWithTwoGemmsInTheForward) {
       return traced_prefill(
           dir, 7,
           [&](arch::GpuModelOptions& o) {
-            o.fuse_shared_w13 = fuse;
+            set(o, fuse);
             o.fp8_wgmma = k.fp8_wgmma;
             o.exact_linears = k.exact_linears;
           },
@@ -1250,19 +1260,20 @@ TEST(GpuForward, FusedSharedW13AgreesWithTwoGemmsInTheForward) {
     arch::GpuForwardCost ca, cb;
     const auto ta = run(false, &ca);
     const auto tb = run(true, &cb);
-    ASSERT_FALSE(ta.ffn_out.empty());
-    ASSERT_FALSE(tb.shared_w13.empty());
-    ASSERT_EQ(ta.shared_w13.size(), tb.shared_w13.size());
-    for (const auto& [layer, fused] : ta.shared_w13) EXPECT_FALSE(fused) << "layer " << layer;
-    for (const auto& [layer, fused] : tb.shared_w13) EXPECT_TRUE(fused) << "layer " << layer;
-    const int32_t l = ta.ffn_out.begin()->first;
-    ASSERT_EQ(ta.ffn_in.at(l), tb.ffn_in.at(l));  // nothing before the first MoE changed
-    const auto& a = ta.ffn_out.at(l);
-    const auto& b = tb.ffn_out.at(l);
+    const FusedGemmView va = view(ta), vb = view(tb);
+    ASSERT_FALSE(va.out.empty());
+    ASSERT_FALSE(vb.fused.empty());
+    ASSERT_EQ(va.fused.size(), vb.fused.size());
+    for (const auto& [layer, fused] : va.fused) EXPECT_FALSE(fused) << "layer " << layer;
+    for (const auto& [layer, fused] : vb.fused) EXPECT_TRUE(fused) << "layer " << layer;
+    const int32_t l = va.out.begin()->first;
+    ASSERT_EQ(va.in.at(l), vb.in.at(l));  // nothing before the block changed
+    const auto& a = va.out.at(l);
+    const auto& b = vb.out.at(l);
     ASSERT_EQ(a.size(), b.size());
     for (const float x : b) ASSERT_TRUE(std::isfinite(x));
     const int differing = rows_differing(a, b, 20, k.tol > 0 ? k.tol : 1e-6);
-    fmt::print("fuse_shared_w13 {} vs two GEMMs: {} of 20 rows over {:.0e}, bit-identical: {}\n",
+    fmt::print("{} {} vs two GEMMs: {} of 20 rows over {:.0e}, bit-identical: {}\n", option,
                k.name, differing, k.tol, a == b);
     EXPECT_EQ(differing, 0);
     if (k.tol == 0) {
@@ -1276,76 +1287,37 @@ TEST(GpuForward, FusedSharedW13AgreesWithTwoGemmsInTheForward) {
     if (ta.experts == tb.experts) {
       EXPECT_EQ(ca.weight_bytes, cb.weight_bytes);
     } else {
-      fmt::print(
-          "fuse_shared_w13 {}: routing differs in a later layer, weight bytes not compared\n",
-          k.name);
+      fmt::print("{} {}: routing differs in a later layer, weight bytes not compared\n", option,
+                 k.name);
     }
   }
   std::filesystem::remove_all(dir);
 }
 
+// GpuModelOptions::fuse_shared_w13 (the shared expert's w1 and w3 as one GEMM of [w1; w3], the
+// SwiGLU reading both halves of its output; wide model: inter 128, hidden 256) against the two
+// GEMMs: the first MoE layer's output.
+TEST(GpuForward, FusedSharedW13AgreesWithTwoGemmsInTheForward) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  expect_fused_gemm_agrees(
+      "fuse_shared_w13", "gpu_forward_shared_w13",
+      [](arch::GpuModelOptions& o, bool on) { o.fuse_shared_w13 = on; },
+      [](const arch::GpuForwardTrace& t) {
+        return FusedGemmView{t.shared_w13, t.ffn_in, t.ffn_out};
+      });
+}
+
 // GpuModelOptions::fuse_qkv_a (the attention's wq_a and wkv as one GEMM of [wq_a; wkv], q_norm
-// and kv_norm reading their columns of its output) against the two GEMMs, on the wide model
-// (q_lora_rank 128, head_dim 512, hidden 256), on each path the fused GEMM takes, as
-// FusedSharedW13AgreesWithTwoGemmsInTheForward: cuBLASLt bf16 (another algorithm may sum in
-// another order: the first layer's attention output within 1e-5 in every row), the FP8 wgmma GEMM
-// (N only adds output tiles: bit-identical) and exact_linears (fp32: within 1e-6). Every layer
-// fuses (trace), the attention input is unchanged, and the cost (weight bytes, FLOPs) is the
-// unfused one.
+// and kv_norm reading their columns of its output; wide model: q_lora_rank 128, head_dim 512,
+// hidden 256) against the two GEMMs: the first layer's attention output.
 TEST(GpuForward, FusedQkvAAgreesWithTwoGemmsInTheForward) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
-  const std::filesystem::path dir = make_temp_dir("gpu_forward_qkv_a");
-  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
-  struct Case {
-    const char* name;
-    bool fp8_wgmma, exact_linears;
-    double tol;  // 0: bit-identical
-  };
-  for (const Case& k :
-       {Case{"cublaslt bf16", false, false, 1e-5}, Case{"fp8 wgmma", true, false, 0.0},
-        Case{"exact fp32", false, true, 1e-6}}) {
-    SCOPED_TRACE(k.name);
-    const auto run = [&](bool fuse, arch::GpuForwardCost* cost) {
-      return traced_prefill(
-          dir, 7,
-          [&](arch::GpuModelOptions& o) {
-            o.fuse_qkv_a = fuse;
-            o.fp8_wgmma = k.fp8_wgmma;
-            o.exact_linears = k.exact_linears;
-          },
-          cost);
-    };
-    arch::GpuForwardCost ca, cb;
-    const auto ta = run(false, &ca);
-    const auto tb = run(true, &cb);
-    ASSERT_FALSE(ta.attn_out.empty());
-    ASSERT_FALSE(tb.qkv_a.empty());
-    ASSERT_EQ(ta.qkv_a.size(), tb.qkv_a.size());
-    for (const auto& [layer, fused] : ta.qkv_a) EXPECT_FALSE(fused) << "layer " << layer;
-    for (const auto& [layer, fused] : tb.qkv_a) EXPECT_TRUE(fused) << "layer " << layer;
-    const int32_t l = ta.attn_out.begin()->first;
-    ASSERT_EQ(ta.attn_in.at(l), tb.attn_in.at(l));  // nothing before the first attention changed
-    const auto& a = ta.attn_out.at(l);
-    const auto& b = tb.attn_out.at(l);
-    ASSERT_EQ(a.size(), b.size());
-    for (const float x : b) ASSERT_TRUE(std::isfinite(x));
-    const int differing = rows_differing(a, b, 20, k.tol > 0 ? k.tol : 1e-6);
-    fmt::print("fuse_qkv_a {} vs two GEMMs: {} of 20 rows over {:.0e}, bit-identical: {}\n",
-               k.name, differing, k.tol, a == b);
-    EXPECT_EQ(differing, 0);
-    if (k.tol == 0) {
-      EXPECT_EQ(a, b) << "not bit-identical";
-    }
-    EXPECT_EQ(ca.flops, cb.flops);
-    EXPECT_EQ(ca.fp8_flops, cb.fp8_flops);
-    if (ta.experts == tb.experts) {
-      EXPECT_EQ(ca.weight_bytes, cb.weight_bytes);
-    } else {
-      fmt::print("fuse_qkv_a {}: routing differs in a later layer, weight bytes not compared\n",
-                 k.name);
-    }
-  }
-  std::filesystem::remove_all(dir);
+  expect_fused_gemm_agrees(
+      "fuse_qkv_a", "gpu_forward_qkv_a",
+      [](arch::GpuModelOptions& o, bool on) { o.fuse_qkv_a = on; },
+      [](const arch::GpuForwardTrace& t) {
+        return FusedGemmView{t.qkv_a, t.attn_in, t.attn_out};
+      });
 }
 
 // fuse_shared_w13 where a layer cannot fuse: layer 0's shared w3 rewritten as an F32 tensor (its
