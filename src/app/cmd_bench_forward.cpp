@@ -78,6 +78,7 @@ struct BenchForwardOptions {
   bool mhc_fuse_expand_mixes = true;
   bool attn_quant_epilogue = true;
   int32_t mhc_fused_rows_per_thread = 0;
+  int32_t mhc_fused_cluster_width = 0;
   int64_t mhc_fuse_min_rows = 129;
   bool mhc_fuse_norm = true;
   bool pdl = true;          // programmatic dependent launch of our kernels
@@ -245,6 +246,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.mhc_fuse_expand_mixes = opt.mhc_fuse_expand_mixes;
   go.attn_quant_epilogue = opt.attn_quant_epilogue;
   go.mhc_fused_rows_per_thread = opt.mhc_fused_rows_per_thread;
+  go.mhc_fused_cluster_width = opt.mhc_fused_cluster_width;
   go.mhc_fuse_min_rows = opt.mhc_fuse_min_rows;
   go.mhc_fuse_norm = opt.mhc_fuse_norm;
   go.programmatic_launch = opt.pdl;
@@ -487,6 +489,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"mhc_fuse_expand_mixes", opt.mhc_fuse_expand_mixes},
               {"attn_quant_epilogue", opt.attn_quant_epilogue},
               {"mhc_fused_rows_per_thread", opt.mhc_fused_rows_per_thread},
+              {"mhc_fused_cluster_width", opt.mhc_fused_cluster_width},
               {"mhc_fuse_min_rows", opt.mhc_fuse_min_rows},
               {"mhc_fuse_norm", opt.mhc_fuse_norm},
               {"pdl", opt.pdl},
@@ -723,6 +726,11 @@ void register_bench_forward(CLI::App& bench) {
                   "cuda: with --mhc-fuse-expand-mixes, the fused launch's rows per thread "
                   "(tiles of 8 x that many rows), 1..4; 0: the mixes kernel's rule")
       ->check(CLI::Range(0, 4))
+      ->capture_default_str();
+  cmd->add_option("--mhc-fused-cluster-width", opt->mhc_fused_cluster_width,
+                  "cuda: with --mhc-fuse-expand-mixes, the fused launch's blocks per cluster, "
+                  "4, 8 or 16 (16: 8 where the GPU cannot hold a cluster of 16); 0: 8")
+      ->check(CLI::IsMember({0, 4, 8, 16}))
       ->capture_default_str();
   cmd->add_option("--mhc-fuse-min-rows", opt->mhc_fuse_min_rows,
                   "cuda: with --mhc-fuse-expand-mixes, the fewest rows a forward takes the fused "

@@ -87,6 +87,19 @@ args_decode_s6_fmix3="$args_decode_s6_fmix --mhc-fused-rows-per-thread 3"
 # Only where the fused launch runs (>= 129 rows): at 64 x 1 both rows run the same launches.
 args_decode_s6_nonorm="$args_decode_s6 --mhc-fuse-norm false"
 args_decode_s1_nonorm="$args_decode_s1 --mhc-fuse-norm false"
+# The fused expand + mixes launch with clusters of 4 or 16 blocks instead of 8
+# (GpuModelOptions::mhc_fused_cluster_width; 0 = 8 by default, not measured yet). At 64 x 6 (384
+# rows, 2 rows per thread) width 16 launches 384 blocks of half the columns each, width 4 96.
+# The 64 x 1 rows lower mhc_fuse_min_rows to 0 so that the fused launch runs at 64 rows at all
+# (fmin0: width 8; compare both with decode_s1, the two launches): width 16 at one row per thread
+# is 128 blocks, one wave. cw16_rpt1 / cw16_rpt3 pin the tile height at width 16 (768 / 256
+# blocks at 384 rows; RPT 3 holds 165 registers, so one block per SM).
+args_decode_s6_cw4="$args_decode_s6 --mhc-fused-cluster-width 4"
+args_decode_s6_cw16="$args_decode_s6 --mhc-fused-cluster-width 16"
+args_decode_s6_cw16_rpt1="$args_decode_s6_cw16 --mhc-fused-rows-per-thread 1"
+args_decode_s6_cw16_rpt3="$args_decode_s6_cw16 --mhc-fused-rows-per-thread 3"
+args_decode_s1_fmin0="$args_decode_s1 --mhc-fuse-min-rows 0"
+args_decode_s1_cw16="$args_decode_s1_fmin0 --mhc-fused-cluster-width 16"
 # The attention's wq_a and wkv as two GEMMs (GpuModelOptions::fuse_qkv_a, on by default since r11).
 args_decode_s6_nofqkv="$args_decode_s6 --fuse-qkv-a false"
 args_decode_s1_nofqkv="$args_decode_s1 --fuse-qkv-a false"
@@ -132,6 +145,7 @@ args_prefill8k_prod_nofqkv="$args_prefill8k_prod --fuse-qkv-a false"
 args_prefill8k_prod_noifp8="$args_prefill8k_prod --indexer-fp8 false"
 args_prefill8k_prod_fmix_aqe="$args_prefill8k_prod --mhc-fuse-expand-mixes true --attn-quant-epilogue true"
 args_prefill8k_prod_nonorm="$args_prefill8k_prod --mhc-fuse-norm false"
+args_prefill8k_prod_cw16="$args_prefill8k_prod --mhc-fused-cluster-width 16"
 args_prefill8k_prod_router_fp32="$args_prefill8k_prod --router-split-tf32 false"
 args_prefill8k_prod_nopdl="$args_prefill8k_prod --pdl false"
 args_prefill8k_prod_rsk8="$args_prefill8k_prod --router-split-k 8"

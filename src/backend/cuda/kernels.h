@@ -480,7 +480,8 @@ void launch_hc_expand(const HcExpandParams& p, Stream stream);
 // known) would not fit, the collapse is normalised by launch_rms_norm in place. Refuses
 // (cuda_call_failed, "bad arguments") hc outside 1..4, dim < 1, rows < 0, a missing pointer,
 // collapse_out without collapse_pre (or the reverse), collapse_norm_weight without collapse_out,
-// collapse_norm_eps not >= 0 (NaN too) and rows_per_thread outside 0..4.
+// collapse_norm_eps not >= 0 (NaN too), rows_per_thread outside 0..4 and cluster_width other than
+// 0, 4, 8 and 16.
 struct HcExpandMixesParams {
   float* x = nullptr;
   const float* y = nullptr;
@@ -506,8 +507,21 @@ struct HcExpandMixesParams {
   // Optional RMSNorm of collapse_out [dim] weights (nullptr: collapse_out is the plain collapse).
   const float* collapse_norm_weight = nullptr;
   float collapse_norm_eps = 1e-6f;
+  // Blocks per cluster of the one-kernel path, 4, 8 or 16 (0 = 8): each block takes 1/width of
+  // every row's columns, so a wider cluster puts more, shorter blocks in flight (at 384 rows and
+  // 2 rows per thread: 96 / 192 / 384 blocks). 16 is a non-portable cluster size: where this GPU
+  // cannot make a cluster of 16 of the kernel's blocks resident (cudaOccupancyMaxActiveClusters),
+  // the launch runs at 8 (hc_expand_mixes_cluster_width says which). x' and collapse_out are the
+  // same bits at every width; the mixes (and the norm's sum of squares) add their partial sums in
+  // another order at each width (the blocks' own columns, then the blocks in rank order): a few
+  // fp32 ulps apart, the same bits from run to run.
+  int cluster_width = 0;
 };
 void launch_hc_expand_mixes(const HcExpandMixesParams& p, Stream stream);
+// The cluster width launch_hc_expand_mixes(p) runs its one kernel at (4, 8 or 16: cluster_width,
+// or 8 where 16 cannot be resident on this GPU), 0 where p runs as two launches or has no rows.
+// Refuses bad arguments as the launch does.
+[[nodiscard]] int hc_expand_mixes_cluster_width(const HcExpandMixesParams& p);
 
 // SWA ring write: ring[pos[r] % ring_size] = FP8 record (block-32 pow2 ue8m0) of kv[r, :dim];
 // rows overwritten later in the same call are skipped (positions increasing). dim % 32 == 0.

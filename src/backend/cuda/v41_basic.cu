@@ -1,6 +1,7 @@
 // V4.1 elementwise and small-reduction ops: RoPE (angles in double), clamped SwiGLU, mHC (mixes in
 // one launch: cluster split-K register-tiled dots + a per-row finish with sigmoid/softmax/Sinkhorn;
-// collapse; expand with an optional fused collapse),
+// collapse; expand with an optional fused collapse; expand + mixes fused, on clusters of 4, 8 or
+// 16 blocks),
 // the Engram gate, the Engram row gather from host memory and its dequantisation, the pinned
 // host allocation the tables live in (cuMem HOST with 2 MB granules, else cudaHostAlloc), and the
 // hi/lo operands of the split-TF32 GEMM.
@@ -9,6 +10,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/cuda_util.cuh"
@@ -58,6 +61,9 @@ __global__ void swiglu_kernel(SwigluParams p) {
 
 constexpr int kMaxHc = 4;
 constexpr int kMixCluster = 8;  // blocks of a cluster splitting hc*dim (portable cluster size)
+// Cluster widths the fused expand + mixes kernel is built for (HcExpandMixesParams::
+// cluster_width); 16 is beyond the portable 8 (cudaFuncAttributeNonPortableClusterSizeAllowed).
+constexpr int kMaxMixCluster = 16;
 constexpr int kMixWarps = kThreads / 32;
 constexpr int kMixKLanes = 8;     // lanes along k, a float4 each: 128 contiguous bytes of a row
 constexpr int kMixRLanes = 4;     // lanes along rows
@@ -84,11 +90,11 @@ __device__ __forceinline__ float4 load4(const float* row, int64_t k, int64_t wid
 }
 
 // The end of mixes for one row, by a whole warp: the row's M + 1 sums (M mixes, then Σ f^2) from
-// `part` [tile rows][M + 1] of each block of the cluster, added in rank order; the RMS scale, the
-// sigmoids, the softmax and Sinkhorn on the hc x hc matrix held one element per lane. Lane roles:
-// lanes [0, 2*HC) pre/post (mix index = lane), lane 8 the Σ f^2, lanes 16 + 4*jr + kc comb[jr][kc]
-// (mix index 2*HC + jr*HC + kc; padding outside hc x hc).
-template <int HC>
+// `part` [tile rows][M + 1] of each of the kCW blocks of the cluster, added in rank order; the RMS
+// scale, the sigmoids, the softmax and Sinkhorn on the hc x hc matrix held one element per lane.
+// Lane roles: lanes [0, 2*HC) pre/post (mix index = lane), lane 8 the Σ f^2, lanes 16 + 4*jr + kc
+// comb[jr][kc] (mix index 2*HC + jr*HC + kc; padding outside hc x hc).
+template <int HC, int kCW = kMixCluster>
 __device__ void hc_mixes_finish_row(const HcMixesParams& p,
                                     cooperative_groups::cluster_group& cluster, float* part, int rr,
                                     int64_t row) {
@@ -111,7 +117,7 @@ __device__ void hc_mixes_finish_row(const HcMixesParams& p,
   }
   float val = 0.0f;
   if (idx >= 0)
-    for (int b = 0; b < kMixCluster; ++b) val += cluster.map_shared_rank(part, b)[rr * MA + idx];
+    for (int b = 0; b < kCW; ++b) val += cluster.map_shared_rank(part, b)[rr * MA + idx];
   const float ss = __shfl_sync(0xffffffffu, val, 8);
   const float mix = val * rsqrtf(ss / static_cast<float>(width) + p.rms_eps);
   if (lane < HC) {
@@ -337,13 +343,13 @@ __device__ __forceinline__ void staged_chunk_dots(const float* xs, const float* 
 // thread's sums of tile rows r0 + 8r (r0 = lane % 8) over chunk columns 16 warp + 4 (lane / 8) .. +
 // 4 of its chunks; `smem` is the drained ring (at least kMixWarps x 8RPT x (M + 1) floats), `part`
 // this block's [8RPT][M + 1] sums, read by the whole cluster; `rank` the block's rank in it. All in
-// a fixed order: the kq lanes (lane bits 3, 4), then the warps in order, then (finish) the blocks
-// in rank order. `in_cluster_phase` runs between the two cluster barriers, where every block's
-// shared memory written before the call is visible to the cluster and still alive.
+// a fixed order: the kq lanes (lane bits 3, 4), then the warps in order, then (finish) the kCW
+// blocks in rank order. `in_cluster_phase` runs between the two cluster barriers, where every
+// block's shared memory written before the call is visible to the cluster and still alive.
 struct NoClusterPhase {
   __device__ void operator()() const {}
 };
-template <int HC, int RPT, typename ClusterPhase = NoClusterPhase>
+template <int HC, int RPT, int kCW = kMixCluster, typename ClusterPhase = NoClusterPhase>
 __device__ __forceinline__ void staged_mixes_reduce_finish(
     const HcMixesParams& p, float (&acc)[RPT][(2 + HC) * HC + 1], float* smem, float* part,
     cooperative_groups::cluster_group& cluster, int rank, int64_t tile0,
@@ -372,8 +378,8 @@ __device__ __forceinline__ void staged_mixes_reduce_finish(
     part[e] = s;
   }
   cluster.sync();
-  for (int rr = rank + kMixCluster * warp; rr < BR; rr += kMixCluster * kMixWarps)
-    if (tile0 + rr < p.rows) hc_mixes_finish_row<HC>(p, cluster, part, rr, tile0 + rr);
+  for (int rr = rank + kCW * warp; rr < BR; rr += kCW * kMixWarps)
+    if (tile0 + rr < p.rows) hc_mixes_finish_row<HC, kCW>(p, cluster, part, rr, tile0 + rr);
   in_cluster_phase();
   cluster.sync();  // keep this block's `part` alive until the cluster has read it
 }
@@ -454,30 +460,50 @@ __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, 
 // expand right before it has just written (both mixes of a layer follow an expand); here every
 // row of x is read once and written once, as by the expand alone, and the dots run on the
 // expanded values while they are in shared memory. The structure is hc_mixes_staged_kernel's: a
-// cluster of kMixCluster blocks per tile of 8*RPT rows, chunks of kStageK floats per row through
-// a kStages-deep cp.async ring, fn read once per tile, the same dot mapping and the same fixed
+// cluster of kCW blocks per tile of 8*RPT rows, chunks of kStageK floats per row through a
+// STAGES-deep cp.async ring, fn read once per tile, the same dot mapping and the same fixed
 // reduction order (staged_mixes_reduce_finish). Only the chunk mapping differs, since the expand
 // of a column needs that column of every stream: chunk g holds dim columns [32g, 32g + 32) of the
 // 4 streams (chunk column 32s + c is width column s*dim + 32g + c, for x and for the fn rows), and
 // the ring slot also holds the tile's 32 columns of y. Block `rank` takes chunks rank,
-// rank + kMixCluster, ... . Per landed chunk, thread t < 8*BR takes tile row t / 8 and columns
+// rank + kCW, ... . Per landed chunk, thread t < 8*BR takes tile row t / 8 and columns
 // 4(t % 8) .. + 4 of each stream: x' in hc_expand_kernel's order of operations (so x' and
 // collapse_out are the bits launch_hc_expand writes), stored to global memory and back into the
 // slot; after a barrier the dots read x' from the slot. The thread keeps that row's post, comb and
 // collapse_pre in registers for all its chunks. The mixes' sums run in another order than
 // launch_hc_mixes' (other columns per block and lane), fp32 FMA throughout, deterministic.
+// The cluster width kCW (4, 8 or 16: HcExpandMixesParams::cluster_width) is a template parameter,
+// and the cluster shape is given at launch (launch_hc_expand_mixes; no __cluster_dims__, so that
+// 16, beyond the portable 8, can be asked for at all). At dim 5120 (160 chunks) a block takes
+// 40 / 20 / 10 chunks at widths 4 / 8 / 16, and at 384 rows and 2 rows per thread the launch has
+// 96 / 192 / 384 blocks. x' and collapse_out are the same bits at every width (per element); the
+// mixes' sums and the norm's sum of squares add other partial sums (each block's chunks, then the
+// kCW blocks in rank order), so they differ from width to width in the last bits and are the same
+// bits from run to run at one width.
 // With kNorm (HcExpandMixesParams::collapse_norm_weight) the collapse is RMS-normalised before it
 // is written: the thread keeps its collapse values in shared memory (`cst`, [chunk][tile row]
-// [32]: the block's chunks of the tile, BR x ceil(dim / 256) x 32 floats) and sums their squares;
-// the 8 threads of a row add their sums (butterfly), and the row's partial lands in `nsq`. Between
-// the cluster barriers of the mixes' reduction (so no extra barrier), each block adds the row's 8
-// partials in rank order (the same total in every block), and the thread scales its own values,
-// read back from `cst`, as rms_norm_kernel does (1/sqrtf, then value * inv * weight): only the
-// order of the sum of squares differs from launch_rms_norm on the plain collapse.
-// NOTE: `cst` is why a kNorm block needs more shared memory (+40 KB at RPT 2, dim 5120): STAGES
-// (the ring's depth) is 3 where 4 would leave room for one block per SM instead of the two that
-// __launch_bounds__ asks (launch_fused_expand_mixes).
-template <int RPT, int STAGES = kStages>
+// [32]: the block's chunks of the tile, BR x ceil(dim / (32 kCW)) x 32 floats) and sums their
+// squares; the 8 threads of a row add their sums (butterfly), and the row's partial lands in
+// `nsq`. Between the cluster barriers of the mixes' reduction (so no extra barrier), each block
+// adds the row's kCW partials in rank order (the same total in every block), and the thread
+// scales its own values, read back from `cst`, as rms_norm_kernel does (1/sqrtf, then value * inv
+// * weight): only the order of the sum of squares differs from launch_rms_norm on the plain
+// collapse.
+// NOTE: `cst` is why a kNorm block needs more shared memory (+40 KB at RPT 2, dim 5120, width 8;
+// +20 KB at width 16, +80 KB at width 4): STAGES (the ring's depth) is 3 where 4 would leave room
+// for one block per SM instead of the two that __launch_bounds__ asks (expand_mixes_choice). At
+// width 4 even 3 stages (148 KB) leave one block per SM.
+// NOTE: what holds the decode's launch (RPT 2, kNorm, 3 stages, width 8) to two blocks per SM:
+// both its registers (128 per thread, the cap of __launch_bounds__(256, 2): three blocks would
+// need <= 80) and its shared memory (108 KB per block with `cst`, 68 KB without: three blocks
+// need <= 75 KB each with the 1 KB the system reserves per block). At width 16 `cst` is 20 KB
+// (88 KB per block at 3 stages, 66 KB at 2), so a two-stage ring would take shared memory below
+// the three-block line, but the registers do not follow: built with __launch_bounds__(256, 3)
+// (ptxas, sm_90a) the kernel gets 80 registers and spills 312..356 bytes per thread at RPT 2 and
+// 136..152 at RPT 1 (the RPT x 25 sums and the row's 24 expand coefficients are live across the
+// chunk loop). So three blocks per SM are not a cheap change; the wider clusters put more, shorter
+// blocks in flight instead.
+template <int RPT, int STAGES = kStages, int kCW = kMixCluster>
 struct ExpandMixes {
   static constexpr int kHc = 4;
   static constexpr int kM = (2 + kHc) * kHc;
@@ -494,20 +520,20 @@ struct ExpandMixes {
   // multiple of 4 floats).
   static_assert(kRingFloats % 4 == 0 && kRows * kMA % 4 == 0 && kRows % 4 == 0);
   static constexpr size_t norm_smem_bytes(int64_t dim) {
-    const int64_t max_chunks = (dim / kCols + kMixCluster - 1) / kMixCluster;
+    const int64_t max_chunks = (dim / kCols + kCW - 1) / kCW;
     return kSmemBytes + static_cast<size_t>(kRows + kRows * max_chunks * kCols) * 4;
   }
 };
 
-template <int RPT, bool kNorm, int STAGES>
-__global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, RPT >= 3 ? 1 : 2)
+template <int RPT, bool kNorm, int STAGES, int kCW>
+__global__ void __launch_bounds__(kThreads, RPT >= 3 ? 1 : 2)
     hc_expand_mixes_kernel(HcExpandMixesParams p) {
   pdl_wait();
-  using Cfg = ExpandMixes<RPT, STAGES>;
+  using Cfg = ExpandMixes<RPT, STAGES, kCW>;
   constexpr int HC = Cfg::kHc, M = Cfg::kM, MA = Cfg::kMA, BR = Cfg::kRows, CC = Cfg::kCols;
   constexpr int kQuads = CC / 4;  // float4 per stream per chunk row
   static_assert(kStageK == HC * CC && kQuads == 8 && BR * kQuads <= kThreads);
-  static_assert(STAGES >= 2);
+  static_assert(STAGES >= 2 && (kCW == 4 || kCW == 8 || kCW == kMaxMixCluster));
   extern __shared__ __align__(16) float smem[];
   float* part = smem + Cfg::kRingFloats;  // [BR][MA]: this block's sums, read by the cluster
   float* nsq = part + BR * MA;            // kNorm: [BR] the rows' partial sums of squares
@@ -520,8 +546,7 @@ __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, 
   const int64_t tile0 = static_cast<int64_t>(blockIdx.y) * BR;
   const int64_t width = static_cast<int64_t>(HC) * p.dim;
   const int64_t chunks = p.dim / CC;
-  const int my_chunks =
-      rank < chunks ? static_cast<int>((chunks - rank + kMixCluster - 1) / kMixCluster) : 0;
+  const int my_chunks = rank < chunks ? static_cast<int>((chunks - rank + kCW - 1) / kCW) : 0;
 
   // This thread's expand: tile row er, columns 4 eq .. 4 eq + 4 of each stream of every chunk.
   const int er = tid / kQuads, eq = tid % kQuads;
@@ -542,7 +567,7 @@ __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, 
   // w, w + 8, ... and fn rows w, w + 8, ...; lane l the float4 of stream l / 8 at dim column
   // 4 (l % 8) of the chunk (chunk column 4l). Thread t < 8*BR copies the y float4 it expands.
   const auto issue = [&](int i, int slot) {
-    const int64_t c0 = (rank + static_cast<int64_t>(i) * kMixCluster) * CC;
+    const int64_t c0 = (rank + static_cast<int64_t>(i) * kCW) * CC;
     const int64_t k = (lane / kQuads) * p.dim + c0 + (lane % kQuads) * 4;
     float* xs = smem + slot * Cfg::kStageFloats;
     float* fs = xs + Cfg::kXFloats;
@@ -587,7 +612,7 @@ __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, 
     const float* fs = xs + Cfg::kXFloats;
     const float* ys = fs + Cfg::kFnFloats;
     if (expands) {
-      const int64_t c = (rank + static_cast<int64_t>(i) * kMixCluster) * CC + eq * 4;
+      const int64_t c = (rank + static_cast<int64_t>(i) * kCW) * CC + eq * 4;
       float4 in[HC];
 #pragma unroll
       for (int j = 0; j < HC; ++j)
@@ -652,19 +677,19 @@ __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, 
       if (!expands) return;
       float sum = 0.0f;
 #pragma unroll
-      for (int b = 0; b < kMixCluster; ++b) sum += cluster.map_shared_rank(nsq, b)[er];
+      for (int b = 0; b < kCW; ++b) sum += cluster.map_shared_rank(nsq, b)[er];
       const float inv = 1.0f / sqrtf(sum / static_cast<float>(p.dim) + p.collapse_norm_eps);
       for (int i = 0; i < my_chunks; ++i) {
-        const int64_t c = (rank + static_cast<int64_t>(i) * kMixCluster) * CC + eq * 4;
+        const int64_t c = (rank + static_cast<int64_t>(i) * kCW) * CC + eq * 4;
         const float4 v = *reinterpret_cast<const float4*>(cst + (i * BR + er) * CC + eq * 4);
         const float4 w = __ldg(reinterpret_cast<const float4*>(p.collapse_norm_weight + c));
         *reinterpret_cast<float4*>(p.collapse_out + erow * p.dim + c) =
             make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
       }
     };
-    staged_mixes_reduce_finish<HC, RPT>(mp, acc, smem, part, cluster, rank, tile0, normalise);
+    staged_mixes_reduce_finish<HC, RPT, kCW>(mp, acc, smem, part, cluster, rank, tile0, normalise);
   } else {
-    staged_mixes_reduce_finish<HC, RPT>(mp, acc, smem, part, cluster, rank, tile0);
+    staged_mixes_reduce_finish<HC, RPT, kCW>(mp, acc, smem, part, cluster, rank, tile0);
   }
 }
 
@@ -1010,39 +1035,166 @@ const SmemLimits& device_smem_limits() {
   return limits;
 }
 
-template <int RPT, bool kNorm, int STAGES>
-void launch_expand_mixes_kernel(const HcExpandMixesParams& p, int64_t tiles, size_t smem,
-                                cudaStream_t s) {
-  const auto kernel = hc_expand_mixes_kernel<RPT, kNorm, STAGES>;
-  MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     static_cast<int>(smem)));
-  MS_CUDA_CHECK(
-      launch_kernel(kernel, dim3(kMixCluster, static_cast<unsigned>(tiles)), kThreads, smem, s, p));
+// The fused kernel's instantiations share one signature; the launcher picks one at run time.
+using ExpandMixesKernel = void (*)(HcExpandMixesParams);
+
+// What the one-kernel path runs for a launch: the kernel, its cluster width and dynamic shared
+// memory, and whether collapse_out's norm is left to norm_collapse_out (the kernel's shared
+// memory with the norm would not fit a block).
+struct ExpandMixesChoice {
+  ExpandMixesKernel kernel = nullptr;
+  int cluster_width = kMixCluster;
+  size_t smem = 0;
+  bool norm_apart = false;
+};
+
+// The fused kernel at RPT rows per thread and cluster width kCW. With the norm: the kernel
+// without it (norm_apart) where its shared memory does not fit a block. At RPT <= 2 (two blocks
+// per SM asked) the ring is 3 deep where 4 would leave room for one block per SM only (at dim
+// 5120, RPT 2 and width 8: 131 KB for 4 stages, 108 KB for 3; at width 16: 111 and 88 KB).
+template <int RPT, int kCW>
+ExpandMixesChoice expand_mixes_choice(const HcExpandMixesParams& p) {
+  using Cfg = ExpandMixes<RPT, kStages, kCW>;
+  const ExpandMixesChoice plain{hc_expand_mixes_kernel<RPT, false, kStages, kCW>, kCW,
+                                Cfg::kSmemBytes, p.collapse_norm_weight != nullptr};
+  if (p.collapse_norm_weight == nullptr) return plain;
+  const SmemLimits& lim = device_smem_limits();
+  const size_t smem = Cfg::norm_smem_bytes(p.dim);
+  if constexpr (RPT == 2) {
+    const size_t smem3 = ExpandMixes<RPT, 3, kCW>::norm_smem_bytes(p.dim);
+    const auto two_fit = [&](size_t bytes) { return 2 * (bytes + lim.reserved) <= lim.per_sm; };
+    if (!two_fit(smem) && (two_fit(smem3) || smem > lim.per_block) && smem3 <= lim.per_block)
+      return {hc_expand_mixes_kernel<RPT, true, 3, kCW>, kCW, smem3, false};
+  }
+  if (smem > lim.per_block) return plain;
+  return {hc_expand_mixes_kernel<RPT, true, kStages, kCW>, kCW, smem, false};
 }
 
-// The fused kernel at RPT rows per thread. With the norm: false (nothing launched) where its
-// shared memory does not fit a block. At RPT <= 2 (two blocks per SM asked) the ring is 3 deep
-// where 4 would leave room for one block per SM only (at dim 5120 and RPT 2: 131 KB for 4 stages,
-// 108 KB for 3).
-template <int RPT>
-bool launch_fused_expand_mixes(const HcExpandMixesParams& p, int64_t tiles, cudaStream_t s) {
-  if (p.collapse_norm_weight == nullptr) {
-    launch_expand_mixes_kernel<RPT, false, kStages>(p, tiles, ExpandMixes<RPT>::kSmemBytes, s);
-    return true;
+template <int kCW>
+ExpandMixesChoice expand_mixes_choice(const HcExpandMixesParams& p, int rpt) {
+  switch (rpt) {
+    case 1:
+      return expand_mixes_choice<1, kCW>(p);
+    case 2:
+      return expand_mixes_choice<2, kCW>(p);
+    case 3:
+      return expand_mixes_choice<3, kCW>(p);
+    default:
+      return expand_mixes_choice<4, kCW>(p);
   }
-  const SmemLimits& lim = device_smem_limits();
-  const size_t smem = ExpandMixes<RPT>::norm_smem_bytes(p.dim);
-  if constexpr (RPT == 2) {
-    const size_t smem3 = ExpandMixes<RPT, 3>::norm_smem_bytes(p.dim);
-    const auto two_fit = [&](size_t bytes) { return 2 * (bytes + lim.reserved) <= lim.per_sm; };
-    if (!two_fit(smem) && (two_fit(smem3) || smem > lim.per_block) && smem3 <= lim.per_block) {
-      launch_expand_mixes_kernel<RPT, true, 3>(p, tiles, smem3, s);
-      return true;
-    }
+}
+
+ExpandMixesChoice expand_mixes_choice(const HcExpandMixesParams& p, int rpt, int cw) {
+  switch (cw) {
+    case 4:
+      return expand_mixes_choice<4>(p, rpt);
+    case kMaxMixCluster:
+      return expand_mixes_choice<kMaxMixCluster>(p, rpt);
+    default:
+      return expand_mixes_choice<kMixCluster>(p, rpt);
   }
-  if (smem > lim.per_block) return false;
-  launch_expand_mixes_kernel<RPT, true, kStages>(p, tiles, smem, s);
-  return true;
+}
+
+// The attributes a launch of `c` needs, set before it (and before asking whether it fits): its
+// dynamic shared memory and, past 8 blocks, the non-portable cluster size.
+void set_expand_mixes_attributes(const ExpandMixesChoice& c) {
+  MS_CUDA_CHECK(cudaFuncSetAttribute(c.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(c.smem)));
+  if (c.cluster_width > kMixCluster)
+    MS_CUDA_CHECK(
+        cudaFuncSetAttribute(c.kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+}
+
+// Whether clusters of `c` can be resident at all on this GPU (cudaOccupancyMaxActiveClusters
+// > 0 with its cluster shape, block and shared memory). A cluster's blocks must share a GPC,
+// and a width past the portable 8 is not promised on every part (nor under MPS or MIG, which
+// leave fewer SMs per GPC); a GPU that refuses the attributes or the query (an error, cleared)
+// does not fit either. Asked once per kernel and shared memory size: the backend drives one
+// device per process.
+bool cluster_shape_fits(const ExpandMixesChoice& c) {
+  struct Seen {
+    ExpandMixesKernel kernel;
+    size_t smem;
+    bool fits;
+  };
+  static std::mutex mu;
+  static std::vector<Seen> seen;
+  const std::lock_guard<std::mutex> lock(mu);
+  for (const Seen& s : seen)
+    if (s.kernel == c.kernel && s.smem == c.smem) return s.fits;
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(c.cluster_width);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(c.cluster_width), 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = c.smem;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  cudaError_t err = cudaFuncSetAttribute(c.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(c.smem));
+  if (err == cudaSuccess && c.cluster_width > kMixCluster)
+    err = cudaFuncSetAttribute(c.kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (err == cudaSuccess) err = cudaOccupancyMaxActiveClusters(&clusters, c.kernel, &cfg);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    clusters = 0;
+  }
+  seen.push_back({c.kernel, c.smem, clusters > 0});
+  return clusters > 0;
+}
+
+// The one-kernel path's shapes: hc 4, whole 32-column chunks, 16-byte aligned operands.
+bool expand_mixes_one_kernel(const HcExpandMixesParams& p) {
+  return p.hc == ExpandMixes<1>::kHc && p.dim % ExpandMixes<1>::kCols == 0 && aligned16(p.x) &&
+         aligned16(p.y) && aligned16(p.fn) && aligned16(p.collapse_out) &&
+         aligned16(p.collapse_norm_weight);
+}
+
+void check_expand_mixes_args(const HcExpandMixesParams& p) {
+  const bool collapse = p.collapse_out != nullptr;
+  const bool norm = p.collapse_norm_weight != nullptr;
+  const int cw = p.cluster_width;
+  if (p.rows < 0 || p.hc < 1 || p.hc > kMaxHc || p.dim < 1 || p.x == nullptr || p.y == nullptr ||
+      p.post == nullptr || p.comb == nullptr || collapse != (p.collapse_pre != nullptr) ||
+      (norm && !collapse) || !(p.collapse_norm_eps >= 0.0f) || p.fn == nullptr ||
+      p.base == nullptr || p.scale == nullptr || p.mix_pre == nullptr || p.mix_post == nullptr ||
+      p.mix_comb == nullptr || p.rows_per_thread < 0 || p.rows_per_thread > 4 ||
+      (cw != 0 && cw != 4 && cw != kMixCluster && cw != kMaxMixCluster)) {
+    detail::cuda_call_failed(__FILE__, __LINE__, "launch_hc_expand_mixes", "bad arguments",
+                             "hc 1..4, dim >= 1, rows >= 0, all pointers but the collapse pair, "
+                             "collapse_pre with collapse_out, collapse_norm_weight only with "
+                             "collapse_out, collapse_norm_eps >= 0, rows_per_thread 0..4, "
+                             "cluster_width 0, 4, 8 or 16");
+  }
+}
+
+// The one-kernel launch of p (checked, rows > 0, expand_mixes_one_kernel). Rows per thread: one
+// while the clusters fit in one wave of one block per SM (launch_hc_mixes' rule, counted with
+// the launch's cluster width), 2 past that: in the decode 64 x 6 forward on the H200 (384 rows,
+// r10, width 8) the fused launches took 5.05 / 3.94 / 6.30 / 4.53 ms per step at 1 / 2 / 3 / 4
+// rows per thread, against 4.49 ms for the expands and mixes apart. Width 16 where
+// cluster_shape_fits says it cannot be resident: width 8 (the same rule for the rows per thread).
+struct ExpandMixesPlan {
+  ExpandMixesChoice choice;
+  int64_t tiles = 0;
+};
+ExpandMixesPlan expand_mixes_plan(const HcExpandMixesParams& p) {
+  const auto plan_at = [&](int cw) {
+    int rpt = p.rows_per_thread;
+    if (rpt == 0) rpt = ceil_div(p.rows, int64_t{8}) * cw <= device_sm_count() ? 1 : 2;
+    const int64_t tiles = ceil_div(p.rows, int64_t{8} * rpt);
+    if (tiles > 65535)
+      detail::cuda_call_failed(__FILE__, __LINE__, "hc expand mixes rows", "too many rows", "");
+    return ExpandMixesPlan{expand_mixes_choice(p, rpt, cw), tiles};
+  };
+  const int cw = p.cluster_width == 0 ? kMixCluster : p.cluster_width;
+  const ExpandMixesPlan plan = plan_at(cw);
+  if (cw > kMixCluster && !cluster_shape_fits(plan.choice)) return plan_at(kMixCluster);
+  return plan;
 }
 
 // In place: collapse_out = launch_rms_norm(collapse_out) with the collapse norm's weight and eps
@@ -1062,27 +1214,19 @@ void norm_collapse_out(const HcExpandMixesParams& p, Stream stream) {
 
 }  // namespace
 
+int hc_expand_mixes_cluster_width(const HcExpandMixesParams& p) {
+  check_expand_mixes_args(p);
+  if (p.rows == 0 || !expand_mixes_one_kernel(p)) return 0;
+  return expand_mixes_plan(p).choice.cluster_width;
+}
+
 void launch_hc_expand_mixes(const HcExpandMixesParams& p, Stream stream) {
-  const bool collapse = p.collapse_out != nullptr;
-  const bool norm = p.collapse_norm_weight != nullptr;
-  if (p.rows < 0 || p.hc < 1 || p.hc > kMaxHc || p.dim < 1 || p.x == nullptr || p.y == nullptr ||
-      p.post == nullptr || p.comb == nullptr || collapse != (p.collapse_pre != nullptr) ||
-      (norm && !collapse) || !(p.collapse_norm_eps >= 0.0f) || p.fn == nullptr ||
-      p.base == nullptr || p.scale == nullptr || p.mix_pre == nullptr || p.mix_post == nullptr ||
-      p.mix_comb == nullptr || p.rows_per_thread < 0 || p.rows_per_thread > 4) {
-    detail::cuda_call_failed(__FILE__, __LINE__, "launch_hc_expand_mixes", "bad arguments",
-                             "hc 1..4, dim >= 1, rows >= 0, all pointers but the collapse pair, "
-                             "collapse_pre with collapse_out, collapse_norm_weight only with "
-                             "collapse_out, collapse_norm_eps >= 0, rows_per_thread 0..4");
-  }
+  check_expand_mixes_args(p);
   if (p.rows == 0) return;
-  const bool fused = p.hc == ExpandMixes<1>::kHc && p.dim % ExpandMixes<1>::kCols == 0 &&
-                     aligned16(p.x) && aligned16(p.y) && aligned16(p.fn) &&
-                     aligned16(p.collapse_out) && aligned16(p.collapse_norm_weight);
-  if (!fused) {
+  if (!expand_mixes_one_kernel(p)) {
     launch_hc_expand(
         {p.x, p.y, p.rows, p.hc, p.dim, p.post, p.comb, p.collapse_pre, p.collapse_out}, stream);
-    if (norm) norm_collapse_out(p, stream);
+    if (p.collapse_norm_weight != nullptr) norm_collapse_out(p, stream);
     HcMixesParams m{p.x,        p.hc * p.dim, p.rows,           p.hc,
                     p.dim,      p.fn,         p.base,           p.scale,
                     p.rms_eps,  p.hc_eps,     p.sinkhorn_iters, p.mix_pre,
@@ -1091,34 +1235,16 @@ void launch_hc_expand_mixes(const HcExpandMixesParams& p, Stream stream) {
     launch_hc_mixes(m, stream);
     return;
   }
-  // One row per thread while the clusters fit in one wave of one block per SM (launch_hc_mixes'
-  // rule), 2 past that: in the decode 64 x 6 forward on the H200 (384 rows, r10) the fused
-  // launches took 5.05 / 3.94 / 6.30 / 4.53 ms per step at 1 / 2 / 3 / 4 rows per thread, against
-  // 4.49 ms for the expands and mixes apart.
-  int rpt = p.rows_per_thread;
-  if (rpt == 0) rpt = ceil_div(p.rows, int64_t{8}) * kMixCluster <= device_sm_count() ? 1 : 2;
-  const int64_t tiles = ceil_div(p.rows, int64_t{8} * rpt);
-  if (tiles > 65535)
-    detail::cuda_call_failed(__FILE__, __LINE__, "hc expand mixes rows", "too many rows", "");
-  const cudaStream_t s = as_cuda_stream(stream);
-  const auto run = [&](const HcExpandMixesParams& q) {
-    switch (rpt) {
-      case 1:
-        return launch_fused_expand_mixes<1>(q, tiles, s);
-      case 2:
-        return launch_fused_expand_mixes<2>(q, tiles, s);
-      case 3:
-        return launch_fused_expand_mixes<3>(q, tiles, s);
-      default:
-        return launch_fused_expand_mixes<4>(q, tiles, s);
-    }
-  };
-  if (!run(p)) {  // the norm's shared memory does not fit: the plain collapse, then its norm
-    HcExpandMixesParams q = p;
-    q.collapse_norm_weight = nullptr;
-    run(q);
-    norm_collapse_out(p, stream);
-  }
+  const ExpandMixesPlan plan = expand_mixes_plan(p);
+  const ExpandMixesChoice& c = plan.choice;
+  set_expand_mixes_attributes(c);
+  const unsigned cw = static_cast<unsigned>(c.cluster_width);
+  HcExpandMixesParams q = p;
+  if (c.norm_apart) q.collapse_norm_weight = nullptr;  // the plain collapse, then its norm
+  MS_CUDA_CHECK(launch_kernel_clusters(c.kernel, dim3(cw, static_cast<unsigned>(plan.tiles)),
+                                       dim3(cw, 1, 1), dim3(kThreads), c.smem,
+                                       as_cuda_stream(stream), q));
+  if (c.norm_apart) norm_collapse_out(p, stream);
 }
 
 void launch_engram_gate(const EngramGateParams& p, Stream stream) {

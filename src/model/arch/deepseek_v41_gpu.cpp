@@ -1167,6 +1167,7 @@ struct DeepseekV41Gpu::Impl {
     p.mix_post = mix_post;
     p.mix_comb = mix_comb;
     p.rows_per_thread = opt.mhc_fused_rows_per_thread;
+    p.cluster_width = opt.mhc_fused_cluster_width;
     if (collapse_norm != nullptr) {
       p.collapse_norm_weight = collapse_norm->as<float>();
       p.collapse_norm_eps = static_cast<float>(c.rms_norm_eps);  // as rms()

@@ -204,6 +204,13 @@ struct GpuModelOptions {
   // The fused launch's rows per thread (HcExpandMixesParams::rows_per_thread: tiles of 8 x that
   // many rows), 1..4; 0 = the mixes kernel's rule (4 at 384 rows). For timing the tile height.
   int mhc_fused_rows_per_thread = 0;
+  // The fused launch's blocks per cluster (HcExpandMixesParams::cluster_width), 4, 8 or 16; 0 =
+  // 8. Each block takes 1/width of every row's columns: at decode 64 x 6 (384 rows, 2 rows per
+  // thread) width 16 launches 384 blocks instead of 192 (r11's ncu: 192 blocks at two per SM are
+  // 0.7 of a wave, 46 us per launch at 24% of HBM). 16 falls back to 8 where the GPU cannot hold
+  // a cluster of 16. x' and the collapse are the same bits at every width; the mixes and the
+  // fused norm's sum of squares add in another order per width. Not measured yet: 0.
+  int mhc_fused_cluster_width = 0;
   // true: where the fused expand + mixes launch (mhc_fuse_expand_mixes) writes the next site's
   // collapse (the ffn site's input "f"; the next layer's attention input "a"), it also applies
   // that site's RMSNorm (ffn_norm / the next layer's attn_norm: HcExpandMixesParams::

@@ -3,9 +3,9 @@
 # work: --ep-ranks outside 1..256 (the CUDA decode bench of one DEP rank's MoE work; the range is
 # checked when the command line is parsed, in every build), --moe-rs-max-pass other than the
 # pass widths the swapped-operand kernel has (192, 224), --router-split-k outside 1..64,
-# --mhc-fused-rows-per-thread outside 0..4, a negative --mhc-fuse-min-rows, and values of the
-# boolean options that are not booleans (refused as that option's value, not as an unknown
-# argument: the options exist in every build).
+# --mhc-fused-rows-per-thread outside 0..4, --mhc-fused-cluster-width other than 0, 4, 8 and 16,
+# a negative --mhc-fuse-min-rows, and values of the boolean options that are not booleans
+# (refused as that option's value, not as an unknown argument: the options exist in every build).
 set -euo pipefail
 bin=${MOESERVE_BIN:?MOESERVE_BIN not set}
 # refuse OPTION VALUE...: each value is refused, and the error names OPTION as an option.
@@ -29,6 +29,7 @@ refuse --ep-ranks 0 -3 257
 refuse --moe-rs-max-pass 0 64 193 256 maybe
 refuse --router-split-k 0 65 -1 maybe
 refuse --mhc-fused-rows-per-thread -1 5 maybe
+refuse --mhc-fused-cluster-width -1 1 2 5 12 32 maybe
 refuse --mhc-fuse-min-rows -1 many
 for opt in --moe-fuse-swiglu --router-split-tf32 --moe-shared-overlap --fast-attention --pdl \
     --mhc-fuse-expand-mixes --attn-quant-epilogue --mhc-fuse-norm --fuse-qkv-a --indexer-fp8; do
