@@ -391,6 +391,38 @@ class CudaV41 : public ::testing::Test {
   // The indexer's wgmma path against the CPU over decode-like batches (defined with its tests).
   void check_indexer_wgmma_row_slots(bool fp8, int key_spread, double tol);
 
+  // A small launch_hc_expand_mixes that is accepted (the refusal tests change one field of it):
+  // hc 4, dim 64, 3 rows of random inputs, NaN outputs; with_norm adds the collapse and its
+  // RMSNorm (collapse_pre, collapse_out, collapse_norm_weight, eps 1e-6).
+  cuda::HcExpandMixesParams small_expand_mixes(uint32_t seed, bool with_norm) {
+    std::mt19937 rng(seed);
+    const int hc = 4;
+    const int64_t dim = 64, t = 3, width = hc * dim;
+    cuda::HcExpandMixesParams p;
+    p.x = up(rnd(t * width, rng, -2, 2));
+    p.y = up(rnd(t * dim, rng, -1, 1));
+    p.rows = t;
+    p.hc = hc;
+    p.dim = dim;
+    p.post = up(rnd(t * hc, rng, 0.2f, 2));
+    p.comb = up(rnd(t * hc * hc, rng, 0.01f, 0.6f));
+    if (with_norm) {
+      p.collapse_pre = up(rnd(t * hc, rng, 0.1f, 1.1f));
+      p.collapse_out = nans(t * dim);
+    }
+    p.fn = up(rnd(24 * width, rng, -0.02f, 0.02f));
+    p.base = up(rnd(24, rng, -1, 1));
+    p.scale = up(rnd(3, rng, 0.5f, 1.5f));
+    p.mix_pre = nans(t * hc);
+    p.mix_post = nans(t * hc);
+    p.mix_comb = nans(t * hc * hc);
+    if (with_norm) {
+      p.collapse_norm_weight = up(rnd(dim, rng, 0.5f, 1.5f));
+      p.collapse_norm_eps = 1e-6f;
+    }
+    return p;
+  }
+
   std::unique_ptr<Backend> backend_;
   void* stream_ = nullptr;
   std::vector<std::unique_ptr<DeviceBuffer>> bufs_;
@@ -583,6 +615,10 @@ TEST_F(CudaV41, HcMixesStagedTilesMatchCpu) {
   }
 }
 
+// The cluster widths the fused expand + mixes tests run at (HcExpandMixesParams::cluster_width;
+// 0 = 8).
+constexpr int kExpandMixesWidths[] = {0, 4, 16};
+
 // Random inputs of launch_hc_expand_mixes, drawn in this order: x, y, post, comb, the collapse
 // weights, fn (values in +-fn_range), base, scale; and their CPU results: ex = x' (cpu::hc_expand),
 // col = its collapse, pre / mpost / mcomb = the mixes of x'.
@@ -619,11 +655,16 @@ ExpandMixesCase expand_mixes_case(std::mt19937& rng, int hc, int64_t dim, int64_
 // counts (1, 7: one partial tile; 384; 1000: several tiles and a partial one) and widths 4 x 256
 // (8 chunks: one per block of the cluster) and 4 x 5120, with and without the fused collapse; at
 // each tile height (rows_per_thread 1..4) on one shape; and at width 4 x 96 (3 chunks for the 8
-// blocks of a cluster). Tolerances: x' and collapse_out 1e-5 relative to the double CPU expand
-// (fp32 rounding) and bit for bit the values of launch_hc_expand (the same fp32 operations in the
-// same order); pre/post/comb 1e-4 absolute against the CPU (fp32 dots vs double, as the mixes
-// tests) and against launch_hc_mixes of the expanded x (another fp32 summation order); a second
-// launch on the same input gives the same bits.
+// blocks of a cluster). Every case at cluster widths 0 (= 8), 4 and 16 (cluster_width; the width
+// hc_expand_mixes_cluster_width reports is the one asked for: the H200 holds clusters of 16). At
+// dim 256 (8 chunks) width 4 gives each block 2 chunks and width 16 leaves 8 blocks without any;
+// at dim 5120 the blocks take 40 / 20 / 10 chunks. The mixes' fp32 sums run in another order at
+// each width (a block's chunks, then the blocks in rank order); the tolerances are the same.
+// Tolerances: x' and collapse_out 1e-5 relative to the double CPU expand (fp32 rounding) and bit
+// for bit the values of launch_hc_expand (the same fp32 operations in the same order, at every
+// width); pre/post/comb 1e-4 absolute against the CPU (fp32 dots vs double, as the mixes tests)
+// and against launch_hc_mixes of the expanded x (another fp32 summation order); a second launch on
+// the same input gives the same bits.
 TEST_F(CudaV41, HcExpandMixesMatchesExpandThenMixes) {
   std::mt19937 rng(43);
   const int hc = 4;
@@ -656,58 +697,62 @@ TEST_F(CudaV41, HcExpandMixesMatchesExpandThenMixes) {
     const auto gx_ref = down(dx_ref, x.size()), gcol_ref = down(dcol_ref, col.size());
     const auto gupre = down(upre, pre.size()), gupost = down(upost, mpost.size()),
                gucomb = down(ucomb, mcomb.size());
-    for (bool collapse : {false, true}) {
-      const std::string what = "dim " + std::to_string(dim) + " rows " + std::to_string(t) +
-                               " rpt " + std::to_string(sh.rpt) + " collapse " +
-                               std::to_string(collapse);
-      std::vector<std::vector<float>> runs;
-      for (int rerun = 0; rerun < 2; ++rerun) {
-        cuda::HcExpandMixesParams p;
-        p.x = up(x);
-        p.y = dy;
-        p.rows = t;
-        p.hc = hc;
-        p.dim = dim;
-        p.post = dpost;
-        p.comb = dcomb;
-        p.collapse_pre = collapse ? dcpre : nullptr;
-        p.collapse_out = collapse ? nans(col.size()) : nullptr;
-        p.fn = dfn;
-        p.base = dbase;
-        p.scale = dscale;
-        p.mix_pre = nans(pre.size());
-        p.mix_post = nans(mpost.size());
-        p.mix_comb = nans(mcomb.size());
-        p.rows_per_thread = sh.rpt;
-        cuda::launch_hc_expand_mixes(p, stream_);
-        const auto gx = down(p.x, x.size());
-        const auto gpre = down(p.mix_pre, pre.size()), gpost = down(p.mix_post, mpost.size()),
-                   gcomb = down(p.mix_comb, mcomb.size());
-        if (rerun == 0) {
-          EXPECT_LE(rel_err(gx, ex), 1e-5) << what;
-          EXPECT_EQ(std::memcmp(gx.data(), gx_ref.data(), gx.size() * sizeof(float)), 0) << what;
-          if (collapse) {
-            const auto gcol = down(p.collapse_out, col.size());
-            EXPECT_LE(rel_err(gcol, col), 1e-5) << what;
-            EXPECT_EQ(std::memcmp(gcol.data(), gcol_ref.data(), gcol.size() * sizeof(float)), 0)
-                << what;
+    for (bool collapse : {false, true})
+      for (int cw : kExpandMixesWidths) {
+        const std::string what = "dim " + std::to_string(dim) + " rows " + std::to_string(t) +
+                                 " rpt " + std::to_string(sh.rpt) + " collapse " +
+                                 std::to_string(collapse) + " width " + std::to_string(cw);
+        std::vector<std::vector<float>> runs;
+        for (int rerun = 0; rerun < 2; ++rerun) {
+          cuda::HcExpandMixesParams p;
+          p.x = up(x);
+          p.y = dy;
+          p.rows = t;
+          p.hc = hc;
+          p.dim = dim;
+          p.post = dpost;
+          p.comb = dcomb;
+          p.collapse_pre = collapse ? dcpre : nullptr;
+          p.collapse_out = collapse ? nans(col.size()) : nullptr;
+          p.fn = dfn;
+          p.base = dbase;
+          p.scale = dscale;
+          p.mix_pre = nans(pre.size());
+          p.mix_post = nans(mpost.size());
+          p.mix_comb = nans(mcomb.size());
+          p.rows_per_thread = sh.rpt;
+          p.cluster_width = cw;
+          EXPECT_EQ(cuda::hc_expand_mixes_cluster_width(p), cw == 0 ? 8 : cw) << what;
+          cuda::launch_hc_expand_mixes(p, stream_);
+          const auto gx = down(p.x, x.size());
+          const auto gpre = down(p.mix_pre, pre.size()), gpost = down(p.mix_post, mpost.size()),
+                     gcomb = down(p.mix_comb, mcomb.size());
+          if (rerun == 0) {
+            EXPECT_LE(rel_err(gx, ex), 1e-5) << what;
+            EXPECT_EQ(std::memcmp(gx.data(), gx_ref.data(), gx.size() * sizeof(float)), 0) << what;
+            if (collapse) {
+              const auto gcol = down(p.collapse_out, col.size());
+              EXPECT_LE(rel_err(gcol, col), 1e-5) << what;
+              EXPECT_EQ(std::memcmp(gcol.data(), gcol_ref.data(), gcol.size() * sizeof(float)), 0)
+                  << what;
+            }
+            EXPECT_LE(mixes_worst(gpre, pre, gpost, mpost, gcomb, mcomb), 1e-4) << what;
+            EXPECT_LE(mixes_worst(gpre, gupre, gpost, gupost, gcomb, gucomb), 1e-4) << what;
           }
-          EXPECT_LE(mixes_worst(gpre, pre, gpost, mpost, gcomb, mcomb), 1e-4) << what;
-          EXPECT_LE(mixes_worst(gpre, gupre, gpost, gupost, gcomb, gucomb), 1e-4) << what;
+          std::vector<float> all = gpre;
+          all.insert(all.end(), gpost.begin(), gpost.end());
+          all.insert(all.end(), gcomb.begin(), gcomb.end());
+          runs.push_back(std::move(all));
         }
-        std::vector<float> all = gpre;
-        all.insert(all.end(), gpost.begin(), gpost.end());
-        all.insert(all.end(), gcomb.begin(), gcomb.end());
-        runs.push_back(std::move(all));
+        EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)), 0)
+            << "rerun differs, " << what;
       }
-      EXPECT_EQ(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)), 0)
-          << "rerun differs, " << what;
-    }
   }
 }
 
 // The shapes the one-kernel path does not take run as launch_hc_expand + launch_hc_mixes: hc 1..3,
 // and hc 4 with dim % 32 != 0 (72) or 4 (a width of 16). Same tolerances as above against the CPU.
+// The cluster width is the one-kernel path's alone (hc_expand_mixes_cluster_width: 0 here).
 TEST_F(CudaV41, HcExpandMixesOtherShapesAsTwoLaunches) {
   std::mt19937 rng(44);
   struct Shape {
@@ -738,6 +783,8 @@ TEST_F(CudaV41, HcExpandMixesOtherShapesAsTwoLaunches) {
     p.mix_pre = nans(pre.size());
     p.mix_post = nans(mpost.size());
     p.mix_comb = nans(mcomb.size());
+    p.cluster_width = 16;  // no effect on the two launches
+    EXPECT_EQ(cuda::hc_expand_mixes_cluster_width(p), 0);
     cuda::launch_hc_expand_mixes(p, stream_);
     const std::string what = "hc " + std::to_string(hc) + " dim " + std::to_string(dim);
     EXPECT_LE(rel_err(down(p.x, x.size()), ex), 1e-5) << what;
@@ -749,27 +796,14 @@ TEST_F(CudaV41, HcExpandMixesOtherShapesAsTwoLaunches) {
   }
 }
 
-// Bad arguments are refused before anything is launched.
+// Bad arguments are refused before anything is launched, by the launch and by
+// hc_expand_mixes_cluster_width alike (a cluster width other than 0, 4, 8 and 16 among them).
 TEST_F(CudaV41, HcExpandMixesRefusesBadArguments) {
-  std::mt19937 rng(45);
-  const int hc = 4;
-  const int64_t dim = 64, t = 3, width = hc * dim;
-  cuda::HcExpandMixesParams good;
-  good.x = up(rnd(t * width, rng, -2, 2));
-  good.y = up(rnd(t * dim, rng, -1, 1));
-  good.rows = t;
-  good.hc = hc;
-  good.dim = dim;
-  good.post = up(rnd(t * hc, rng, 0.2f, 2));
-  good.comb = up(rnd(t * hc * hc, rng, 0.01f, 0.6f));
-  good.fn = up(rnd(24 * width, rng, -0.02f, 0.02f));
-  good.base = up(rnd(24, rng, -1, 1));
-  good.scale = up(rnd(3, rng, 0.5f, 1.5f));
-  good.mix_pre = nans(t * hc);
-  good.mix_post = nans(t * hc);
-  good.mix_comb = nans(t * hc * hc);
+  const cuda::HcExpandMixesParams good = small_expand_mixes(45, false);
   cuda::launch_hc_expand_mixes(good, stream_);  // accepted
-  EXPECT_TRUE(std::isfinite(down(good.mix_comb, t * hc * hc)[0]));
+  EXPECT_TRUE(
+      std::isfinite(down(good.mix_comb, static_cast<size_t>(good.rows * good.hc * good.hc))[0]));
+  EXPECT_EQ(cuda::hc_expand_mixes_cluster_width(good), 8);
   const std::vector<std::pair<const char*, std::function<void(cuda::HcExpandMixesParams&)>>> bad = {
       {"hc 5", [](auto& p) { p.hc = 5; }},
       {"hc 0", [](auto& p) { p.hc = 0; }},
@@ -781,12 +815,17 @@ TEST_F(CudaV41, HcExpandMixesRefusesBadArguments) {
       {"collapse_out without collapse_pre", [&](auto& p) { p.collapse_out = good.mix_pre; }},
       {"collapse_pre without collapse_out", [&](auto& p) { p.collapse_pre = good.post; }},
       {"rows_per_thread 5", [](auto& p) { p.rows_per_thread = 5; }},
+      {"cluster_width 5", [](auto& p) { p.cluster_width = 5; }},
+      {"cluster_width 2", [](auto& p) { p.cluster_width = 2; }},
+      {"cluster_width -8", [](auto& p) { p.cluster_width = -8; }},
+      {"cluster_width 32", [](auto& p) { p.cluster_width = 32; }},
   };
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   for (const auto& [name, change] : bad) {
     cuda::HcExpandMixesParams p = good;
     change(p);
     EXPECT_DEATH(cuda::launch_hc_expand_mixes(p, stream_), "bad arguments") << name;
+    EXPECT_DEATH((void)cuda::hc_expand_mixes_cluster_width(p), "bad arguments") << name;
   }
 }
 
@@ -817,7 +856,11 @@ double worst_row_rel_err(const std::vector<float>& got, const std::vector<float>
 // launch. One-kernel shapes at dim 5120 (the model's) and 256 and 96 (3 chunks: blocks of the
 // cluster without any) at 1, 2, 3 and 4 rows per thread (pinned, and the default rule, 2 at 389
 // rows), row counts leaving a partial last tile; then shapes that run as two launches (hc 3,
-// dim % 32 != 0), where the norm is launch_rms_norm itself: bit for bit.
+// dim % 32 != 0), where the norm is launch_rms_norm itself: bit for bit. Every case at cluster
+// widths 0 (= 8), 4 and 16, both launches at the same width: the sum of squares adds a block's
+// chunks, then the width's blocks in rank order, and the tolerances are the same at each width.
+// At width 4 and dim 5120 the norm's shared memory does not fit a block from 3 rows per thread
+// on (the collapse is then normalised by launch_rms_norm: bit for bit too, within the bounds).
 TEST_F(CudaV41, HcExpandMixesNormMatchesExpandMixesThenRmsNorm) {
   std::mt19937 rng(46);
   struct Shape {
@@ -850,7 +893,7 @@ TEST_F(CudaV41, HcExpandMixesNormMatchesExpandMixesThenRmsNorm) {
     }
     const float *dy = up(k.y), *dpost = up(k.post), *dcomb = up(k.comb), *dcpre = up(k.cpre);
     const float *dfn = up(k.fn), *dbase = up(k.base), *dscale = up(k.scale), *dw = up(w);
-    const auto launch = [&](bool norm) {
+    const auto launch = [&](bool norm, int cw) {
       cuda::HcExpandMixesParams p;
       p.x = up(k.x);
       p.y = dy;
@@ -868,6 +911,7 @@ TEST_F(CudaV41, HcExpandMixesNormMatchesExpandMixesThenRmsNorm) {
       p.mix_post = nans(k.mpost.size());
       p.mix_comb = nans(k.mcomb.size());
       p.rows_per_thread = sh.rpt;
+      p.cluster_width = cw;
       if (norm) {
         p.collapse_norm_weight = dw;
         p.collapse_norm_eps = eps;
@@ -875,43 +919,46 @@ TEST_F(CudaV41, HcExpandMixesNormMatchesExpandMixesThenRmsNorm) {
       cuda::launch_hc_expand_mixes(p, stream_);
       return p;
     };
-    // Without the norm, then launch_rms_norm in place.
-    const cuda::HcExpandMixesParams u = launch(false);
-    cuda::RmsNormParams rp;
-    rp.x = u.collapse_out;
-    rp.weight = dw;
-    rp.out = u.collapse_out;
-    rp.rows = t;
-    rp.cols = dim;
-    rp.x_stride = dim;
-    rp.out_stride = dim;
-    rp.eps = eps;
-    cuda::launch_rms_norm(rp, stream_);
-    const auto ux = down(u.x, k.x.size()), ucol = down(u.collapse_out, k.col.size());
-    const auto upre = down(u.mix_pre, k.pre.size()), upost = down(u.mix_post, k.mpost.size()),
-               ucomb = down(u.mix_comb, k.mcomb.size());
-    ASSERT_LE(rel_err(ucol, norm_ref), 1e-5) << "unfused reference, " << what;
-    std::vector<float> first;
-    for (int rerun = 0; rerun < 2; ++rerun) {
-      const cuda::HcExpandMixesParams p = launch(true);
-      const auto gcol = down(p.collapse_out, k.col.size());
-      if (rerun == 1) {
-        EXPECT_EQ(std::memcmp(gcol.data(), first.data(), gcol.size() * sizeof(float)), 0)
-            << "rerun differs, " << what;
-        continue;
-      }
-      first = gcol;
-      const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
-        return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-      };
-      EXPECT_TRUE(same_bits(down(p.x, k.x.size()), ux)) << "x', " << what;
-      EXPECT_TRUE(same_bits(down(p.mix_pre, k.pre.size()), upre)) << "pre, " << what;
-      EXPECT_TRUE(same_bits(down(p.mix_post, k.mpost.size()), upost)) << "post, " << what;
-      EXPECT_TRUE(same_bits(down(p.mix_comb, k.mcomb.size()), ucomb)) << "comb, " << what;
-      EXPECT_LE(worst_row_rel_err(gcol, ucol, t, dim), 2e-6) << what;
-      EXPECT_LE(rel_err(gcol, norm_ref), 1e-5) << what;
-      if (two_launches) {
-        EXPECT_TRUE(same_bits(gcol, ucol)) << "two launches, " << what;
+    for (int cw : kExpandMixesWidths) {
+      const std::string what_w = what + " width " + std::to_string(cw);
+      // Without the norm, then launch_rms_norm in place.
+      const cuda::HcExpandMixesParams u = launch(false, cw);
+      cuda::RmsNormParams rp;
+      rp.x = u.collapse_out;
+      rp.weight = dw;
+      rp.out = u.collapse_out;
+      rp.rows = t;
+      rp.cols = dim;
+      rp.x_stride = dim;
+      rp.out_stride = dim;
+      rp.eps = eps;
+      cuda::launch_rms_norm(rp, stream_);
+      const auto ux = down(u.x, k.x.size()), ucol = down(u.collapse_out, k.col.size());
+      const auto upre = down(u.mix_pre, k.pre.size()), upost = down(u.mix_post, k.mpost.size()),
+                 ucomb = down(u.mix_comb, k.mcomb.size());
+      ASSERT_LE(rel_err(ucol, norm_ref), 1e-5) << "unfused reference, " << what_w;
+      std::vector<float> first;
+      for (int rerun = 0; rerun < 2; ++rerun) {
+        const cuda::HcExpandMixesParams p = launch(true, cw);
+        const auto gcol = down(p.collapse_out, k.col.size());
+        if (rerun == 1) {
+          EXPECT_EQ(std::memcmp(gcol.data(), first.data(), gcol.size() * sizeof(float)), 0)
+              << "rerun differs, " << what_w;
+          continue;
+        }
+        first = gcol;
+        const auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+          return std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+        };
+        EXPECT_TRUE(same_bits(down(p.x, k.x.size()), ux)) << "x', " << what_w;
+        EXPECT_TRUE(same_bits(down(p.mix_pre, k.pre.size()), upre)) << "pre, " << what_w;
+        EXPECT_TRUE(same_bits(down(p.mix_post, k.mpost.size()), upost)) << "post, " << what_w;
+        EXPECT_TRUE(same_bits(down(p.mix_comb, k.mcomb.size()), ucomb)) << "comb, " << what_w;
+        EXPECT_LE(worst_row_rel_err(gcol, ucol, t, dim), 2e-6) << what_w;
+        EXPECT_LE(rel_err(gcol, norm_ref), 1e-5) << what_w;
+        if (two_launches) {
+          EXPECT_TRUE(same_bits(gcol, ucol)) << "two launches, " << what_w;
+        }
       }
     }
   }
@@ -920,29 +967,9 @@ TEST_F(CudaV41, HcExpandMixesNormMatchesExpandMixesThenRmsNorm) {
 // The norm's arguments are refused before anything is launched: a weight without collapse_out
 // (and so without collapse_pre), a negative or NaN eps.
 TEST_F(CudaV41, HcExpandMixesNormRefusesBadArguments) {
-  std::mt19937 rng(47);
-  const int hc = 4;
-  const int64_t dim = 64, t = 3, width = hc * dim;
-  cuda::HcExpandMixesParams good;
-  good.x = up(rnd(t * width, rng, -2, 2));
-  good.y = up(rnd(t * dim, rng, -1, 1));
-  good.rows = t;
-  good.hc = hc;
-  good.dim = dim;
-  good.post = up(rnd(t * hc, rng, 0.2f, 2));
-  good.comb = up(rnd(t * hc * hc, rng, 0.01f, 0.6f));
-  good.collapse_pre = up(rnd(t * hc, rng, 0.1f, 1.1f));
-  good.collapse_out = nans(t * dim);
-  good.fn = up(rnd(24 * width, rng, -0.02f, 0.02f));
-  good.base = up(rnd(24, rng, -1, 1));
-  good.scale = up(rnd(3, rng, 0.5f, 1.5f));
-  good.mix_pre = nans(t * hc);
-  good.mix_post = nans(t * hc);
-  good.mix_comb = nans(t * hc * hc);
-  good.collapse_norm_weight = up(rnd(dim, rng, 0.5f, 1.5f));
-  good.collapse_norm_eps = 1e-6f;
+  const cuda::HcExpandMixesParams good = small_expand_mixes(47, true);
   cuda::launch_hc_expand_mixes(good, stream_);  // accepted
-  EXPECT_TRUE(std::isfinite(down(good.collapse_out, t * dim)[0]));
+  EXPECT_TRUE(std::isfinite(down(good.collapse_out, static_cast<size_t>(good.rows * good.dim))[0]));
   const std::vector<std::pair<const char*, std::function<void(cuda::HcExpandMixesParams&)>>> bad = {
       {"norm weight without the collapse",
        [](auto& p) {

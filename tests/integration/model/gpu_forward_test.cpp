@@ -1038,6 +1038,40 @@ TEST(GpuForward, MoeFusedSwigluIsBitIdenticalInTheForward) {
   std::filesystem::remove_all(dir);
 }
 
+// Layer by layer, the rows of two traces of the same prompt (`rows` rows) that differ by more than
+// kRowAgree in the attention input, the FFN input and the layer output; `line` lists them per
+// layer (" layer:attn_in/ffn_in/layer_out"), first_layer is the first layer with any (-1: none)
+// and first_rows the most of the three there. Every value of b must be finite.
+struct LayerDifferences {
+  std::string line;
+  int first_layer = -1, first_rows = 0;
+};
+LayerDifferences layer_differences(const arch::GpuForwardTrace& a, const arch::GpuForwardTrace& b,
+                                   int64_t rows) {
+  LayerDifferences d;
+  for (const auto& [l, out] : a.layer_out) {
+    if (b.layer_out.count(l) != 1) {
+      ADD_FAILURE() << "layer " << l << " missing";
+      continue;
+    }
+    for (const auto* v : {&b.layer_out.at(l), &b.attn_in.at(l), &b.ffn_in.at(l)})
+      for (const float x : *v)
+        if (!std::isfinite(x)) {
+          ADD_FAILURE() << "layer " << l << ": not finite";
+          break;
+        }
+    const int di = rows_differing(a.attn_in.at(l), b.attn_in.at(l), rows, kRowAgree);
+    const int df = rows_differing(a.ffn_in.at(l), b.ffn_in.at(l), rows, kRowAgree);
+    const int dx = rows_differing(out, b.layer_out.at(l), rows, kRowAgree);
+    d.line += fmt::format(" {}:{}/{}/{}", l, di, df, dx);
+    if (d.first_layer < 0 && di + df + dx > 0) {
+      d.first_layer = l;
+      d.first_rows = std::max({di, df, dx});
+    }
+  }
+  return d;
+}
+
 // GpuModelOptions::mhc_fuse_expand_mixes (each mHC expand and the mixes after it on the updated
 // x in one launch) against the unfused launches, on the wide model (hidden 256: the one-kernel
 // path; Engram at layers 1 and 4, so layer 0 fuses only its ffn site and the next layer's
@@ -1081,27 +1115,13 @@ TEST(GpuForward, MhcFusedExpandMixesAgreesInTheForward) {
   EXPECT_EQ(ta.ffn_in.at(l0), tb.ffn_in.at(l0)) << "the fused expand's collapse differs";
   EXPECT_EQ(ta.ffn_out.at(l0), tb.ffn_out.at(l0));
   EXPECT_EQ(rows_differing(ta.layer_out.at(l0), tb.layer_out.at(l0), rows, kRowAgree), 0);
-  std::string line;
-  int first_layer = -1, first_rows = 0;
-  for (const auto& [l, a] : ta.layer_out) {
-    ASSERT_EQ(tb.layer_out.count(l), 1u) << "layer " << l;
-    const auto& b = tb.layer_out.at(l);
-    for (const float x : b) ASSERT_TRUE(std::isfinite(x)) << "layer " << l;
-    const int di = rows_differing(ta.attn_in.at(l), tb.attn_in.at(l), rows, kRowAgree);
-    const int df = rows_differing(ta.ffn_in.at(l), tb.ffn_in.at(l), rows, kRowAgree);
-    const int dx = rows_differing(a, b, rows, kRowAgree);
-    line += fmt::format(" {}:{}/{}/{}", l, di, df, dx);
-    if (first_layer < 0 && di + df + dx > 0) {
-      first_layer = l;
-      first_rows = std::max({di, df, dx});
-    }
-  }
+  const LayerDifferences d = layer_differences(ta, tb, rows);
   fmt::print(
       "mhc_fuse_expand_mixes vs unfused: rows over {:.0e} per layer "
       "(attn_in/ffn_in/layer_out){}\n",
-      kRowAgree, line);
-  EXPECT_LE(first_rows, 3) << "the first difference (layer " << first_layer << ") is in "
-                           << first_rows << " rows, not a local rounding flip";
+      kRowAgree, d.line);
+  EXPECT_LE(d.first_rows, 3) << "the first difference (layer " << d.first_layer << ") is in "
+                             << d.first_rows << " rows, not a local rounding flip";
   EXPECT_NE(ta.layer_out, tb.layer_out) << "bit-identical layer outputs: fused mixes not run";
   EXPECT_EQ(ca.flops, cb.flops);
   EXPECT_EQ(ca.fp8_flops, cb.fp8_flops);
@@ -1164,29 +1184,13 @@ TEST(GpuForward, MhcFusedNormAgreesInTheForward) {
   EXPECT_EQ(ta.attn_in.at(l0), tb.attn_in.at(l0));
   EXPECT_EQ(rows_differing(ta.ffn_in.at(l0), tb.ffn_in.at(l0), rows, kRowAgree), 0)
       << "the fused ffn_norm differs";
-  std::string line;
-  int first_layer = -1, first_rows = 0;
-  for (const auto& [l, a] : ta.layer_out) {
-    ASSERT_EQ(tb.layer_out.count(l), 1u) << "layer " << l;
-    const auto& b = tb.layer_out.at(l);
-    for (const float x : b) ASSERT_TRUE(std::isfinite(x)) << "layer " << l;
-    for (const float x : tb.attn_in.at(l)) ASSERT_TRUE(std::isfinite(x)) << "layer " << l;
-    for (const float x : tb.ffn_in.at(l)) ASSERT_TRUE(std::isfinite(x)) << "layer " << l;
-    const int di = rows_differing(ta.attn_in.at(l), tb.attn_in.at(l), rows, kRowAgree);
-    const int df = rows_differing(ta.ffn_in.at(l), tb.ffn_in.at(l), rows, kRowAgree);
-    const int dx = rows_differing(a, b, rows, kRowAgree);
-    line += fmt::format(" {}:{}/{}/{}", l, di, df, dx);
-    if (first_layer < 0 && di + df + dx > 0) {
-      first_layer = l;
-      first_rows = std::max({di, df, dx});
-    }
-  }
+  const LayerDifferences d = layer_differences(ta, tb, rows);
   fmt::print(
       "mhc_fuse_norm vs separate RMSNorm: rows over {:.0e} per layer "
       "(attn_in/ffn_in/layer_out){}\n",
-      kRowAgree, line);
-  EXPECT_LE(first_rows, 3) << "the first difference (layer " << first_layer << ") is in "
-                           << first_rows << " rows, not a local rounding flip";
+      kRowAgree, d.line);
+  EXPECT_LE(d.first_rows, 3) << "the first difference (layer " << d.first_layer << ") is in "
+                             << d.first_rows << " rows, not a local rounding flip";
   EXPECT_EQ(ca.flops, cb.flops);
   EXPECT_EQ(ca.fp8_flops, cb.fp8_flops);
   for (const bool norm : {false, true}) {
@@ -1213,6 +1217,64 @@ TEST(GpuForward, MhcFusedNormAgreesInTheForward) {
       "tokens identical\n",
       never_flipped(r), same_fraction(r));
   EXPECT_GE(same_fraction(r), kMinSameFraction);
+}
+
+// GpuModelOptions::mhc_fused_cluster_width (the fused expand + mixes launch on clusters of 4 or 16
+// blocks) against the default width (8), all with the fused launch and its norm
+// (mhc_fuse_expand_mixes, mhc_fuse_norm, mhc_fuse_min_rows = 0) on the wide model (hidden 256: 8
+// chunks of 32 columns per row). Oracle prefill of 20 tokens, traced:
+// - width 16: blocks 0..7 take the chunks they take at width 8 and blocks 8..15 none, so the
+//   partial sums that the latter add (mixes and the norm's sum of squares) are +0.0, after blocks
+//   0..7 in rank order: every traced value is bit-identical to width 8's, and a wiring error (a
+//   rank stride of 8 at width 16, a block's partial dropped or added twice) shows at once;
+// - width 4: each block adds its 2 chunks before the blocks are added, another fp32 order. Layer
+//   0's attention input is bit-identical (no fused launch before it), its FFN input (the fused
+//   norm of the fused collapse) within 1e-5 of the row's largest value in every row, and the first
+//   layer with a row over 1e-5 (attn_in, ffn_in or layer_out) differs in at most 3 rows (a
+//   rounding flip; a wiring error moves every row);
+// - the cost accounting is the same (FLOPs).
+// Width 16 with several chunks per block (another order than 8's) is covered by the op tests
+// (CudaV41.HcExpandMixes*, dim 5120), against the CPU.
+TEST(GpuForward, MhcFusedClusterWidthsAgreeInTheForward) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_mhc_cluster_width");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  const auto run = [&](int width, arch::GpuForwardCost* cost) {
+    return traced_prefill(
+        dir, 13,
+        [&](arch::GpuModelOptions& o) {
+          o.mhc_fuse_expand_mixes = true;
+          o.mhc_fuse_min_rows = 0;  // the test model's few rows take the fused launch too
+          o.mhc_fuse_norm = true;
+          o.mhc_fused_cluster_width = width;
+        },
+        cost);
+  };
+  arch::GpuForwardCost c8, c16, c4;
+  const auto t8 = run(0, &c8);
+  const auto t16 = run(16, &c16);
+  const auto t4 = run(4, &c4);
+  ASSERT_FALSE(t8.layer_out.empty());
+  EXPECT_EQ(t8.attn_in, t16.attn_in) << "width 16";
+  EXPECT_EQ(t8.ffn_in, t16.ffn_in) << "width 16";
+  EXPECT_EQ(t8.layer_out, t16.layer_out) << "width 16";
+  EXPECT_EQ(c8.flops, c16.flops);
+  ASSERT_EQ(t8.layer_out.size(), t4.layer_out.size());
+  const int64_t rows = 20;
+  const int32_t l0 = t8.layer_out.begin()->first;
+  EXPECT_EQ(t8.attn_in.at(l0), t4.attn_in.at(l0));
+  EXPECT_EQ(rows_differing(t8.ffn_in.at(l0), t4.ffn_in.at(l0), rows, kRowAgree), 0)
+      << "width 4: the fused ffn_norm differs";
+  const LayerDifferences d = layer_differences(t8, t4, rows);
+  fmt::print(
+      "mhc_fused_cluster_width 4 vs 8: rows over {:.0e} per layer (attn_in/ffn_in/layer_out){}\n",
+      kRowAgree, d.line);
+  EXPECT_LE(d.first_rows, 3) << "the first difference (layer " << d.first_layer << ") is in "
+                             << d.first_rows << " rows, not a local rounding flip";
+  EXPECT_NE(t8.layer_out, t4.layer_out) << "bit-identical layer outputs: width 4 not run";
+  EXPECT_EQ(c8.flops, c4.flops);
+  EXPECT_EQ(c8.fp8_flops, c4.fp8_flops);
+  std::filesystem::remove_all(dir);
 }
 
 // What a GEMM-fusion option's test compares in a trace: which layers fused, and the input and
