@@ -31,7 +31,8 @@ refuse --router-split-k 0 65 -1 maybe
 refuse --mhc-fused-rows-per-thread -1 5 maybe
 refuse --mhc-fuse-min-rows -1 many
 for opt in --moe-fuse-swiglu --router-split-tf32 --moe-shared-overlap --fast-attention --pdl \
-    --mhc-fuse-expand-mixes --attn-quant-epilogue --mhc-fuse-norm --fuse-qkv-a --indexer-fp8; do
+    --mhc-fuse-expand-mixes --attn-quant-epilogue --mhc-fuse-norm --fuse-qkv-a --indexer-fp8 \
+    --moe-stream-k; do
   refuse "$opt" maybe
 done
 echo "bench_forward_args: ok"
