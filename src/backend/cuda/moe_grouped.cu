@@ -1177,20 +1177,19 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 // this launch: the next launch finds it 0); __syncthreads; then every thread adds those slots
 // (ld.global.cg) to its accumulators in CTA order, which is K order, and stores the tile. The
 // cuts depend on the counts and G only, so the sums are the same bits every run and replay.
-// No deadlock: only heads wait, and only on partial segments, which wait on nothing (a partial
-// runs first in its CTA, after pdl_wait, whose predecessor does not depend on this grid). A head
-// waits on higher CTA indices only. Once its CTA is resident, the CTAs it waits for either run
-// (they finish their partial without waiting) or are not yet resident: G <= the SM count and
-// one CTA per SM (the ring's shared memory), so they become resident once the SMs held by other
-// work are free: our own CTAs free theirs as they finish (the lowest-index waiting head waits on
-// CTAs that never wait), and another stream's kernels (the shared expert's side stream) finish
-// on their own. With PDL the next kernel's CTAs are scheduled only once every CTA of this grid has
-// run (implicit trigger at exit; MOESERVE_PDL_EARLY_TRIGGER: at pdl_wait, i.e. once every CTA of
-// this grid is resident), so they never hold SMs this grid still needs. What would deadlock: a
-// kernel on another stream that spins, holding SMs, until work ordered after this launch runs
-// (none in this engine), or a context given fewer SMs than the attribute reports (MPS thread
-// limits): lower sk_ctas there. A head that waits longer than 10 s traps (a launch error on the
-// host instead of a hang).
+// No deadlock: only heads wait, and only for partial segments, which wait for nothing (a partial
+// runs first in its CTA, right after pdl_wait, whose predecessor does not depend on this grid).
+// So a head waits at most until the CTAs holding its partials are resident. G <= the SM count and
+// one CTA fits an SM (one CTA per SM: the ring's shared memory), so the whole grid fits the GPU at
+// once: a CTA not yet resident becomes resident as soon as the SMs that other work holds are
+// free, and that work finishes on its own (a predecessor, the shared expert's side-stream
+// kernels: none depends on this grid). With PDL the next kernel's CTAs are scheduled only once
+// every CTA of this grid has exited (the implicit trigger; MOESERVE_PDL_EARLY_TRIGGER: once every
+// CTA of this grid has passed pdl_wait, i.e. is resident), so they never take SMs this grid still
+// needs. What would deadlock: a kernel on another stream that spins, holding SMs, until work
+// ordered after this launch runs (none in this engine), or a context given fewer SMs than the
+// device attribute reports (MPS thread limits): lower sk_ctas there. A head that waits longer
+// than 10 s traps (a launch error on the host instead of a hang).
 
 namespace grs {
 constexpr int kThreads = 256;
