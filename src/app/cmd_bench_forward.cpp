@@ -70,6 +70,7 @@ struct BenchForwardOptions {
   bool moe_kperm = true;
   int32_t moe_rs_max_pass = 192;
   bool moe_fuse_swiglu = false;
+  bool moe_stream_k = false;
   bool fuse_shared_w13 = true;
   bool fuse_qkv_a = true;
   bool moe_shared_overlap = true;
@@ -238,6 +239,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_kperm = opt.moe_kperm;
   go.moe_rs_max_pass = opt.moe_rs_max_pass;
   go.moe_fuse_swiglu = opt.moe_fuse_swiglu;
+  go.moe_stream_k = opt.moe_stream_k;
   go.fuse_shared_w13 = opt.fuse_shared_w13;
   go.fuse_qkv_a = opt.fuse_qkv_a;
   go.moe_shared_overlap = opt.moe_shared_overlap;
@@ -481,6 +483,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"moe_kperm", opt.moe_kperm},
               {"moe_rs_max_pass", opt.moe_rs_max_pass},
               {"moe_fuse_swiglu", opt.moe_fuse_swiglu},
+              {"moe_stream_k", opt.moe_stream_k},
               {"fuse_shared_w13", opt.fuse_shared_w13},
               {"fuse_qkv_a", opt.fuse_qkv_a},
               {"moe_shared_overlap", opt.moe_shared_overlap},
@@ -691,6 +694,11 @@ void register_bench_forward(CLI::App& bench) {
                   "cuda: where the swapped-operand kernel takes the w1 + w3 launch with it, the "
                   "routed experts' SwiGLU and MXFP8 quantisation in that launch's epilogue (false: "
                   "fp32 gate and up, then the SwiGLU quantiser)")
+      ->capture_default_str();
+  cmd->add_option("--moe-stream-k", opt->moe_stream_k,
+                  "cuda: where the swapped-operand kernel takes the unfused w1 + w3 and w2 "
+                  "launches with 192-row passes, its stream-K form (one persistent CTA per SM "
+                  "sharing the K tiles of all units; false: one CTA per unit)")
       ->capture_default_str();
   cmd->add_option("--fuse-qkv-a", opt->fuse_qkv_a,
                   "cuda: the attention's wq_a and wkv as one GEMM of [wq_a; wkv] (false: two "

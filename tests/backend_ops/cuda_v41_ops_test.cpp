@@ -361,6 +361,26 @@ class CudaV41 : public ::testing::Test {
     return x;
   }
 
+  // A grouped GEMM's output y (rows past off.back() included) against its CPU reference over the
+  // grouped rows: within 2e-5 of max |ref| (the grouped table kernel's tolerance: exact products,
+  // fp32 sums), also per expert (a wrong expert's rows would stand out), and the rows past the
+  // grouped count untouched (NaN).
+  static void expect_grouped_output(const std::vector<float>& got, const std::vector<float>& ref,
+                                    const std::vector<int32_t>& off, int64_t n) {
+    const int64_t total = off.back();
+    const std::vector<float> head(got.begin(), got.begin() + total * n);
+    EXPECT_LE(rel_err(head, ref), 2e-5);
+    for (size_t e = 0; e + 1 < off.size(); ++e) {
+      const int64_t m = off[e + 1] - off[e];
+      if (m == 0) continue;
+      const std::vector<float> ge(got.begin() + off[e] * n, got.begin() + off[e + 1] * n);
+      const std::vector<float> re(ref.begin() + off[e] * n, ref.begin() + off[e + 1] * n);
+      EXPECT_LE(rel_err(ge, re), 2e-5) << "expert " << e << " rows " << m;
+    }
+    for (size_t i = static_cast<size_t>(total * n); i < got.size(); ++i)
+      ASSERT_TRUE(std::isnan(got[i])) << "row past the grouped count written: " << i;
+  }
+
   // The grouped launch of the refusal tests: every expert holds one random MXFP4 weight set
   // [n, k], A is all 1.0 (bf16) over off.back() rows, the counts are `off`; the kernel choice
   // (rows_hint, wgmma flags) and outputs are left to the test.
@@ -3108,17 +3128,7 @@ TEST_F(CudaV41, GroupedMxfp4GemmWgmma) {
     const Mxfp4Experts set[2] = {mxfp4_experts(off, c.n, c.k, a, rng),
                                  mxfp4_experts(off, c.n, c.k, a, rng)};
     const auto check = [&](const std::vector<float>& got, const std::vector<float>& r) {
-      const std::vector<float> head(got.begin(), got.begin() + total * c.n);
-      EXPECT_LE(rel_err(head, r), 2e-5);
-      for (int e = 0; e < local; ++e) {  // per expert too: a wrong expert's rows would stand out
-        const int64_t m = off[e + 1] - off[e];
-        if (m == 0) continue;
-        const std::vector<float> ge(got.begin() + off[e] * c.n, got.begin() + off[e + 1] * c.n);
-        const std::vector<float> re(r.begin() + off[e] * c.n, r.begin() + off[e + 1] * c.n);
-        EXPECT_LE(rel_err(ge, re), 2e-5) << "expert " << e << " rows " << m;
-      }
-      for (size_t i = static_cast<size_t>(total * c.n); i < got.size(); ++i)
-        ASSERT_TRUE(std::isnan(got[i])) << "row past the grouped count written: " << i;
+      expect_grouped_output(got, r, off, c.n);
     };
     // v1 (bf16 weight tiles in shared memory), the swapped-operand kernel, and the swapped kernel
     // with both weight sets in one launch, on natural and k-permuted A, with passes of 192 and
@@ -3465,6 +3475,188 @@ TEST_F(CudaV41, GroupedMxfp4GemmRefusesSwigluOffTheSwappedKernel) {
     cuda::GroupedMxfp4GemmParams gg = ok;
     spoil(gg);
     EXPECT_FALSE(cuda::grouped_mxfp4_rs_applies(gg));
+    EXPECT_DEATH(cuda::launch_grouped_mxfp4_gemm(gg, stream_), "bad arguments");
+  }
+}
+
+// GroupedMxfp4GemmParams::stream_k (the swapped-operand kernel's stream-K form: persistent CTAs
+// over the concatenated K tiles of all units, cut units summed by their first CTA) against the
+// CPU on random inputs with GroupedMxfp4GemmWgmma's tolerance (expect_grouped_output: 2e-5 of
+// max |ref|, per expert too, rows past the grouped count untouched), on natural and k-permuted A
+// (a_kperm), with one and two weight sets, for several grids (sk_ctas):
+// - 1: a single CTA walks every unit whole (no cut): the per-unit kernel's bits exactly (the same
+//   passes, K order and epilogue), which checks the schedule's unit order and pass shapes;
+// - 7 with 3 experts (one without rows): units cut between CTAs, a head owning one or two
+//   partials; 0 (the SM count) on the small shapes: more CTAs than units, so units spread over
+//   several CTAs, some CTAs with no tiles at all; 0 on the decode shape (w1 + w3 N 2304 K 5120).
+// Counts: every pass shape (64 / 128 / 192 rows), experts without rows, two passes (193 = 192 + 1,
+// 300 = 192 + 108). Each grid runs three launches into NaN outputs: W, then the sets swapped (W_b
+// as W), then W again; each matches its CPU reference, the first and third are bit-identical, and
+// every flag is 0 after every launch (each launch resets what it raised; the workspace starts NaN,
+// so a head reading a slot no partial wrote would show).
+TEST_F(CudaV41, GroupedMxfp4GemmStreamK) {
+  if (cuda::device_info(0).compute_major != 9)
+    GTEST_SKIP() << "the wgmma kernels need sm_90a (Hopper); device is sm_"
+                 << cuda::device_info(0).compute_major << cuda::device_info(0).compute_minor;
+  struct Case {
+    int64_t n, k;
+    std::vector<int32_t> counts;
+    std::vector<int> ctas;
+  };
+  for (const Case& c :
+       {Case{264, 1024, {7, 0, 129, 193, 64, 300}, {1, 7, 13, 0}},
+        Case{520, 2304, {150, 0, 200}, {1, 7, 0}}, Case{2304, 5120, {192, 5, 0, 70}, {0}}}) {
+    SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " experts " +
+                 std::to_string(c.counts.size()));
+    std::mt19937 rng(static_cast<uint32_t>(17 + c.n + c.k));
+    const int local = static_cast<int>(c.counts.size());
+    std::vector<int32_t> off(static_cast<size_t>(local + 1), 0);
+    for (int e = 0; e < local; ++e) off[e + 1] = off[e] + c.counts[static_cast<size_t>(e)];
+    const int64_t total = off[local];
+    const int64_t alloc_rows = total + 7;  // rows past the grouped count must stay untouched
+    const auto [a, a16] = mxfp8_rows(alloc_rows, c.k, rng);
+    const std::vector<uint16_t> a16p = kperm_rows(a16, alloc_rows, c.k, c.k);
+    const Mxfp4Experts set[2] = {mxfp4_experts(off, c.n, c.k, a, rng),
+                                 mxfp4_experts(off, c.n, c.k, a, rng)};
+    const cuda::GroupedStreamKWorkspace most = cuda::grouped_mxfp4_stream_k_workspace(0);
+    float* const ws = nans(static_cast<size_t>(most.floats));
+    int32_t* const flags = up(std::vector<int32_t>(static_cast<size_t>(most.flags), 0));
+    const size_t out = static_cast<size_t>(alloc_rows * c.n);
+    for (const bool kperm : {false, true})
+      for (const bool two : {false, true}) {
+        SCOPED_TRACE(std::string(kperm ? "a_kperm" : "natural A") +
+                     (two ? ", two weight sets" : ", one weight set"));
+        cuda::GroupedMxfp4GemmParams gg;
+        gg.a = up(kperm ? a16p : a16);
+        gg.lda = c.k;
+        gg.offsets = up(off);
+        gg.num_experts = local;
+        gg.max_rows = *std::max_element(c.counts.begin(), c.counts.end());
+        gg.ldy = c.n;
+        gg.n = c.n;
+        gg.k = c.k;
+        gg.rows_hint = 192;
+        gg.use_wgmma = true;
+        gg.wgmma_rs = true;
+        gg.a_rows = alloc_rows;
+        gg.a_kperm = kperm;
+        const auto* const w_dev = up(set[0].wp);
+        const auto* const s_dev = up(set[0].sp);
+        const auto* const wb_dev = up(set[1].wp);
+        const auto* const sb_dev = up(set[1].sp);
+        // Launch with W = set `first` (and W_b = the other set with `two`): y, y_b.
+        const auto launch = [&](int first, cuda::GroupedMxfp4Kernel want) {
+          gg.w = first == 0 ? w_dev : wb_dev;
+          gg.w_scale = first == 0 ? s_dev : sb_dev;
+          gg.y = nans(out);
+          if (two) {
+            gg.w_b = first == 0 ? wb_dev : w_dev;
+            gg.w_scale_b = first == 0 ? sb_dev : s_dev;
+            gg.y_b = nans(out);
+          }
+          EXPECT_EQ(cuda::launch_grouped_mxfp4_gemm(gg, stream_), want);
+          return std::pair{down(gg.y, out), two ? down(gg.y_b, out) : std::vector<float>{}};
+        };
+        const auto per_unit = launch(0, cuda::GroupedMxfp4Kernel::kWgmmaRs);
+        gg.stream_k = true;
+        gg.sk_workspace = ws;
+        gg.sk_workspace_floats = most.floats;
+        gg.sk_flags = flags;
+        gg.sk_flag_count = most.flags;
+        for (const int ctas : c.ctas) {
+          SCOPED_TRACE("sk_ctas " + std::to_string(ctas));
+          gg.sk_ctas = ctas;
+          std::vector<std::pair<std::vector<float>, std::vector<float>>> runs;
+          for (const int first : {0, 1, 0}) {
+            runs.push_back(launch(first, cuda::GroupedMxfp4Kernel::kWgmmaRsStreamK));
+            const auto f = down(flags, static_cast<size_t>(most.flags));
+            ASSERT_TRUE(std::all_of(f.begin(), f.end(), [](int32_t v) { return v == 0; }))
+                << "flags left raised after a launch";
+            const auto& [y, y_b] = runs.back();
+            expect_grouped_output(y, set[first].ref, off, c.n);
+            if (two) expect_grouped_output(y_b, set[1 - first].ref, off, c.n);
+          }
+          const auto same = [&](const std::vector<float>& x, const std::vector<float>& z) {
+            return std::memcmp(x.data(), z.data(), out * sizeof(float)) == 0;
+          };
+          ASSERT_TRUE(same(runs[0].first, runs[2].first)) << "relaunch not bit-identical";
+          ASSERT_TRUE(!two || same(runs[0].second, runs[2].second))
+              << "relaunch not bit-identical (W_b)";
+          if (ctas == 1) {
+            EXPECT_TRUE(same(runs[0].first, per_unit.first))
+                << "one CTA: not the per-unit kernel's bits";
+            EXPECT_TRUE(!two || same(runs[0].second, per_unit.second))
+                << "one CTA: not the per-unit kernel's bits (W_b)";
+          }
+        }
+      }
+  }
+}
+
+// stream_k is refused as bad arguments before any kernel is chosen (on any device) with the fused
+// SwiGLU epilogue, with 224-row passes, without its workspace or flags or with either short of
+// grouped_mxfp4_stream_k_workspace(sk_ctas), and with sk_ctas < 0 or past the SM count; the
+// launch these spoil runs (on Hopper: the stream-K form) and matches the CPU.
+TEST_F(CudaV41, GroupedMxfp4GemmStreamKRefusesBadArguments) {
+  std::mt19937 rng(29);
+  const int64_t n = 128, k = 256;
+  const std::vector<int32_t> off = {0, 30, 30, 70};
+  const int local = 3;
+  const auto [a, a16] = mxfp8_rows(off[local], k, rng);
+  const Mxfp4Experts ex = mxfp4_experts(off, n, k, a, rng);
+  cuda::GroupedMxfp4GemmParams ok;
+  ok.a = up(a16);
+  ok.lda = k;
+  ok.offsets = up(off);
+  ok.num_experts = local;
+  ok.max_rows = 40;
+  ok.w = up(ex.wp);
+  ok.w_scale = up(ex.sp);
+  ok.ldy = n;
+  ok.n = n;
+  ok.k = k;
+  ok.rows_hint = 192;
+  ok.use_wgmma = true;
+  ok.wgmma_rs = true;
+  ok.a_rows = off[local];
+  ok.stream_k = true;
+  ok.sk_ctas = 5;
+  const cuda::GroupedStreamKWorkspace need = cuda::grouped_mxfp4_stream_k_workspace(5);
+  EXPECT_EQ(need.ctas, 5);
+  ok.sk_workspace = nans(static_cast<size_t>(need.floats));
+  ok.sk_workspace_floats = need.floats;
+  ok.sk_flags = up(std::vector<int32_t>(static_cast<size_t>(need.flags), 0));
+  ok.sk_flag_count = need.flags;
+  ok.y = nans(static_cast<size_t>(off[local] * n));
+  EXPECT_EQ(cuda::launch_grouped_mxfp4_gemm(ok, stream_),
+            cuda::device_info(0).compute_major == 9 ? cuda::GroupedMxfp4Kernel::kWgmmaRsStreamK
+                                                    : cuda::GroupedMxfp4Kernel::kTable);
+  expect_grouped_output(down(ok.y, static_cast<size_t>(off[local] * n)), ex.ref, off, n);
+  auto* swiglu_out = up(std::vector<uint16_t>(static_cast<size_t>(off[local] * n), 0));
+  const int sms = cuda::grouped_mxfp4_stream_k_workspace(0).ctas;
+  const std::vector<std::pair<const char*, std::function<void(cuda::GroupedMxfp4GemmParams&)>>>
+      bad = {
+          {"swiglu",
+           [&](auto& p) {
+             p.w_b = p.w;
+             p.w_scale_b = p.w_scale;
+             p.y = nullptr;
+             p.swiglu.out = swiglu_out;
+             p.swiglu.ldo = n;
+           }},
+          {"rs_max_pass 224", [](auto& p) { p.rs_max_pass = 224; }},
+          {"no workspace", [](auto& p) { p.sk_workspace = nullptr; }},
+          {"short workspace", [](auto& p) { --p.sk_workspace_floats; }},
+          {"no flags", [](auto& p) { p.sk_flags = nullptr; }},
+          {"short flags", [](auto& p) { --p.sk_flag_count; }},
+          {"sk_ctas -1", [](auto& p) { p.sk_ctas = -1; }},
+          {"sk_ctas past the SM count", [&](auto& p) { p.sk_ctas = sms + 1; }},
+      };
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  for (const auto& [name, spoil] : bad) {
+    SCOPED_TRACE(name);
+    cuda::GroupedMxfp4GemmParams gg = ok;
+    spoil(gg);
     EXPECT_DEATH(cuda::launch_grouped_mxfp4_gemm(gg, stream_), "bad arguments");
   }
 }

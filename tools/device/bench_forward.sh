@@ -58,6 +58,11 @@ args_decode_s6_nokperm="$args_decode_s6 --moe-kperm false"
 # weight decode instead of two (1.40 -> 1.25 passes per expert at 64 x 6).
 args_decode_s6_pass224="$args_decode_s6 --moe-rs-max-pass 224"
 args_decode_s1_pass224="$args_decode_s1 --moe-rs-max-pass 224"
+# The swapped-operand kernel's stream-K form for the unfused w1 + w3 and w2 launches
+# (GpuModelOptions::moe_stream_k; off by default, unmeasured): one persistent CTA per SM shares
+# the K tiles of all (weight tile, pass, expert) units instead of 3.27 / 3.64 waves of whole units.
+args_decode_s6_sk="$args_decode_s6 --moe-stream-k true"
+args_decode_s1_sk="$args_decode_s1 --moe-stream-k true"
 # The routed experts' SwiGLU + MXFP8 quantisation in the w1 + w3 launch's epilogue
 # (GpuModelOptions::moe_fuse_swiglu; off by default: measured slower, r8).
 args_decode_s6_fswq="$args_decode_s6 --moe-fuse-swiglu true"
@@ -136,6 +141,7 @@ args_prefill8k_prod_moev1="$args_prefill8k_prod --moe-grouped-wgmma-rs false"
 args_prefill8k_prod_kperm="$args_prefill8k_prod --moe-kperm true"
 args_prefill8k_prod_sw13="$args_prefill8k_prod --fuse-shared-w13 true"
 args_prefill8k_prod_fswq="$args_prefill8k_prod --moe-fuse-swiglu true"
+args_prefill8k_prod_sk="$args_prefill8k_prod --moe-stream-k true"
 args_prefill8k_prod_fmix="$args_prefill8k_prod --mhc-fuse-expand-mixes true"
 args_prefill8k_prod_aqe="$args_prefill8k_prod --attn-quant-epilogue true"
 args_prefill8k_prod_nofmix="$args_prefill8k_prod --mhc-fuse-expand-mixes false"

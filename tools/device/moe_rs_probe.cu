@@ -8,6 +8,11 @@
 // - drawn: the decode bench's counts, 32 x Binomial(2304, 1/384) per expert (64 x 6 tokens x
 //   top-6 over 384 experts, every hit computed for 32 ranks; fixed seed), printed with the passes
 //   they take at 192 and 224 rows per pass: the rs rows at both maxima.
+// On both counts also the stream-K form (GroupedMxfp4GemmParams::stream_k; "sk" rows, 192-row
+// passes): one persistent CTA per SM (-DMOESERVE_PROBE_SK_CTAS=G sets the grid) over the K tiles
+// of all units, on natural and k-permuted A, one and two weight sets. Its hashes differ from the
+// rs rows' (units cut between CTAs sum their K tiles in another fp32 order) but must be the same
+// from build to build and run to run.
 // Variants of the swapped-operand kernel compile with -DMOESERVE_RS_PROBE=P (1: no dequant after
 // tile 0, 2: no loads after the prologue, 3: no wgmma), -DMOESERVE_RS_STAGES=S,
 // -DMOESERVE_RS_WIDE_BUFS=3 (the 224-row passes with three fragment buffers) and
@@ -22,6 +27,10 @@
 
 #include "backend/cuda/moe_grouped.cu"
 #include "probe_util.h"
+
+#ifndef MOESERVE_PROBE_SK_CTAS
+#define MOESERVE_PROBE_SK_CTAS 0
+#endif
 
 using namespace moeserve::cuda;
 
@@ -92,16 +101,27 @@ int main() {
     MS_CUDA_CHECK(cudaMalloc(&y, static_cast<size_t>(alloc_rows * n) * 4));
     MS_CUDA_CHECK(cudaMalloc(&y2, static_cast<size_t>(alloc_rows * n) * 4));
     const auto* da = up(a);
+    // The stream-K workspace (flags zeroed once; every launch leaves them 0).
+    const GroupedStreamKWorkspace sk = grouped_mxfp4_stream_k_workspace(MOESERVE_PROBE_SK_CTAS);
+    float* sk_ws = nullptr;
+    int32_t* sk_flags = nullptr;
+    MS_CUDA_CHECK(cudaMalloc(&sk_ws, static_cast<size_t>(sk.floats) * 4));
+    MS_CUDA_CHECK(cudaMalloc(&sk_flags, static_cast<size_t>(sk.flags) * 4));
+    MS_CUDA_CHECK(cudaMemset(sk_flags, 0, static_cast<size_t>(sk.flags) * 4));
     for (const Counts& cs : sets) {
       std::vector<int32_t> off(experts + 1, 0);
       for (int e = 0; e < experts; ++e) off[e + 1] = off[e] + cs.rows[static_cast<size_t>(e)];
       const int32_t* doff = up(off);
       const int64_t rows = off[experts];
       // v1, rs, rs with two weight sets, and the two rs rows with a_kperm; each rs row at both
-      // pass maxima (v1 on the uniform counts only: the reference of the earlier rounds).
-      for (const int variant : {0, 1, 2, 3, 4})
+      // pass maxima (v1 on the uniform counts only: the reference of the earlier rounds); then
+      // the same four rs rows in the stream-K form (variants 5-8, 192-row passes only).
+      for (const int variant : {0, 1, 2, 3, 4, 5, 6, 7, 8})
         for (const int max_pass : {192, 224}) {
           if (variant == 0 && (max_pass != 192 || &cs != &sets[0])) continue;
+          if (variant >= 5 && max_pass != 192) continue;
+          const bool stream_k = variant >= 5;
+          const int rs_variant = stream_k ? variant - 4 : variant;  // its rs row
           GroupedMxfp4GemmParams p;
           p.a = da;
           p.lda = k;
@@ -117,18 +137,26 @@ int main() {
           p.wgmma_rs = variant > 0;
           p.rs_max_pass = max_pass;
           p.a_rows = alloc_rows;
-          p.a_kperm = variant >= 3;
+          p.a_kperm = rs_variant >= 3;
+          p.stream_k = stream_k;
+          p.sk_ctas = MOESERVE_PROBE_SK_CTAS;
+          p.sk_workspace = sk_ws;
+          p.sk_workspace_floats = sk.floats;
+          p.sk_flags = sk_flags;
+          p.sk_flag_count = sk.flags;
+          const bool two = rs_variant == 2 || rs_variant == 4;
           const auto launch = [&](int i) {
             p.w = wp[i % 3];
             p.w_scale = sp[i % 3];
-            if (variant == 2 || variant == 4) {
+            if (two) {
               p.w_b = wp[(i + 1) % 3];
               p.w_scale_b = sp[(i + 1) % 3];
               p.y_b = y2;
             }
             const GroupedMxfp4Kernel kind = launch_grouped_mxfp4_gemm(p, nullptr);
-            if (kind !=
-                (variant == 0 ? GroupedMxfp4Kernel::kWgmma : GroupedMxfp4Kernel::kWgmmaRs)) {
+            if (kind != (variant == 0 ? GroupedMxfp4Kernel::kWgmma
+                         : stream_k   ? GroupedMxfp4Kernel::kWgmmaRsStreamK
+                                      : GroupedMxfp4Kernel::kWgmmaRs)) {
               std::fprintf(stderr, "variant %d: another kernel ran (%d)\n", variant,
                            static_cast<int>(kind));
               std::exit(1);
@@ -146,18 +174,19 @@ int main() {
           float ms = 0;
           cudaEventElapsedTime(&ms, e0, e1);
           const double us = 1000.0 * ms / iters;
-          static constexpr const char* kNames[] = {"v1", "rs", "rs w1+w3", "rs kperm",
-                                                   "rs kperm w1+w3"};
-          const bool two = variant == 2 || variant == 4;
+          static constexpr const char* kNames[] = {
+              "v1", "rs",       "rs w1+w3", "rs kperm",      "rs kperm w1+w3",
+              "sk", "sk w1+w3", "sk kperm", "sk kperm w1+w3"};
           const double flops = 2.0 * rows * n * k * (two ? 2 : 1);
           const uint64_t hash =
               device_hash(y, rows * n) ^ (two ? device_hash(y2, rows * n) * 31 : 0);
           std::printf(
-              "probe %d stages %d wide bufs %d loop %d decoupled %d %-7s max %d %-14s n %5ld "
-              "k %5ld: %7.1f us %6.0f TFLOP/s hash %016llx\n",
+              "probe %d stages %d wide bufs %d loop %d decoupled %d sk ctas %d %-7s max %d %-14s "
+              "n %5ld k %5ld: %7.1f us %6.0f TFLOP/s hash %016llx\n",
               MOESERVE_RS_PROBE, MOESERVE_RS_STAGES, MOESERVE_RS_WIDE_BUFS, MOESERVE_RS_LOOP,
-              MOESERVE_RS_DECOUPLED, cs.name, max_pass, kNames[variant], static_cast<long>(n),
-              static_cast<long>(k), us, flops / us * 1e-6, static_cast<unsigned long long>(hash));
+              MOESERVE_RS_DECOUPLED, sk.ctas, cs.name, max_pass, kNames[variant],
+              static_cast<long>(n), static_cast<long>(k), us, flops / us * 1e-6,
+              static_cast<unsigned long long>(hash));
         }
     }
   }

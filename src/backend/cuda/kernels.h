@@ -299,10 +299,40 @@ struct GroupedMxfp4GemmParams {
   // the launch, checking also w_b set, y and y_b null, n % 32 == 0 (n % 64 with kperm64), ldo
   // and out (GroupedSwigluEpilogue); a launch it does not take aborts as bad arguments.
   GroupedSwigluEpilogue swiglu;
+  // With wgmma_rs, where the swapped-operand kernel takes the launch: its stream-K form instead
+  // of the grid of (128 weight rows, pass, expert) CTAs. A persistent grid of sk_ctas CTAs (0:
+  // one per SM; at most the SM count) walks the concatenated K tiles of every (weight tile, pass,
+  // expert) unit, read from offsets on the device, each CTA an equal share of them weighted by
+  // pass shape (a 64-row pass's tile costs 2, a 128-row one 3, a 192-row one 4). A unit cut
+  // between CTAs is summed by the CTA holding its first K tile: the others store their fp32 partial
+  // tiles in sk_workspace (slot = CTA index) and raise sk_flags[CTA index]; it waits for those
+  // flags, adds the partials in K order (deterministic: the cuts depend on the counts and sk_ctas
+  // only) and resets the flags to 0. Same products; fp32 sums of a cut unit in another order.
+  // Only with the unfused epilogue (swiglu.out null) and 192-row passes (rs_max_pass 0 or 192):
+  // otherwise launch_grouped_mxfp4_gemm aborts as bad arguments; so it does when stream_k is set
+  // and the workspace (grouped_mxfp4_stream_k_workspace: sk_workspace_floats floats, sk_flag_count
+  // flags) is missing or short. The flags must be 0 before the first launch (cudaMemset once at
+  // allocation); every launch leaves them 0. Launches sharing a workspace must not overlap in time
+  // (stream order does this).
+  bool stream_k = false;
+  int sk_ctas = 0;
+  float* sk_workspace = nullptr;
+  int64_t sk_workspace_floats = 0;
+  int32_t* sk_flags = nullptr;
+  int64_t sk_flag_count = 0;
 };
 // Which kernel a launch took (the last one when a second weight set ran as a second launch).
-enum class GroupedMxfp4Kernel { kNone, kTable, kSkinny, kWgmma, kWgmmaRs };
+enum class GroupedMxfp4Kernel { kNone, kTable, kSkinny, kWgmma, kWgmmaRs, kWgmmaRsStreamK };
 GroupedMxfp4Kernel launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream);
+// The stream-K launch's grid and workspace (GroupedMxfp4GemmParams::stream_k) for sk_ctas (0:
+// the SM count of the current device): ctas CTAs, a 128 x 192 fp32 partial tile per CTA, one
+// flag per CTA.
+struct GroupedStreamKWorkspace {
+  int ctas = 0;
+  int64_t floats = 0;
+  int64_t flags = 0;
+};
+[[nodiscard]] GroupedStreamKWorkspace grouped_mxfp4_stream_k_workspace(int sk_ctas);
 // Whether launch_grouped_mxfp4_gemm takes the swapped-operand kernel for p (the flags, shape and
 // alignment conditions, and a Hopper device; the same test the launch makes), so a caller can
 // decide on a_kperm and swiglu before producing A. (A launch whose TMA descriptor the driver still

@@ -1142,6 +1142,55 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 #define MOESERVE_RS_DECOUPLED 0
 #endif
 
+// Stream-K form (GroupedMxfp4GemmParams::stream_k; grouped_mxfp4_gemm_rs_sk_kernel: the unfused
+// epilogue, 192-row passes, both decodes). The grid above loses twice at the DEP32 decode share
+// (12 experts of ~192 rows, 132 SMs, one CTA per SM): wave quantisation (w1 + w3: 36 x 12 = 432
+// units = 3.27 waves, run as 4: 82%; w2: 40 x 12 = 480 = 3.64 waves: 91%), and the drawn counts'
+// second passes (a third of the experts get 193-220 rows: 36 more units of a few rows each; the
+// probe, w1 + w3: 277 us at the drawn counts against 247 us at 192 rows each).
+// A persistent grid of G CTAs (sk_ctas; 0: the SM count, never more) shares the K tiles of all
+// units instead. The units in a fixed order: for each expert (in order) its passes (ceil(count /
+// 192), all of 192 rows but the last), for each pass the weight tiles (of W, then of W_b, as
+// blockIdx.x above); a unit is nk = K / 64 K tiles, and the tiles of all units, concatenated in
+// that order, are cut into G contiguous ranges. Every CTA derives the list from the offsets on the
+// device (no host sync: the forward is captured in CUDA graphs; O(experts) integer arithmetic per
+// segment, SkSchedule).
+// Cost of a K tile: 1 + kTN / 64 for a pass of shape kTN (2, 3, 4 at 64, 128, 192 rows). The
+// decode of the weight fragments is paid per tile whatever kTN, the wgmma in proportion to kTN
+// (probe, w1 at 12 x 192 rows: the decode alone 66 us, the wgmma alone 86 us, both 125 us; a
+// 64-row tile is decode-bound, about half of a 192-row one). With W the total cost, CTA i takes
+// the tiles whose start cost P (the summed costs of the tiles before them) has i W <= P G <
+// (i + 1) W: a contiguous range within one tile's cost of W / G. Its intersection with a unit is
+// a segment [kt_begin, kt_end) of that unit's K tiles.
+// A segment of a whole unit ends with the epilogue above. A unit cut between CTAs is owned by its
+// "head", the segment holding kt = 0: the unit goes on past it into the next CTA's range, so the
+// head ends its CTA's range: it is the CTA's LAST segment and runs last. Every other segment of a
+// cut unit starts past the unit's first tile, whose earlier tiles are an earlier CTA's, so it
+// starts its CTA's range: it is the CTA's FIRST segment (or only one) and runs first. A CTA
+// holds at most one such "partial" segment, so its fp32 partial tile has a slot of its own in
+// the workspace (slot = CTA index: G x 128 x 192 floats, thread t's accumulator i at i * 256 + t,
+// coalesced) and a flag of its own (sk_flags[CTA index]). A partial stores its accumulators there
+// (st.global.cg), then __syncthreads and thread 0 publishes (__threadfence, st.release.gpu of
+// 1). The head, after its own K tiles: thread 0 waits for the flag of every later CTA whose range
+// starts inside the unit (and holds tiles: a CTA's range may be empty when W < G tiles' cost), in
+// CTA order (ld.acquire.gpu spin with __nanosleep) and resets each to 0 (no other write to it in
+// this launch: the next launch finds it 0); __syncthreads; then every thread adds those slots
+// (ld.global.cg) to its accumulators in CTA order, which is K order, and stores the tile. The
+// cuts depend on the counts and G only, so the sums are the same bits every run and replay.
+// No deadlock: only heads wait, and only for partial segments, which wait for nothing (a partial
+// runs first in its CTA, right after pdl_wait, whose predecessor does not depend on this grid).
+// So a head waits at most until the CTAs holding its partials are resident. G <= the SM count and
+// one CTA fits an SM (one CTA per SM: the ring's shared memory), so the whole grid fits the GPU at
+// once: a CTA not yet resident becomes resident as soon as the SMs that other work holds are
+// free, and that work finishes on its own (a predecessor, the shared expert's side-stream
+// kernels: none depends on this grid). With PDL the next kernel's CTAs are scheduled only once
+// every CTA of this grid has exited (the implicit trigger; MOESERVE_PDL_EARLY_TRIGGER: once every
+// CTA of this grid has passed pdl_wait, i.e. is resident), so they never take SMs this grid still
+// needs. What would deadlock: a kernel on another stream that spins, holding SMs, until work
+// ordered after this launch runs (none in this engine), or a context given fewer SMs than the
+// device attribute reports (MPS thread limits): lower sk_ctas there. A head that waits longer
+// than 10 s traps (a launch error on the host instead of a hang).
+
 namespace grs {
 constexpr int kThreads = 256;
 constexpr int kBW = 128;  // weight rows per CTA (64 per warpgroup)
@@ -1174,6 +1223,101 @@ struct Ring {
   static_assert(kSmemBytes <= 227 * 1024);
   static_assert(2 * kMaxTok * kEpiPitch * 4 <= kStages * kStageBytes);
 };
+
+// Stream-K (see above): passes of kSkPass rows, a partial tile slot of kSkSlotFloats per CTA.
+constexpr int kSkPass = 192;
+constexpr int kSkSlotFloats = kBW * kSkPass;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+enum SkEpilogue : int { kSkWhole = 0, kSkPartial = 1, kSkHead = 2 };
+
+// Where the concatenated K tiles (global tile index j) of a stream-K launch lie: nk tiles per
+// unit, tp per pass (the weight tiles of W and W_b times nk), cost the total. Built by thread 0
+// from the offsets (a few dozen loads for 12 experts) and the launch's shape, in shared memory.
+struct SkSchedule {
+  const int32_t* offsets;
+  int experts;
+  int ctas;
+  int nk;
+  int64_t tp;
+  int64_t cost;
+
+  // Cost of one K tile of a pass of `rows` rows (1..192): 1 + its shape / 64.
+  __device__ static int64_t tile_cost(int64_t rows) { return 1 + (rows + 63) / 64; }
+  __device__ int64_t count(int e) const { return offsets[e + 1] - offsets[e]; }
+  // An expert's K tiles and their cost: its passes (all of 192 rows but the last) times tp.
+  __device__ int64_t tiles(int64_t cnt) const { return tp * ((cnt + kSkPass - 1) / kSkPass); }
+  __device__ int64_t expert_cost(int64_t cnt) const {
+    const int64_t rem = cnt % kSkPass;
+    return tp * (tile_cost(kSkPass) * (cnt / kSkPass) + (rem > 0 ? tile_cost(rem) : 0));
+  }
+  // The first tile of CTA c's range: the first tile j whose start cost P_j has P_j G >= c W
+  // (c = ctas: the number of tiles).
+  __device__ int64_t start(int c) const {
+    const int64_t t = (static_cast<int64_t>(c) * cost + ctas - 1) / ctas;  // P_j >= t
+    int64_t p = 0, j = 0;
+    for (int e = 0; e < experts; ++e) {
+      const int64_t cnt = count(e), ce = expert_cost(cnt);
+      if (t < p + ce) {
+        const int64_t r = t - p, full_pass = tile_cost(kSkPass) * tp;
+        const int64_t full = full_pass * (cnt / kSkPass);
+        const int64_t pass = r < full ? r / full_pass : cnt / kSkPass;
+        const int64_t r2 = r < full ? r % full_pass : r - full;
+        const int64_t w = r < full ? tile_cost(kSkPass) : tile_cost(cnt % kSkPass);
+        return j + pass * tp + (r2 + w - 1) / w;  // the first tile starting at or past t
+      }
+      p += ce;
+      j += tiles(cnt);
+    }
+    return j;
+  }
+  // Calls fn(c) for every CTA c > cta whose range starts before `end` and holds tiles, in order:
+  // the partial segments of the unit [.., end) that CTA cta's head segment owns.
+  template <typename Fn>
+  __device__ void for_each_partial(int cta, int64_t end, Fn&& fn) const {
+    int64_t s = start(cta + 1);
+    for (int c = cta + 1; c < ctas && s < end; ++c) {
+      const int64_t next = start(c + 1);
+      if (next > s) fn(c);
+      s = next;
+    }
+  }
+};
+
+// A stream-K CTA's state in shared memory (thread 0 writes it between barriers, so that none of
+// it takes registers through the K loop): the schedule, the CTA's range [next, end) still to do,
+// and the current segment: K tiles [kb, ke) of the unit of expert e (grouped rows [beg + m0,
+// beg + m0 + rows)), weight tile wt (of W, then of W_b), its epilogue, and the unit's end in
+// the concatenated tiles (a head's partials are the CTAs starting before it).
+struct SkState {
+  SkSchedule sched;
+  int cta;
+  int64_t next, end;
+  int kb, ke;
+  SkEpilogue epi;
+  int e, wt;
+  int64_t beg, m0, rows, unit_end;
+
+  // The segment starting at tile `next` (next < end).
+  __device__ void set_segment() {
+    int64_t j0 = 0;
+    e = 0;
+    for (; e < sched.experts - 1; ++e) {  // the last expert holds every tile past the others'
+      const int64_t te = sched.tiles(sched.count(e));
+      if (next < j0 + te) break;
+      j0 += te;
+    }
+    const int64_t i = next - j0, pass = i / sched.tp, r = i % sched.tp;
+    wt = static_cast<int>(r / sched.nk);
+    kb = static_cast<int>(r % sched.nk);
+    ke = static_cast<int>(min(static_cast<int64_t>(sched.nk), kb + (end - next)));
+    epi = kb > 0 ? kSkPartial : ke < sched.nk ? kSkHead : kSkWhole;
+    beg = sched.offsets[e];
+    m0 = pass * kSkPass;
+    rows = min(static_cast<int64_t>(kSkPass), sched.count(e) - m0);
+    unit_end = next - kb + sched.nk;
+  }
+};
+#endif
 }  // namespace grs
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1270,25 +1414,90 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
+// Stream-K flags (see above): a release store of 1 by the partial's thread 0, an acquire spin by
+// the head's.
+__device__ __forceinline__ void sk_flag_release(int32_t* flag) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(flag), "r"(1) : "memory");
+}
+__device__ __forceinline__ int32_t sk_flag_acquire(const int32_t* flag) {
+  int32_t v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(flag) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+// Waits until *flag is 1 (the partial published); after 10 s traps: the launch then fails on the
+// host (a hang otherwise: see the deadlock conditions above).
+__device__ __forceinline__ void sk_wait_flag(const int32_t* flag) {
+  if (sk_flag_acquire(flag) != 0) return;
+  const uint64_t t0 = global_timer_ns();
+  while (sk_flag_acquire(flag) == 0) {
+    __nanosleep(256);
+    if (global_timer_ns() - t0 > 10'000'000'000ull) __trap();
+  }
+}
+// A partial segment's accumulators into CTA cta's slot (accumulator i of thread t at i * 256 + t:
+// each i one coalesced 1 KB store), then its flag raised once the whole CTA's stores are done.
+template <int kN>
+__device__ __forceinline__ void sk_store_partial(const GroupedMxfp4GemmParams& p, int cta,
+                                                 const float (&acc)[kN]) {
+  float* const slot = p.sk_workspace + static_cast<int64_t>(cta) * grs::kSkSlotFloats + threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < kN; ++i) __stcg(slot + i * grs::kThreads, acc[i]);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    sk_flag_release(p.sk_flags + cta);
+  }
+}
+// A head's accumulators plus the partial tiles of its unit (the later CTAs' slots, in CTA = K
+// order); thread 0 waits for each flag and resets it first.
+template <int kN>
+__device__ __forceinline__ void sk_add_partials(const GroupedMxfp4GemmParams& p,
+                                                const grs::SkState& seg, float (&acc)[kN]) {
+  if (threadIdx.x == 0)
+    seg.sched.for_each_partial(seg.cta, seg.unit_end, [&](int c) {
+      sk_wait_flag(p.sk_flags + c);
+      p.sk_flags[c] = 0;
+    });
+  __syncthreads();
+  seg.sched.for_each_partial(seg.cta, seg.unit_end, [&](int c) {
+    const float* const slot =
+        p.sk_workspace + static_cast<int64_t>(c) * grs::kSkSlotFloats + threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < kN; ++i) acc[i] += __ldcg(slot + i * grs::kThreads);
+  });
+}
+
 // One pass: rows [m0, m0 + rows) of expert e (rows <= kTN), weight rows [n0, n0 + 128) (kFuse:
 // [n0, n0 + 64) of both sets), in the ring of a kernel with passes of up to kMaxTok rows.
 // wexp, sexp: the expert's weights and scales in the set of the ring row this thread copies
 // (tid / 2 and tid % 128). tc: K tiles this CTA loaded before the pass (ring slot and mbarrier
-// phase of tile kt follow tc + kt).
-template <int kTN, int kMaxTok, bool kKperm, bool kFuse>
+// phase of its kt-th tile follow tc + kt).
+// kSk (the stream-K kernel): K tiles [seg.kb, seg.ke) only, then seg.epi: the epilogue below
+// (kSkWhole), the partial tile into the CTA's workspace slot and its flag raised (kSkPartial), or
+// the later CTAs' partial tiles of the unit added first (kSkHead). Without kSk: every K tile.
+template <int kTN, int kMaxTok, bool kKperm, bool kFuse, bool kSk = false>
 __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const CUtensorMap* tmap_a,
                                          const uint8_t* wexp, const uint8_t* sexp, float* y,
                                          uint8_t* smem, uint32_t base, int64_t beg, int64_t m0,
-                                         int64_t rows, int64_t n0, uint32_t tc) {
+                                         int64_t rows, int64_t n0, uint32_t tc,
+                                         const grs::SkState& seg = grs::SkState{}) {
   using namespace grs;
   using R = Ring<kMaxTok>;
   constexpr int kStageBytes = R::kStageBytes, kABytes = R::kABytes, kBoxRows = R::kBoxRows;
   constexpr int kBufs = kBufsFor<kTN>;
   static_assert(kTN <= kMaxTok && kTN % kBoxRows == 0);
+  static_assert(!kSk || (!kFuse && kMaxTok == kSkPass));
   const int tid = static_cast<int>(threadIdx.x);
   const int wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int nk = static_cast<int>(p.k / kBK);
+  // The K tiles kb .. kb + nk - 1; kt below counts from kb (kb + kt: the tile of the weights).
+  const int kb = kSk ? seg.kb : 0;
+  const int nk = kSk ? seg.ke - seg.kb : static_cast<int>(p.k / kBK);
   // The copied rows within their set, from n0 (rows past n: row n - 1).
   const int wrow = kFuse ? (tid >> 1) % (kBW / 2) : tid >> 1;
   // The copied scale row: ring row tid (threads < 128); MOESERVE_RS_DECOUPLED: ring row tid / 2
@@ -1312,14 +1521,14 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
       mbar_expect_tx(bars + 8 * sl, kTN * 128);
 #pragma unroll
       for (int b = 0; b < kTN / kBoxRows; ++b)
-        tma_load_2d(base + sl * kStageBytes + b * kBoxRows * 128, tmap_a, kt * kBK,
+        tma_load_2d(base + sl * kStageBytes + b * kBoxRows * 128, tmap_a, (kb + kt) * kBK,
                     row0 + kBoxRows * b, bars + 8 * sl);
     }
     uint8_t* st = smem + sl * kStageBytes;
-    cp_async16_zfill(st + kABytes + tid * 16, wsrc + kt * (kBK / 2), true);
+    cp_async16_zfill(st + kABytes + tid * 16, wsrc + (kb + kt) * (kBK / 2), true);
     if (MOESERVE_RS_DECOUPLED ? (tid & 1) == 0 : tid < kBW)
       cp_async4(st + kABytes + kWBytes + (MOESERVE_RS_DECOUPLED ? tid >> 1 : tid) * 4,
-                ssrc + (kt >> 1) * 4);
+                ssrc + ((kb + kt) >> 1) * 4);
   };
 
   float acc[kTN / 2];
@@ -1338,11 +1547,11 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
   }
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kAhead - 1) : "memory");  // weights of tile 0
   __syncthreads();
-  grs_dequant<kKperm, kABytes>(smem + slot(0) * kStageBytes, r0, t, 0, f[0]);
+  grs_dequant<kKperm, kABytes>(smem + slot(0) * kStageBytes, r0, t, kb, f[0]);
   if (MOESERVE_RS_PROBE == 1)
 #pragma unroll
     for (int b = 1; b < kBufs; ++b)
-      grs_dequant<kKperm, kABytes>(smem + slot(0) * kStageBytes, r0, t, 0, f[b]);
+      grs_dequant<kKperm, kABytes>(smem + slot(0) * kStageBytes, r0, t, kb, f[b]);
 
   // K tile kt on fragments fc; the fragments of kt + 1 into fn.
   const auto step = [&](int kt, const uint32_t (&fc)[4][4], uint32_t (&fn)[4][4]) {
@@ -1377,7 +1586,7 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
     if (kt + kAhead < nk && MOESERVE_RS_PROBE != 2) load_tile(kt + kAhead);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
     if (kt + 1 < nk && MOESERVE_RS_PROBE != 1)
-      grs_dequant<kKperm, kABytes>(smem + slot(kt + 1) * kStageBytes, r0, t, kt + 1, fn);
+      grs_dequant<kKperm, kABytes>(smem + slot(kt + 1) * kStageBytes, r0, t, kb + kt + 1, fn);
   };
   // Tile kt + 1 is decoded while the wgmma of the kBufs - 1 tiles up to kt run. The two loops
   // below give the same PTX but for its register numbering, which ptxas's allocation follows:
@@ -1450,23 +1659,50 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
     }
     wgmma::fence_proxy_async_smem();  // these generic accesses before the next pass's TMA writes
   } else {
+    if constexpr (kSk) {
+      if (seg.epi == kSkPartial) {
+        sk_store_partial(p, seg.cta, acc);
+      } else if (seg.epi == kSkHead) {
+        sk_add_partials(p, seg, acc);
+      }
+    }
     // d[4i + 2h + v] = D[r0 + 8h][8i + 2t + v]: weight row (column of y) n0 + r0 + 8h, row
     // 8i + 2t + v.
+    if (!kSk || seg.epi != kSkPartial) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t col = n0 + r0 + 8 * h;
-      if (col >= p.n) continue;
-      float* ycol = y + (beg + m0) * p.ldy + col;
+      for (int h = 0; h < 2; ++h) {
+        const int64_t col = n0 + r0 + 8 * h;
+        if (col >= p.n) continue;
+        float* ycol = y + (beg + m0) * p.ldy + col;
 #pragma unroll
-      for (int i = 0; i < kTN / 8; ++i)
+        for (int i = 0; i < kTN / 8; ++i)
 #pragma unroll
-        for (int v = 0; v < 2; ++v) {
-          const int r = 8 * i + 2 * t + v;
-          if (r < rows) ycol[r * p.ldy] = acc[4 * i + 2 * h + v];
-        }
+          for (int v = 0; v < 2; ++v) {
+            const int r = 8 * i + 2 * t + v;
+            if (r < rows) ycol[r * p.ldy] = acc[4 * i + 2 * h + v];
+          }
+      }
     }
   }
   __syncthreads();  // shared memory free for the next pass
+}
+
+// The ring in dynamic shared memory (1024-aligned: the 128-byte swizzle; `base` its shared-space
+// address) with its mbarriers initialised.
+template <int kMaxTok>
+__device__ __forceinline__ uint8_t* grs_ring_init(uint32_t& base) {
+  using namespace grs;
+  constexpr int kStageBytes = Ring<kMaxTok>::kStageBytes;
+  extern __shared__ uint8_t grs_smem_raw[];
+  const auto raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(grs_smem_raw));
+  base = (raw_addr + 1023u) & ~1023u;
+  if (threadIdx.x == 0) {
+    // The full barriers (TMA bytes), then the empty ones (MOESERVE_RS_DECOUPLED: warpgroup 1).
+    for (int i = 0; i < 2 * kStages; ++i) mbar_init(base + kStages * kStageBytes + 8 * i, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  return grs_smem_raw + (base - raw_addr);
 }
 #endif
 
@@ -1479,17 +1715,8 @@ __global__ void __launch_bounds__(grs::kThreads, 1)
   pdl_wait();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace grs;
-  constexpr int kStageBytes = Ring<kMaxTok>::kStageBytes;
-  extern __shared__ uint8_t grs_smem_raw[];
-  const auto raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(grs_smem_raw));
-  const uint32_t base = (raw_addr + 1023u) & ~1023u;
-  uint8_t* const smem = grs_smem_raw + (base - raw_addr);
-  if (threadIdx.x == 0) {
-    // The full barriers (TMA bytes), then the empty ones (MOESERVE_RS_DECOUPLED: warpgroup 1).
-    for (int i = 0; i < 2 * kStages; ++i) mbar_init(base + kStages * kStageBytes + 8 * i, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
+  uint32_t base;
+  uint8_t* const smem = grs_ring_init<kMaxTok>(base);
   // The CTA's weight rows from n0: kBW of one set (blockIdx.x covers W's tiles, then W_b's); kFuse:
   // 64 of W (ring rows 0-63, warpgroup 0) and the same 64 of W_b (ring rows 64-127, warpgroup 1).
   constexpr int kRows = kFuse ? kBW / 2 : kBW;
@@ -1534,6 +1761,67 @@ __global__ void __launch_bounds__(grs::kThreads, 1)
       default: break;
     }
     tc += static_cast<uint32_t>(p.k / kBK);
+  }
+#else
+  __trap();  // sm_90a only; launch_grouped_mxfp4_gemm takes it only on Hopper with wgmma_rs
+#endif
+}
+
+// The stream-K form (see above; kKperm: p.a_kperm): grid G = p.sk_ctas CTAs (or the SM count),
+// CTA blockIdx.x takes its range of the concatenated K tiles, segment by segment.
+template <bool kKperm>
+__global__ void __launch_bounds__(grs::kThreads, 1)
+    grouped_mxfp4_gemm_rs_sk_kernel(const GroupedMxfp4GemmParams p,
+                                    const __grid_constant__ CUtensorMap tmap_a) {
+  pdl_wait();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace grs;
+  __shared__ SkState sk;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int64_t wtiles = (p.n + kBW - 1) / kBW;  // of one weight set
+  if (tid == 0) {
+    SkSchedule& s = sk.sched;
+    s.offsets = p.offsets;
+    s.experts = p.num_experts;
+    s.ctas = static_cast<int>(gridDim.x);
+    s.nk = static_cast<int>(p.k / kBK);
+    s.tp = wtiles * (p.w_b != nullptr ? 2 : 1) * s.nk;
+    s.cost = 0;
+    for (int e = 0; e < p.num_experts; ++e) s.cost += s.expert_cost(s.count(e));
+    sk.cta = static_cast<int>(blockIdx.x);
+    sk.next = s.start(sk.cta);
+    sk.end = s.start(sk.cta + 1);
+  }
+  uint32_t base;
+  uint8_t* const smem = grs_ring_init<kSkPass>(base);  // (its barrier publishes sk)
+  uint32_t tc = 0;
+  for (;;) {
+    if (tid == 0 && sk.next < sk.end) sk.set_segment();
+    __syncthreads();
+    if (sk.next >= sk.end) break;
+    const bool second = sk.wt >= wtiles;
+    const uint8_t* const wexp = (second ? p.w_b : p.w)[sk.e];
+    const uint8_t* const sexp = (second ? p.w_scale_b : p.w_scale)[sk.e];
+    float* const y = second ? p.y_b : p.y;
+    const int64_t n0 = (second ? sk.wt - wtiles : sk.wt) * kBW;
+    switch ((sk.rows + 63) / 64) {
+      case 1:
+        grs_pass<64, kSkPass, kKperm, false, true>(p, &tmap_a, wexp, sexp, y, smem, base, sk.beg,
+                                                   sk.m0, sk.rows, n0, tc, sk);
+        break;
+      case 2:
+        grs_pass<128, kSkPass, kKperm, false, true>(p, &tmap_a, wexp, sexp, y, smem, base, sk.beg,
+                                                    sk.m0, sk.rows, n0, tc, sk);
+        break;
+      default:
+        grs_pass<192, kSkPass, kKperm, false, true>(p, &tmap_a, wexp, sexp, y, smem, base, sk.beg,
+                                                    sk.m0, sk.rows, n0, tc, sk);
+        break;
+    }
+    // (grs_pass ends with a barrier: every thread has read the segment.)
+    tc += static_cast<uint32_t>(sk.ke - sk.kb);
+    __syncthreads();  // ... and its length here, before thread 0 moves on
+    if (tid == 0) sk.next += sk.ke - sk.kb;
   }
 #else
   __trap();  // sm_90a only; launch_grouped_mxfp4_gemm takes it only on Hopper with wgmma_rs
@@ -1608,6 +1896,12 @@ void rs_smem_attributes() {
                                        grs::Ring<kMaxTok>::kSmemBytes));
 }
 
+void sk_smem_attributes() {
+  for (auto* k : {grouped_mxfp4_gemm_rs_sk_kernel<false>, grouped_mxfp4_gemm_rs_sk_kernel<true>})
+    MS_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       grs::Ring<grs::kSkPass>::kSmemBytes));
+}
+
 // The swapped-operand kernel for p (its passes, decode and epilogue) with its launch shape.
 struct RsKernel {
   void (*kernel)(GroupedMxfp4GemmParams, CUtensorMap);
@@ -1638,14 +1932,27 @@ bool rs_takes(const GroupedMxfp4GemmParams& p) {
     if (device_cc_major() != 9) return false;
     rs_smem_attributes<192>();
     rs_smem_attributes<grs::kWidePass>();
+    sk_smem_attributes();
     return true;
   }();
   return hopper && tmap_encoder() != nullptr && rs_passes(p) <= 65535 && rs_wtiles(p) <= 0x7FFFFFFF;
 }
 
-// The swapped-operand kernel when requested and it applies (both weight sets in one launch).
+// The swapped-operand kernel when requested and it applies (both weight sets in one launch);
+// with p.stream_k (checked by the caller) its stream-K form.
 bool launch_grouped_mxfp4_rs(const GroupedMxfp4GemmParams& p, cudaStream_t stream) {
   if (!rs_takes(p)) return false;
+  if (p.stream_k) {
+    CUtensorMap tmap{};
+    if (!make_tmap_a(&tmap, p.a, p.k, p.a_rows, p.lda, grs::Ring<grs::kSkPass>::kBoxRows))
+      return false;
+    auto* const kernel =
+        p.a_kperm ? grouped_mxfp4_gemm_rs_sk_kernel<true> : grouped_mxfp4_gemm_rs_sk_kernel<false>;
+    const int ctas = grouped_mxfp4_stream_k_workspace(p.sk_ctas).ctas;
+    MS_CUDA_CHECK(launch_kernel(kernel, static_cast<unsigned>(ctas), grs::kThreads,
+                                grs::Ring<grs::kSkPass>::kSmemBytes, stream, p, tmap));
+    return true;
+  }
   const dim3 grid(static_cast<unsigned>(rs_wtiles(p)), static_cast<unsigned>(rs_passes(p)),
                   static_cast<unsigned>(p.num_experts));
   const RsKernel k = rs_max_pass(p) == 192 ? rs_kernel<192>(p) : rs_kernel<grs::kWidePass>(p);
@@ -1762,8 +2069,21 @@ GroupedMxfp4Kernel launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, St
   const dim3 grid(static_cast<unsigned>(n_tiles * (split ? kKSplit : 1)),
                   static_cast<unsigned>(m_tiles), static_cast<unsigned>(p.num_experts));
   if (grid.y > 65535) bad_args("launch_grouped_mxfp4_gemm", "max_rows / tile <= 65535");
+  if (p.stream_k) {
+    // The stream-K form has the unfused epilogue and 192-row passes only; its grid fits the GPU
+    // at one CTA per SM (the no-deadlock condition) and its workspace is the launch's.
+    const GroupedStreamKWorkspace need = grouped_mxfp4_stream_k_workspace(std::max(p.sk_ctas, 0));
+    if (fused || rs_max_pass(p) != 192 || p.sk_ctas < 0 || p.sk_ctas > device_sm_count() ||
+        p.sk_workspace == nullptr || p.sk_flags == nullptr || p.sk_workspace_floats < need.floats ||
+        p.sk_flag_count < need.flags)
+      bad_args("launch_grouped_mxfp4_gemm",
+               "stream_k: swiglu off, rs_max_pass 0 or 192, 0 <= sk_ctas <= the SM count, "
+               "sk_workspace and sk_flags set with grouped_mxfp4_stream_k_workspace(sk_ctas)'s "
+               "floats and flags");
+  }
   const cudaStream_t s = as_cuda_stream(stream);
-  if (launch_grouped_mxfp4_rs(p, s)) return GroupedMxfp4Kernel::kWgmmaRs;
+  if (launch_grouped_mxfp4_rs(p, s))
+    return p.stream_k ? GroupedMxfp4Kernel::kWgmmaRsStreamK : GroupedMxfp4Kernel::kWgmmaRs;
   // The other kernels read A in natural k order: permuted columns would be wrong results.
   if (p.a_kperm)
     bad_args("launch_grouped_mxfp4_gemm",
@@ -1797,6 +2117,14 @@ GroupedMxfp4Kernel launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, St
 }
 
 bool grouped_mxfp4_rs_applies(const GroupedMxfp4GemmParams& p) { return rs_takes(p); }
+
+GroupedStreamKWorkspace grouped_mxfp4_stream_k_workspace(int sk_ctas) {
+  GroupedStreamKWorkspace w;
+  w.ctas = sk_ctas > 0 ? sk_ctas : device_sm_count();
+  w.floats = int64_t{w.ctas} * grs::kSkSlotFloats;
+  w.flags = w.ctas;
+  return w;
+}
 
 void launch_dequant_fp8_block_to_bf16(const uint8_t* w, const uint8_t* w_scale, int64_t n,
                                       int64_t k, void* out, Stream stream) {

@@ -227,6 +227,23 @@ struct DeepseekV41Gpu::Impl {
   GpuForwardCost cost;
   GpuForwardTrace trace;
   std::vector<int32_t> moe_layers_run;  // layers whose grouped MoE ran in this forward
+  // moe_stream_k's workspace (GroupedMxfp4GemmParams::sk_workspace, sk_flags), shared by every
+  // grouped launch (stream-ordered on `stream`): allocated at the first, the flags zeroed once
+  // (every launch leaves them 0).
+  DeviceMemory moe_sk_workspace, moe_sk_flags;
+  void use_stream_k(cu::GroupedMxfp4GemmParams& g) {
+    if (moe_sk_flags.bytes() == 0) {
+      const cu::GroupedStreamKWorkspace need = cu::grouped_mxfp4_stream_k_workspace(0);
+      moe_sk_workspace = DeviceMemory(static_cast<size_t>(need.floats) * sizeof(float));
+      moe_sk_flags = DeviceMemory(static_cast<size_t>(need.flags) * sizeof(int32_t));
+      cu::memset_async(moe_sk_flags.as(), 0, moe_sk_flags.bytes(), stream);
+    }
+    g.stream_k = true;
+    g.sk_workspace = moe_sk_workspace.as<float>();
+    g.sk_workspace_floats = static_cast<int64_t>(moe_sk_workspace.bytes() / sizeof(float));
+    g.sk_flags = moe_sk_flags.as<int32_t>();
+    g.sk_flag_count = static_cast<int64_t>(moe_sk_flags.bytes() / sizeof(int32_t));
+  }
 
   // The grouped MoE's share of the cost, from the offsets it left on the device (after the
   // forward's final sync): the weights of every local expert with hits, and their FLOPs.
@@ -2095,20 +2112,31 @@ struct DeepseekV41Gpu::Impl {
       gf.swiglu.kperm64 = sq.kperm64;
       const bool fuse = opt.moe_fuse_swiglu && cu::grouped_mxfp4_rs_applies(gf);
       if (opt.trace) trace.moe_fuse_swiglu[l] = fuse;
+      // moe_stream_k: the unfused launches (192-row passes only; the launch refuses others).
+      if (opt.moe_stream_k && (opt.moe_rs_max_pass == 0 || opt.moe_rs_max_pass == 192)) {
+        use_stream_k(gg);
+        use_stream_k(g2);
+      }
+      int stream_k_launches = 0;
+      const auto grouped = [&](const cu::GroupedMxfp4GemmParams& g) {
+        stream_k_launches +=
+            cu::launch_grouped_mxfp4_gemm(g, stream) == cu::GroupedMxfp4Kernel::kWgmmaRsStreamK;
+      };
       mark(GpuComponent::kMoe, "act_quant");
       cu::launch_act_quant_mxfp8(aq, stream);
       if (fuse) {
         mark(GpuComponent::kMoe, "w13_swiglu");
-        cu::launch_grouped_mxfp4_gemm(gf, stream);
+        grouped(gf);
       } else {
         std::tie(gg.y, gg.y_b) = gate_up();
         mark(GpuComponent::kMoe, "w13");
-        cu::launch_grouped_mxfp4_gemm(gg, stream);
+        grouped(gg);
         mark(GpuComponent::kMoe, "swiglu_quant");
         cu::launch_swiglu_quant_mxfp8(sq, stream);
       }
       mark(GpuComponent::kMoe, "w2");
-      cu::launch_grouped_mxfp4_gemm(g2, stream);
+      grouped(g2);
+      if (opt.trace) trace.moe_stream_k[l] = stream_k_launches;
     }
     mark(GpuComponent::kMoe, "combine");
     if (overlap) cu::stream_wait_event(stream, ev_join);  // y holds the shared expert

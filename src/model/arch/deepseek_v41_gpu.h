@@ -131,6 +131,17 @@ struct GpuModelOptions {
   // 53.1 ms, 64x1 24.1 -> 24.3 ms; the probe's w1 + w3 at 192 rows per expert 218 -> 229 us; with
   // drawn counts 245 -> 236 us. Off.
   int moe_rs_max_pass = 0;
+  // With moe_grouped_wgmma_rs and 192-row passes (moe_rs_max_pass 0 or 192): where that kernel
+  // takes the unfused w1 + w3 and the w2 launches, its stream-K form
+  // (GroupedMxfp4GemmParams::stream_k): one persistent CTA per SM shares the K tiles of every
+  // (weight tile, pass, expert) unit, weighted by pass shape, instead of a grid of whole units (at
+  // the DEP32 decode share 432 units of w1 + w3 on 132 SMs: 3.27 waves run as 4; w2 3.64 waves; the
+  // drawn counts' second passes of a few rows each). A unit cut between CTAs is summed by its first
+  // CTA in K order: deterministic, fp32 sums of cut units in another order. The model owns the
+  // workspace (132 x 96 KB of fp32 partial tiles and a flag per CTA, allocated at the first
+  // launch). The fused SwiGLU launch (moe_fuse_swiglu) keeps the per-unit grid (the stream-K form
+  // has the unfused epilogue only). Off: unmeasured.
+  bool moe_stream_k = false;
   // With moe_grouped_wgmma_rs, where that kernel takes the w1 + w3 launch with the epilogue
   // (cuda::grouped_mxfp4_rs_applies; intermediate % 32, % 64 with moe_kperm): the clamped SwiGLU,
   // routing weight and MXFP8 fake-quant of w2's input run in that launch's epilogue
@@ -261,6 +272,8 @@ struct GpuForwardTrace {
   std::map<int32_t, std::vector<float>> router_logits;  // z = f · Wg^T [rows, routed experts]
   std::map<int32_t, bool> moe_kperm;  // grouped GEMMs on k-permuted inputs (options.moe_kperm)
   std::map<int32_t, bool> moe_fuse_swiglu;  // SwiGLU in the w1 + w3 epilogue (moe_fuse_swiglu)
+  // grouped GEMM launches (w1 + w3, w2) that took the stream-K form (moe_stream_k): 0 to 2
+  std::map<int32_t, int> moe_stream_k;
   std::map<int32_t, bool> shared_w13;  // shared expert's w1 + w3 as one GEMM (fuse_shared_w13)
   std::map<int32_t, bool> qkv_a;       // the attention's wq_a + wkv as one GEMM (fuse_qkv_a)
   // wo_a's input quantised in the attention's epilogue (attn_quant_epilogue)

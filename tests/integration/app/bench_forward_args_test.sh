@@ -32,7 +32,8 @@ refuse --mhc-fused-rows-per-thread -1 5 maybe
 refuse --mhc-fused-cluster-width -1 1 2 5 12 32 maybe
 refuse --mhc-fuse-min-rows -1 many
 for opt in --moe-fuse-swiglu --router-split-tf32 --moe-shared-overlap --fast-attention --pdl \
-    --mhc-fuse-expand-mixes --attn-quant-epilogue --mhc-fuse-norm --fuse-qkv-a --indexer-fp8; do
+    --mhc-fuse-expand-mixes --attn-quant-epilogue --mhc-fuse-norm --fuse-qkv-a --indexer-fp8 \
+    --moe-stream-k; do
   refuse "$opt" maybe
 done
 echo "bench_forward_args: ok"

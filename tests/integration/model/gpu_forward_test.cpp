@@ -994,6 +994,52 @@ TEST(GpuForward, MoeWideRsPassAgreesWithTableKernelInTheForward) {
   std::filesystem::remove_all(dir);
 }
 
+// GpuModelOptions::moe_stream_k (the swapped-operand kernel's stream-K form for the w1 + w3 and
+// w2 launches: one persistent CTA per SM over the K tiles of all units) against the WMMA table
+// kernel in the forward (expect_moe_layer_agrees), on the wide model with moe_ep_ranks 8 (~40
+// rows per expert: one 64-row pass; far fewer tiles than CTAs, so every unit is cut over several
+// CTAs and some CTAs have none) and 40 (~200 rows: second passes), on natural and k-permuted
+// inputs: both grouped launches of every MoE layer take the stream-K form (trace), and the first
+// MoE layer's output agrees to fp32 summation order in every row. A second model's forward gives
+// every layer's MoE output bit for bit (the cuts depend on the counts only; the 2 x 12 launches
+// of a forward share the flags, which each launch leaves 0).
+TEST(GpuForward, MoeStreamKAgreesWithTableKernelInTheForward) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_moe_stream_k");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  for (const int ranks : {8, 40}) {
+    const auto run = [&](bool rs, bool kperm, bool stream_k) {
+      return traced_prefill(dir, 6, [&](arch::GpuModelOptions& o) {
+        o.moe_ep_ranks = ranks;
+        o.moe_grouped_wgmma = rs;
+        o.moe_grouped_wgmma_rs = rs;
+        o.moe_kperm = kperm;
+        o.moe_stream_k = stream_k;
+      });
+    };
+    const auto ta = run(false, false, false);
+    ASSERT_FALSE(ta.ffn_out.empty());
+    const int32_t l = ta.ffn_out.begin()->first;
+    for (const bool kperm : {false, true}) {
+      const std::string name =
+          fmt::format("moe stream-K{} ({} ep ranks)", kperm ? " kperm" : "", ranks);
+      SCOPED_TRACE(name);
+      const auto tb = run(true, kperm, true);
+      ASSERT_FALSE(tb.moe_stream_k.empty());
+      for (const auto& [layer, launches] : tb.moe_stream_k)
+        EXPECT_EQ(launches, 2) << "layer " << layer << ": stream-K not taken";
+      for (const auto& [layer, launches] : ta.moe_stream_k) EXPECT_EQ(launches, 0);
+      expect_moe_layer_agrees(ta, tb, l, kperm, name);
+      if (testing::Test::HasFatalFailure()) return;
+      const auto tc = run(true, kperm, true);
+      ASSERT_EQ(tb.ffn_out.size(), tc.ffn_out.size());
+      for (const auto& [layer, b] : tb.ffn_out)
+        EXPECT_TRUE(b == tc.ffn_out.at(layer)) << "layer " << layer << ": rerun not bit-identical";
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // GpuModelOptions::moe_fuse_swiglu (the routed experts' SwiGLU + MXFP8 quantisation in the
 // swapped-operand w1 + w3 launch's epilogue) against the unfused sequence, on the wide model with
 // moe_ep_ranks 8 (~40 rows per expert: the swapped-operand kernel takes the launches; intermediate
@@ -1932,6 +1978,33 @@ TEST(GpuForward, ProgrammaticLaunchIsBitIdenticalToPlain) {
   if (testing::Test::HasFatalFailure()) return;
   EXPECT_GE(graph->get()->graph_replays(), 2);
   EXPECT_EQ(plain->get()->graph_replays() + pdl->get()->graph_replays(), 0);
+  std::filesystem::remove_all(dir);
+}
+
+// GpuModelOptions::moe_stream_k, eager against CUDA graphs (expect_bit_identical_forwards): the
+// wide model with moe_ep_ranks 40, so that every forward's grouped GEMMs take the stream-K form
+// (3 decode rows x top-2 x 40 / 8 experts = 30 rows per expert > 24), with programmatic launch
+// (the default): each replay relaunches the captured stream-K kernels on the flags the last
+// launch left, so a flag not reset, or cuts that depend on timing, show up as differing logits.
+TEST(GpuForward, MoeStreamKGraphIsBitIdenticalToEager) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_moe_stream_k_graph");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  arch::GpuModelOptions opt;
+  opt.max_seqs = 4;
+  opt.max_context = 256;
+  opt.max_rows = 512;
+  opt.moe_ep_ranks = 40;
+  opt.moe_stream_k = true;
+  auto eager = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(eager) << eager.error().to_string();
+  opt.cuda_graphs = true;
+  auto graph = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(graph) << graph.error().to_string();
+  expect_bit_identical_forwards({eager->get(), graph->get()});
+  if (testing::Test::HasFatalFailure()) return;
+  EXPECT_GE(graph->get()->graph_replays(), 2);
+  EXPECT_EQ(eager->get()->graph_replays(), 0);
   std::filesystem::remove_all(dir);
 }
 
