@@ -80,7 +80,7 @@ struct BenchForwardOptions {
   bool attn_quant_epilogue = true;
   int32_t mhc_fused_rows_per_thread = 0;
   int32_t mhc_fused_cluster_width = 0;
-  int64_t mhc_fuse_min_rows = 129;
+  int64_t mhc_fuse_min_rows = 0;
   bool mhc_fuse_norm = true;
   bool pdl = true;          // programmatic dependent launch of our kernels
   bool cuda_graphs = true;  // decode: CUDA graphs (the step a server would run)
@@ -737,7 +737,8 @@ void register_bench_forward(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--mhc-fused-cluster-width", opt->mhc_fused_cluster_width,
                   "cuda: with --mhc-fuse-expand-mixes, the fused launch's blocks per cluster, "
-                  "4, 8 or 16 (16: 8 where the GPU cannot hold a cluster of 16); 0: 8")
+                  "4, 8 or 16 (16: 8 where the GPU cannot hold a cluster of 16); 0: 16 up to 128 rows, "
+                  "else 8")
       ->check(CLI::IsMember({0, 4, 8, 16}))
       ->capture_default_str();
   cmd->add_option("--mhc-fuse-min-rows", opt->mhc_fuse_min_rows,

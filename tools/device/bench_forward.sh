@@ -63,6 +63,7 @@ args_decode_s1_pass224="$args_decode_s1 --moe-rs-max-pass 224"
 # the K tiles of all (weight tile, pass, expert) units instead of 3.27 / 3.64 waves of whole units.
 args_decode_s6_sk="$args_decode_s6 --moe-stream-k true"
 args_decode_s1_sk="$args_decode_s1 --moe-stream-k true"
+args_decode_s6_sk_serial="$args_decode_s6_sk --moe-shared-overlap false"
 # The routed experts' SwiGLU + MXFP8 quantisation in the w1 + w3 launch's epilogue
 # (GpuModelOptions::moe_fuse_swiglu; off by default: measured slower, r8).
 args_decode_s6_fswq="$args_decode_s6 --moe-fuse-swiglu true"
@@ -92,19 +93,22 @@ args_decode_s6_fmix3="$args_decode_s6_fmix --mhc-fused-rows-per-thread 3"
 # Only where the fused launch runs (>= 129 rows): at 64 x 1 both rows run the same launches.
 args_decode_s6_nonorm="$args_decode_s6 --mhc-fuse-norm false"
 args_decode_s1_nonorm="$args_decode_s1 --mhc-fuse-norm false"
-# The fused expand + mixes launch with clusters of 4 or 16 blocks instead of 8
-# (GpuModelOptions::mhc_fused_cluster_width; 0 = 8 by default, not measured yet). At 64 x 6 (384
-# rows, 2 rows per thread) width 16 launches 384 blocks of half the columns each, width 4 96.
-# The 64 x 1 rows lower mhc_fuse_min_rows to 0 so that the fused launch runs at 64 rows at all
-# (fmin0: width 8; compare both with decode_s1, the two launches): width 16 at one row per thread
-# is 128 blocks, one wave. cw16_rpt1 / cw16_rpt3 pin the tile height at width 16 (768 / 256
-# blocks at 384 rows; RPT 3 holds 165 registers, so one block per SM).
+# The fused expand + mixes launch with clusters of 4, 8 or 16 blocks
+# (GpuModelOptions::mhc_fused_cluster_width; 0 = automatic since r12: 16 up to 128 rows, else 8;
+# the fused launch at every row count, mhc_fuse_min_rows 0). At 64 x 6 (384 rows, 2 rows per
+# thread) width 16 launches 384 blocks of half the columns each, width 4 96. At 64 x 1 width 16
+# at one row per thread is 128 blocks, one wave. cw16_rpt1 / cw16_rpt3 pin the tile height at
+# width 16 (768 / 256 blocks at 384 rows; RPT 3 holds 165 registers, so one block per SM).
+# decode_s1_cw8: the fused launch at width 8; decode_s1_2l: the two launches (r11's default at
+# 64 rows, mhc_fuse_min_rows 129).
 args_decode_s6_cw4="$args_decode_s6 --mhc-fused-cluster-width 4"
 args_decode_s6_cw16="$args_decode_s6 --mhc-fused-cluster-width 16"
 args_decode_s6_cw16_rpt1="$args_decode_s6_cw16 --mhc-fused-rows-per-thread 1"
 args_decode_s6_cw16_rpt3="$args_decode_s6_cw16 --mhc-fused-rows-per-thread 3"
 args_decode_s1_fmin0="$args_decode_s1 --mhc-fuse-min-rows 0"
 args_decode_s1_cw16="$args_decode_s1_fmin0 --mhc-fused-cluster-width 16"
+args_decode_s1_cw8="$args_decode_s1 --mhc-fused-cluster-width 8"
+args_decode_s1_2l="$args_decode_s1 --mhc-fuse-min-rows 129"
 # The attention's wq_a and wkv as two GEMMs (GpuModelOptions::fuse_qkv_a, on by default since r11).
 args_decode_s6_nofqkv="$args_decode_s6 --fuse-qkv-a false"
 args_decode_s1_nofqkv="$args_decode_s1 --fuse-qkv-a false"

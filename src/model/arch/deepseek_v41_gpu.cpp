@@ -1184,7 +1184,9 @@ struct DeepseekV41Gpu::Impl {
     p.mix_post = mix_post;
     p.mix_comb = mix_comb;
     p.rows_per_thread = opt.mhc_fused_rows_per_thread;
-    p.cluster_width = opt.mhc_fused_cluster_width;
+    p.cluster_width = opt.mhc_fused_cluster_width != 0       ? opt.mhc_fused_cluster_width
+                      : n <= opt.mhc_wide_cluster_max_rows ? 16
+                                                           : 8;
     if (collapse_norm != nullptr) {
       p.collapse_norm_weight = collapse_norm->as<float>();
       p.collapse_norm_eps = static_cast<float>(c.rms_norm_eps);  // as rms()

@@ -209,9 +209,11 @@ struct GpuModelOptions {
   // ms, prefill 8K 130.2 -> 128.4 ms; at 64 rows (decode 64 x 1, one row per thread) the step is
   // ~0.2 ms slower (23.70 -> 23.89 ms), hence the row floor.
   bool mhc_fuse_expand_mixes = true;
-  // The fewest rows a forward takes the fused launch at (fewer: the two launches). 129: past the
-  // 128 rows that the fused kernel's one-row tiles fit in one wave (16 clusters of 8 on 132 SMs).
-  int64_t mhc_fuse_min_rows = 129;
+  // The fewest rows a forward takes the fused launch at (fewer: the two launches). Was 129 (past
+  // the 128 rows that width-8 clusters of one-row tiles fit in one wave) until the automatic
+  // cluster width below gave the small batches width 16: measured on the H200 (r12, call 1),
+  // decode 64 x 1 22.84 ms with the two launches, 22.39 fused at width 8, 21.51 fused at width 16.
+  int64_t mhc_fuse_min_rows = 0;
   // The fused launch's rows per thread (HcExpandMixesParams::rows_per_thread: tiles of 8 x that
   // many rows), 1..4; 0 = the mixes kernel's rule (4 at 384 rows). For timing the tile height.
   int mhc_fused_rows_per_thread = 0;
@@ -220,8 +222,14 @@ struct GpuModelOptions {
   // thread) width 16 launches 384 blocks instead of 192 (r11's ncu: 192 blocks at two per SM are
   // 0.7 of a wave, 46 us per launch at 24% of HBM). 16 falls back to 8 where the GPU cannot hold
   // a cluster of 16. x' and the collapse are the same bits at every width; the mixes and the
-  // fused norm's sum of squares add in another order per width. Not measured yet: 0.
+  // fused norm's sum of squares add in another order per width. 0 = automatic: 16 up to
+  // mhc_wide_cluster_max_rows rows, else 8. Measured on the H200 (r12, call 1): decode 64 x 1 (64
+  // rows) fused 22.39 ms at width 8, 21.51 at 16; decode 64 x 6 (384 rows) 47.44 at 8, 47.85 at
+  // 16, 48.01 at 4; prefill 8K 116.6 ms at 8, 119.3 at 16.
   int mhc_fused_cluster_width = 0;
+  // The most rows at which the automatic width (mhc_fused_cluster_width 0) is 16. 128: the rows
+  // measured faster at 16 were 64; 384 and 8192 were slower. Untimed between 65 and 383.
+  int64_t mhc_wide_cluster_max_rows = 128;
   // true: where the fused expand + mixes launch (mhc_fuse_expand_mixes) writes the next site's
   // collapse (the ffn site's input "f"; the next layer's attention input "a"), it also applies
   // that site's RMSNorm (ffn_norm / the next layer's attn_norm: HcExpandMixesParams::

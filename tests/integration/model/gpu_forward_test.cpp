@@ -1266,7 +1266,7 @@ TEST(GpuForward, MhcFusedNormAgreesInTheForward) {
 }
 
 // GpuModelOptions::mhc_fused_cluster_width (the fused expand + mixes launch on clusters of 4 or 16
-// blocks) against the default width (8), all with the fused launch and its norm
+// blocks) against width 8, all with the fused launch and its norm
 // (mhc_fuse_expand_mixes, mhc_fuse_norm, mhc_fuse_min_rows = 0) on the wide model (hidden 256: 8
 // chunks of 32 columns per row). Oracle prefill of 20 tokens, traced:
 // - width 16: blocks 0..7 take the chunks they take at width 8 and blocks 8..15 none, so the
@@ -1296,11 +1296,14 @@ TEST(GpuForward, MhcFusedClusterWidthsAgreeInTheForward) {
         },
         cost);
   };
-  arch::GpuForwardCost c8, c16, c4;
-  const auto t8 = run(0, &c8);
+  arch::GpuForwardCost c8, c16, c4, c_auto;
+  const auto t8 = run(8, &c8);
   const auto t16 = run(16, &c16);
   const auto t4 = run(4, &c4);
+  const auto t_auto = run(0, &c_auto);  // automatic: 16 at these 20 rows (<= 128)
   ASSERT_FALSE(t8.layer_out.empty());
+  EXPECT_EQ(t_auto.layer_out, t16.layer_out) << "automatic width";
+  EXPECT_EQ(c_auto.flops, c16.flops);
   EXPECT_EQ(t8.attn_in, t16.attn_in) << "width 16";
   EXPECT_EQ(t8.ffn_in, t16.ffn_in) << "width 16";
   EXPECT_EQ(t8.layer_out, t16.layer_out) << "width 16";
