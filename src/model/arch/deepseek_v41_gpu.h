@@ -140,7 +140,12 @@ struct GpuModelOptions {
   // CTA in K order: deterministic, fp32 sums of cut units in another order. The model owns the
   // workspace (132 x 96 KB of fp32 partial tiles and a flag per CTA, allocated at the first
   // launch). The fused SwiGLU launch (moe_fuse_swiglu) keeps the per-unit grid (the stream-K form
-  // has the unfused epilogue only). Off: unmeasured.
+  // has the unfused epilogue only). Measured SLOWER on the H200 (r12, call 2): the probe's w1 + w3
+  // (k-permuted) 218.0 -> 232.7 us at 192 rows per expert and 237.8 -> 368.7 us at the drawn
+  // counts, w2 107.6 -> 141.1 / 119.0 -> 205.8 us; decode 64 x 6 47.36 -> 55.96 ms, 64 x 1 21.58
+  // -> 23.23 ms, prefill 8K 117.1 -> 118.0 ms. Not profiled: even with whole units per CTA
+  // (sk_ctas = SM count at even counts) it is slower per K tile than the per-unit kernel, so the
+  // balance it buys is lost in the segment loop. Kept, off, as the starting point for that.
   bool moe_stream_k = false;
   // With moe_grouped_wgmma_rs, where that kernel takes the w1 + w3 launch with the epilogue
   // (cuda::grouped_mxfp4_rs_applies; intermediate % 32, % 64 with moe_kperm): the clamped SwiGLU,
