@@ -17,9 +17,19 @@
 // tile 0, 2: no loads after the prologue, 3: no wgmma), -DMOESERVE_RS_STAGES=S,
 // -DMOESERVE_RS_WIDE_BUFS=3 (the 224-row passes with three fragment buffers) and
 // -DMOESERVE_RS_LOOP=1 (the 192-row kernel with the 224-row one's K loop) and
-// -DMOESERVE_RS_DECOUPLED=1 (the warpgroups' K loops apart). Each row also prints a hash of the
-// output bits of its last launch, so that two builds' rows can be compared bit for bit:
+// -DMOESERVE_RS_DECOUPLED=1 (the warpgroups' K loops apart) and -DMOESERVE_RS_L2HINT=1 / 2 (L2
+// evict_last on the A tiles / and evict_first on the weights; same hashes). Each row also prints
+// a hash of the output bits of its last launch, so that two builds' rows can be compared bit for
+// bit:
 //   nvcc -O3 -std=c++20 -arch=sm_90a -I src tools/device/moe_rs_probe.cu -o /tmp/rs && /tmp/rs
+// With -DMOESERVE_SK_CLOCKS (the segment clocks of moe_grouped.cu; the rows' times then include
+// their cost; =2 adds thread 0's waits inside the K loop, at 12 bytes of spills in the stream-K
+// k-permuted kernel) the "rs kperm w1+w3" and "sk kperm w1+w3" rows at n 2304 are followed by one
+// instrumented launch each and its table (clock_report: CTA busy times, start spread, K loop per
+// tile by pass shape, in-loop waits, epilogues, head waits, the schedule's per-CTA costs):
+//   nvcc -O3 -std=c++20 -arch=sm_90a -I src -DMOESERVE_SK_CLOCKS tools/device/moe_rs_probe.cu \
+//     -o /tmp/rs && /tmp/rs | grep -A12 "kperm w1+w3"
+#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -51,6 +61,172 @@ int64_t passes(const std::vector<int32_t>& counts, int64_t max_pass) {
   for (const int32_t c : counts) n += (c + max_pass - 1) / max_pass;
   return n;
 }
+
+#ifdef MOESERVE_SK_CLOCKS
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// One launch with the segment clocks (MOESERVE_SK_CLOCKS in moe_grouped.cu) and their table:
+// per CTA busy time (globaltimer, exit - start) and start spread; the K loop per tile by pass
+// shape (sum of t1 - t0 over sum of K tiles: the pipeline fill of each pass included; and a
+// least-squares fit t1 - t0 = fill + tiles x rate where the tile counts differ), thread 0's
+// in-loop waits per tile (A landed, wgmma, weights, barrier); the epilogue (t2 - t1 - head wait)
+// by kind; the head waits; the gaps (CTA start to first pass, between passes, last pass to exit);
+// the per-CTA costs the stream-K schedule gave (K tiles x (1 + shape / 64), the cost model of
+// SkSchedule) against the ideal W / G, and the slowest CTAs' segments. Cycles to ns at the
+// clock64 / globaltimer ratio summed over the CTAs.
+template <typename Launch>
+void clock_report(const Launch& launch, const char* name, const char* counts) {
+  static SkClockCta cta[kSkClockCtas];
+  static SkClockSeg seg[kSkClockCtas * kSkClockSegs];
+  void* dc = nullptr;
+  void* ds = nullptr;
+  MS_CUDA_CHECK(cudaGetSymbolAddress(&dc, g_sk_clock_cta));
+  MS_CUDA_CHECK(cudaGetSymbolAddress(&ds, g_sk_clock_seg));
+  MS_CUDA_CHECK(cudaMemset(dc, 0, sizeof(cta)));
+  MS_CUDA_CHECK(cudaMemset(ds, 0, sizeof(seg)));
+  launch(0);
+  MS_CUDA_CHECK(cudaDeviceSynchronize());
+  MS_CUDA_CHECK(cudaMemcpy(cta, dc, sizeof(cta), cudaMemcpyDeviceToHost));
+  MS_CUDA_CHECK(cudaMemcpy(seg, ds, sizeof(seg), cudaMemcpyDeviceToHost));
+  std::vector<int> live;  // CTAs that ran a pass
+  double clk = 0, gt = 0;
+  unsigned long long first = ~0ull, last_start = 0, last_end = 0;
+  for (int b = 0; b < kSkClockCtas; ++b) {
+    if (cta[b].gt1 == 0) continue;
+    first = std::min(first, cta[b].gt0);
+    if (cta[b].segs == 0) continue;
+    live.push_back(b);
+    clk += static_cast<double>(cta[b].clk1 - cta[b].clk0);
+    gt += static_cast<double>(cta[b].gt1 - cta[b].gt0);
+    last_start = std::max(last_start, cta[b].gt0);
+    last_end = std::max(last_end, cta[b].gt1);
+  }
+  if (live.empty() || gt <= 0) {
+    std::printf("clocks %s %s: no CTA recorded\n", name, counts);
+    return;
+  }
+  const double ghz = clk / gt;  // cycles per ns
+  const auto us = [&](double cycles) { return cycles / ghz * 1e-3; };
+  std::vector<double> busy, cost;
+  double gaps = 0, epi[3] = {0, 0, 0}, wait_total = 0, waits[4] = {0, 0, 0, 0};
+  int epi_n[3] = {0, 0, 0}, heads = 0, max_segs = 0;
+  int64_t tiles_all = 0;
+  struct Shape {
+    double cyc = 0, tiles = 0, n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  } shape[4];
+  struct Wait {
+    double cyc;
+    int cta;
+  };
+  std::vector<Wait> worst;
+  for (const int b : live) {
+    const SkClockCta& c = cta[b];
+    busy.push_back(static_cast<double>(c.gt1 - c.gt0) * 1e-3);
+    max_segs = std::max(max_segs, c.segs);
+    double cb = 0;
+    long long prev = c.clk0;
+    for (int i = 0; i < std::min(c.segs, kSkClockSegs); ++i) {
+      const SkClockSeg& s = seg[b * kSkClockSegs + i];
+      const int sh = s.shape / 64;
+      if (sh < 1 || sh > 3 || s.kind < 0 || s.kind > 2) continue;
+      const double loop = static_cast<double>(s.t1 - s.t0);
+      Shape& q = shape[sh];
+      q.cyc += loop;
+      q.tiles += s.ktiles;
+      q.n += 1;
+      q.sx += s.ktiles;
+      q.sy += loop;
+      q.sxx += static_cast<double>(s.ktiles) * s.ktiles;
+      q.sxy += s.ktiles * loop;
+      tiles_all += s.ktiles;
+      waits[0] += static_cast<double>(s.a_wait);
+      waits[1] += static_cast<double>(s.mma_wait);
+      waits[2] += static_cast<double>(s.w_wait);
+      waits[3] += static_cast<double>(s.bar_wait);
+      epi[s.kind] += static_cast<double>(s.t2 - s.t1 - s.wait);
+      ++epi_n[s.kind];
+      if (s.kind == 2) {
+        ++heads;
+        wait_total += static_cast<double>(s.wait);
+        worst.push_back({static_cast<double>(s.wait), b});
+      }
+      gaps += static_cast<double>(s.t0 - prev);
+      prev = s.t2;
+      cb += s.ktiles * (1.0 + sh);
+    }
+    gaps += static_cast<double>(c.clk1 - prev);
+    cost.push_back(cb);
+  }
+  const size_t n = live.size();
+  std::printf(
+      "clocks %-14s %-7s: %zu CTAs with passes (first start to last exit %.1f us), SM "
+      "clock %.3f GHz, up to %d passes per CTA\n",
+      name, counts, n, static_cast<double>(last_end - first) * 1e-3, ghz, max_segs);
+  std::printf(
+      "  CTA busy us min %.1f median %.1f max %.1f; start spread %.1f us (last start - "
+      "first)\n",
+      *std::min_element(busy.begin(), busy.end()), median(busy),
+      *std::max_element(busy.begin(), busy.end()), static_cast<double>(last_start - first) * 1e-3);
+  for (int sh = 1; sh <= 3; ++sh) {
+    const Shape& q = shape[sh];
+    if (q.n == 0) continue;
+    const double det = q.n * q.sxx - q.sx * q.sx;
+    std::printf("  K loop shape %3d: %4.0f passes %6.0f tiles, %6.0f cycles/tile (%.3f us)",
+                64 * sh, q.n, q.tiles, q.cyc / q.tiles, us(q.cyc / q.tiles));
+    if (det > 1e-9 * q.n * q.sxx) {
+      const double rate = (q.n * q.sxy - q.sx * q.sy) / det;
+      std::printf("; fit: %6.0f cycles/tile + %6.0f per pass (fill)", rate,
+                  (q.sy - rate * q.sx) / q.n);
+    }
+    std::printf("\n");
+  }
+  const double t = static_cast<double>(tiles_all);
+  std::printf(
+      "  thread 0 waits per tile (cycles): A landed %.0f, wgmma %.0f, weights %.0f, "
+      "barrier %.0f\n",
+      waits[0] / t, waits[1] / t, waits[2] / t, waits[3] / t);
+  static constexpr const char* kKinds[3] = {"whole", "partial", "head"};
+  std::printf("  epilogue us (excl. head wait):");
+  for (int k = 0; k < 3; ++k)
+    if (epi_n[k] > 0) std::printf(" %s %d x %.2f", kKinds[k], epi_n[k], us(epi[k] / epi_n[k]));
+  std::printf("; gaps (setup, between passes, exit) %.2f us per CTA\n", us(gaps / n));
+  if (heads > 0) {
+    std::sort(worst.begin(), worst.end(),
+              [](const Wait& a, const Wait& b) { return a.cyc > b.cyc; });
+    std::printf("  head wait: %d heads, total %.1f us, mean %.2f us; worst:", heads, us(wait_total),
+                us(wait_total / heads));
+    for (size_t i = 0; i < std::min<size_t>(6, worst.size()); ++i)
+      std::printf(" cta %d %.2f us", worst[i].cta, us(worst[i].cyc));
+    std::printf("\n");
+  }
+  double total = 0;
+  for (const double c : cost) total += c;
+  std::printf(
+      "  cost per CTA (K tiles x (1 + shape / 64)) min %.0f median %.0f max %.0f, ideal "
+      "W / G %.1f\n",
+      *std::min_element(cost.begin(), cost.end()), median(cost),
+      *std::max_element(cost.begin(), cost.end()), total / static_cast<double>(n));
+  // The slowest CTAs: their passes.
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return busy[a] > busy[b]; });
+  for (size_t k = 0; k < std::min<size_t>(3, n); ++k) {
+    const int b = live[order[k]];
+    std::printf("  slow cta %d busy %.1f us cost %.0f:", b, busy[order[k]], cost[order[k]]);
+    for (int i = 0; i < std::min(cta[b].segs, kSkClockSegs); ++i) {
+      const SkClockSeg& s = seg[b * kSkClockSegs + i];
+      std::printf(" [%s %d rows %d tiles: loop %.1f epi %.1f wait %.1f us]", kKinds[s.kind % 3],
+                  s.rows, s.ktiles, us(static_cast<double>(s.t1 - s.t0)),
+                  us(static_cast<double>(s.t2 - s.t1 - s.wait)), us(static_cast<double>(s.wait)));
+    }
+    std::printf("\n");
+  }
+}
+#endif
 
 }  // namespace
 
@@ -181,12 +357,16 @@ int main() {
           const uint64_t hash =
               device_hash(y, rows * n) ^ (two ? device_hash(y2, rows * n) * 31 : 0);
           std::printf(
-              "probe %d stages %d wide bufs %d loop %d decoupled %d sk ctas %d %-7s max %d %-14s "
-              "n %5ld k %5ld: %7.1f us %6.0f TFLOP/s hash %016llx\n",
+              "probe %d stages %d wide bufs %d loop %d decoupled %d l2hint %d sk ctas %d %-7s max "
+              "%d %-14s n %5ld k %5ld: %7.1f us %6.0f TFLOP/s hash %016llx\n",
               MOESERVE_RS_PROBE, MOESERVE_RS_STAGES, MOESERVE_RS_WIDE_BUFS, MOESERVE_RS_LOOP,
-              MOESERVE_RS_DECOUPLED, sk.ctas, cs.name, max_pass, kNames[variant],
-              static_cast<long>(n), static_cast<long>(k), us, flops / us * 1e-6,
+              MOESERVE_RS_DECOUPLED, MOESERVE_RS_L2HINT, sk.ctas, cs.name, max_pass,
+              kNames[variant], static_cast<long>(n), static_cast<long>(k), us, flops / us * 1e-6,
               static_cast<unsigned long long>(hash));
+#ifdef MOESERVE_SK_CLOCKS
+          if (n == 2304 && max_pass == 192 && (variant == 4 || variant == 8))
+            clock_report(launch, kNames[variant], cs.name);
+#endif
         }
     }
   }

@@ -1141,6 +1141,18 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 #ifndef MOESERVE_RS_DECOUPLED
 #define MOESERVE_RS_DECOUPLED 0
 #endif
+// Probe-only L2 eviction hints on the swapped-operand kernels' loads (the rs and the stream-K
+// kernel; results unchanged: hints only). MOESERVE_RS_L2HINT 1: the A tiles (TMA) evict_last;
+// 2: also the weights (cp.async) evict_first. Why: the rs grid runs the 36 weight tiles of a pass
+// (w1 + w3 at n 2304) in one wave, so each A tile (192 rows x 64 k: 24 KB, six times a tile's
+// weights) is read by 36 CTAs at about the same time, from L2. The stream-K CTAs of one pass
+// stand at unrelated K tiles (each starts where its range does), so the same A tile is read by
+// the pass's CTAs up to a unit's time apart, while about 132 x 4.5 KB of weights per tile time
+// stream through the 50 MB L2: a suspect for the stream-K kernel's slower K loop (its clocks:
+// MOESERVE_SK_CLOCKS). Untested on the device as of this note.
+#ifndef MOESERVE_RS_L2HINT
+#define MOESERVE_RS_L2HINT 0
+#endif
 
 // Stream-K form (GroupedMxfp4GemmParams::stream_k; grouped_mxfp4_gemm_rs_sk_kernel: the unfused
 // epilogue, 192-row passes, both decodes). The grid above loses twice at the DEP32 decode share
@@ -1320,6 +1332,34 @@ struct SkState {
 #endif
 }  // namespace grs
 
+// Segment clocks for tools/device/moe_rs_probe.cu (compiled out unless MOESERVE_SK_CLOCKS; the
+// build never sets it, so the kernels are unchanged otherwise). Thread 0 of each CTA (linear
+// block index b < kSkClockCtas) records in g_sk_clock_cta[b] the globaltimer (ns) and clock64 at
+// its start (after pdl_wait) and exit, and the number of passes / segments it ran; and for each
+// of its first kSkClockSegs passes (the rs kernel: one per blockIdx.y pass; the stream-K kernel:
+// one per segment) in g_sk_clock_seg[b * kSkClockSegs + i]: the epilogue kind (SkEpilogue; the rs
+// kernel 0), the K tiles, the pass shape and rows, clock64 at grs_pass entry (t0), after the K
+// loop's last wait_group (t1) and at its exit (t2), the cycles a head spent in sk_wait_flag
+// (wait), and (MOESERVE_SK_CLOCKS=2 only) inside the K loop the cycles thread 0 spent waiting for
+// the A tile (mbar_wait, a_wait), for its wgmma of kBufs - 1 tiles before (wait_group, mma_wait),
+// for the weights (cp.async.wait_group, w_wait) and in the tile's __syncthreads (bar_wait). The
+// probe zeroes both arrays before the one launch it reads.
+#ifdef MOESERVE_SK_CLOCKS
+constexpr int kSkClockCtas = 4096;
+constexpr int kSkClockSegs = 16;
+struct SkClockCta {
+  unsigned long long gt0, gt1;
+  long long clk0, clk1;
+  int segs;
+};
+struct SkClockSeg {
+  int kind, ktiles, shape, rows;
+  long long t0, t1, t2, wait, a_wait, w_wait, bar_wait, mma_wait;
+};
+__device__ SkClockCta g_sk_clock_cta[kSkClockCtas];
+__device__ SkClockSeg g_sk_clock_seg[kSkClockCtas * kSkClockSegs];
+#endif
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Fragments of one K tile for the thread's rows r0 and r0 + 8 (f[s][i]: k16 step s, register i)
 // from ring slot st (weights at kABytes, the size of its A rows, then the scales).
@@ -1404,6 +1444,34 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
 }
+#if MOESERVE_RS_L2HINT
+// MOESERVE_RS_L2HINT (probe only, see above): L2 policies, the box load and the 16-byte copy
+// with a policy.
+__device__ __forceinline__ uint64_t l2_policy_evict_last() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ void tma_load_2d_hint(uint32_t dst, const CUtensorMap* map, int32_t c0,
+                                                 int32_t c1, uint32_t bar, uint64_t pol) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "l"(pol)
+      : "memory");
+}
+__device__ __forceinline__ void cp_async16_hint(void* smem_dst, const void* gmem_src,
+                                                uint64_t pol) {
+  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, 16, %2;\n" ::"r"(d),
+               "l"(gmem_src), "l"(pol));
+}
+#endif
 // Box (c0, c1) of a 2-D tensor map into shared memory, completing on mbarrier `bar`.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int32_t c0,
                                             int32_t c1, uint32_t bar) {
@@ -1439,6 +1507,58 @@ __device__ __forceinline__ void sk_wait_flag(const int32_t* flag) {
     if (global_timer_ns() - t0 > 10'000'000'000ull) __trap();
   }
 }
+// (The device side of the segment clocks above.)
+#ifdef MOESERVE_SK_CLOCKS
+__device__ __forceinline__ int sk_clock_block() {
+  return static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+}
+// This CTA's current pass record (thread 0), or null past the arrays.
+__device__ __forceinline__ SkClockSeg* sk_clock_seg() {
+  const int b = sk_clock_block();
+  if (threadIdx.x != 0 || b >= kSkClockCtas) return nullptr;
+  const int i = g_sk_clock_cta[b].segs;
+  return i < kSkClockSegs ? &g_sk_clock_seg[b * kSkClockSegs + i] : nullptr;
+}
+__device__ __forceinline__ void sk_clock_cta(bool start) {
+  const int b = sk_clock_block();
+  if (threadIdx.x != 0 || b >= kSkClockCtas) return;
+  SkClockCta& c = g_sk_clock_cta[b];
+  if (start) {
+    c.gt0 = global_timer_ns();
+    c.clk0 = clock64();
+    c.segs = 0;
+  } else {
+    c.clk1 = clock64();
+    c.gt1 = global_timer_ns();
+  }
+}
+// Thread 0's in-loop wait clocks (a_wait, w_wait, bar_wait, mma_wait of the current pass), in
+// shared memory so that nothing is held in registers across the K loop; only at
+// MOESERVE_SK_CLOCKS=2 (the stream-K k-permuted kernel then spills 12 bytes: 255 registers
+// without them; at 1 none of the rs / sk kernels spills, the in-loop waits read 0).
+__shared__ long long g_sk_loop_clk[4];
+// (32-bit %clock: one register less than clock64 in the hot loop; a wait is far below 2^32.)
+__device__ __forceinline__ uint32_t sk_clock32() {
+  uint32_t c;
+  asm volatile("mov.u32 %0, %%clock;\n" : "=r"(c));
+  return c;
+}
+#endif
+#if defined(MOESERVE_SK_CLOCKS) && MOESERVE_SK_CLOCKS >= 2
+#define SK_LOOP_T0() const uint32_t sk_t0_ = sk_clock32()
+#define SK_LOOP_ADD(i)                                               \
+  do {                                                               \
+    if (threadIdx.x == 0) g_sk_loop_clk[i] += sk_clock32() - sk_t0_; \
+  } while (0)
+#else
+#define SK_LOOP_T0() \
+  do {               \
+  } while (0)
+#define SK_LOOP_ADD(i) \
+  do {                 \
+  } while (0)
+#endif
+
 // A partial segment's accumulators into CTA cta's slot (accumulator i of thread t at i * 256 + t:
 // each i one coalesced 1 KB store), then its flag raised once the whole CTA's stores are done.
 template <int kN>
@@ -1460,7 +1580,13 @@ __device__ __forceinline__ void sk_add_partials(const GroupedMxfp4GemmParams& p,
                                                 const grs::SkState& seg, float (&acc)[kN]) {
   if (threadIdx.x == 0)
     seg.sched.for_each_partial(seg.cta, seg.unit_end, [&](int c) {
+#ifdef MOESERVE_SK_CLOCKS
+      const long long w0 = clock64();
       sk_wait_flag(p.sk_flags + c);
+      if (SkClockSeg* const r = sk_clock_seg()) r->wait += clock64() - w0;
+#else
+      sk_wait_flag(p.sk_flags + c);
+#endif
       p.sk_flags[c] = 0;
     });
   __syncthreads();
@@ -1511,6 +1637,17 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
   [[maybe_unused]] const uint32_t empties = bars + 8 * kStages;  // MOESERVE_RS_DECOUPLED
   const int r0 = 64 * wg + 16 * warp + g;
   const auto slot = [&](int kt) { return (tc + static_cast<uint32_t>(kt)) % kStages; };
+#ifdef MOESERVE_SK_CLOCKS
+  if (SkClockSeg* const r = sk_clock_seg()) {
+    r->kind = kSk ? static_cast<int>(seg.epi) : 0;
+    r->ktiles = nk;
+    r->shape = kTN;
+    r->rows = static_cast<int>(rows);
+    r->wait = 0;
+    g_sk_loop_clk[0] = g_sk_loop_clk[1] = g_sk_loop_clk[2] = g_sk_loop_clk[3] = 0;
+    r->t0 = clock64();
+  }
+#endif
 
   // The A rows by TMA (thread 0: kTN / kBoxRows boxes of kBoxRows rows x 64 k, 128-byte swizzle,
   // on the slot's mbarrier; rows past the pass are other experts' rows or zero fill past a_rows,
@@ -1521,11 +1658,20 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
       mbar_expect_tx(bars + 8 * sl, kTN * 128);
 #pragma unroll
       for (int b = 0; b < kTN / kBoxRows; ++b)
+#if MOESERVE_RS_L2HINT
+        tma_load_2d_hint(base + sl * kStageBytes + b * kBoxRows * 128, tmap_a, (kb + kt) * kBK,
+                         row0 + kBoxRows * b, bars + 8 * sl, l2_policy_evict_last());
+#else
         tma_load_2d(base + sl * kStageBytes + b * kBoxRows * 128, tmap_a, (kb + kt) * kBK,
                     row0 + kBoxRows * b, bars + 8 * sl);
+#endif
     }
     uint8_t* st = smem + sl * kStageBytes;
+#if MOESERVE_RS_L2HINT >= 2
+    cp_async16_hint(st + kABytes + tid * 16, wsrc + (kb + kt) * (kBK / 2), l2_policy_evict_first());
+#else
     cp_async16_zfill(st + kABytes + tid * 16, wsrc + (kb + kt) * (kBK / 2), true);
+#endif
     if (MOESERVE_RS_DECOUPLED ? (tid & 1) == 0 : tid < kBW)
       cp_async4(st + kABytes + kWBytes + (MOESERVE_RS_DECOUPLED ? tid >> 1 : tid) * 4,
                 ssrc + ((kb + kt) >> 1) * 4);
@@ -1556,8 +1702,11 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
   // K tile kt on fragments fc; the fragments of kt + 1 into fn.
   const auto step = [&](int kt, const uint32_t (&fc)[4][4], uint32_t (&fn)[4][4]) {
     const uint32_t sl = slot(kt);
-    if (MOESERVE_RS_PROBE != 2 || kt < kAhead)
+    if (MOESERVE_RS_PROBE != 2 || kt < kAhead) {
+      SK_LOOP_T0();
       mbar_wait(bars + 8 * sl, ((tc + static_cast<uint32_t>(kt)) / kStages) & 1);  // A landed
+      SK_LOOP_ADD(0);
+    }
     const uint32_t b_tile = base + sl * kStageBytes;
     wgmma::fence_operands(acc);
     wgmma::fence();
@@ -1567,9 +1716,17 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
         wgmma::bf16_rs<kTN>(acc, fc[s], wgmma::desc_k_sw128_addr(b_tile + 32 * s), 1);
     wgmma::commit_group();
     // Tile kt - kBufs + 1 done (three buffers: tiles kt - 1 and kt keep the tensor cores busy).
-    wgmma::wait_group<kBufs - 1>();
+    {
+      SK_LOOP_T0();
+      wgmma::wait_group<kBufs - 1>();
+      SK_LOOP_ADD(3);
+    }
     wgmma::fence_operands(acc);
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(kAhead - 2) : "memory");  // weights of kt + 1
+    {
+      SK_LOOP_T0();
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(kAhead - 2) : "memory");  // weights of kt + 1
+      SK_LOOP_ADD(1);
+    }
 #if MOESERVE_RS_DECOUPLED
     // This warpgroup's weights of kt + 1 visible to it, and its wgmma on tile kt - kBufs + 1 (the
     // slot that tile kt + kAhead refills) done; warpgroup 1 tells thread 0 so.
@@ -1581,7 +1738,11 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
         mbar_wait(empties + 8 * slot(done), ((tc + static_cast<uint32_t>(done)) / kStages) & 1);
     }
 #else
-    __syncthreads();  // weights of kt + 1 visible; both warpgroups done with that tile's slot
+    {
+      SK_LOOP_T0();
+      __syncthreads();  // weights of kt + 1 visible; both warpgroups done with that tile's slot
+      SK_LOOP_ADD(2);
+    }
 #endif
     if (kt + kAhead < nk && MOESERVE_RS_PROBE != 2) load_tile(kt + kAhead);
     asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -1610,6 +1771,9 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
   }
   wgmma::wait_group<0>();
   wgmma::fence_operands(acc);
+#ifdef MOESERVE_SK_CLOCKS
+  if (SkClockSeg* const r = sk_clock_seg()) r->t1 = clock64();
+#endif
 #if MOESERVE_RS_DECOUPLED
   // Warpgroup 1 releases the tail tiles' slots too (one arrival per tile and use of a slot).
   wg_bar_sync(wg);
@@ -1685,6 +1849,16 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
     }
   }
   __syncthreads();  // shared memory free for the next pass
+#ifdef MOESERVE_SK_CLOCKS
+  if (SkClockSeg* const r = sk_clock_seg()) {
+    r->t2 = clock64();
+    r->a_wait = g_sk_loop_clk[0];
+    r->w_wait = g_sk_loop_clk[1];
+    r->bar_wait = g_sk_loop_clk[2];
+    r->mma_wait = g_sk_loop_clk[3];
+    ++g_sk_clock_cta[sk_clock_block()].segs;
+  }
+#endif
 }
 
 // The ring in dynamic shared memory (1024-aligned: the 128-byte swizzle; `base` its shared-space
@@ -1716,6 +1890,9 @@ __global__ void __launch_bounds__(grs::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace grs;
   uint32_t base;
+#ifdef MOESERVE_SK_CLOCKS
+  sk_clock_cta(true);
+#endif
   uint8_t* const smem = grs_ring_init<kMaxTok>(base);
   // The CTA's weight rows from n0: kBW of one set (blockIdx.x covers W's tiles, then W_b's); kFuse:
   // 64 of W (ring rows 0-63, warpgroup 0) and the same 64 of W_b (ring rows 64-127, warpgroup 1).
@@ -1762,6 +1939,9 @@ __global__ void __launch_bounds__(grs::kThreads, 1)
     }
     tc += static_cast<uint32_t>(p.k / kBK);
   }
+#ifdef MOESERVE_SK_CLOCKS
+  sk_clock_cta(false);
+#endif
 #else
   __trap();  // sm_90a only; launch_grouped_mxfp4_gemm takes it only on Hopper with wgmma_rs
 #endif
@@ -1777,6 +1957,9 @@ __global__ void __launch_bounds__(grs::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace grs;
   __shared__ SkState sk;
+#ifdef MOESERVE_SK_CLOCKS
+  sk_clock_cta(true);
+#endif
   const int tid = static_cast<int>(threadIdx.x);
   const int64_t wtiles = (p.n + kBW - 1) / kBW;  // of one weight set
   if (tid == 0) {
@@ -1823,6 +2006,9 @@ __global__ void __launch_bounds__(grs::kThreads, 1)
     __syncthreads();  // ... and its length here, before thread 0 moves on
     if (tid == 0) sk.next += sk.ke - sk.kb;
   }
+#ifdef MOESERVE_SK_CLOCKS
+  sk_clock_cta(false);
+#endif
 #else
   __trap();  // sm_90a only; launch_grouped_mxfp4_gemm takes it only on Hopper with wgmma_rs
 #endif
