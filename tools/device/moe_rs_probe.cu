@@ -17,8 +17,7 @@
 // tile 0, 2: no loads after the prologue, 3: no wgmma), -DMOESERVE_RS_STAGES=S,
 // -DMOESERVE_RS_WIDE_BUFS=3 (the 224-row passes with three fragment buffers) and
 // -DMOESERVE_RS_LOOP=1 (the 192-row kernel with the 224-row one's K loop) and
-// -DMOESERVE_RS_DECOUPLED=1 (the warpgroups' K loops apart) and -DMOESERVE_RS_L2HINT=1 / 2 (L2
-// evict_last on the A tiles / and evict_first on the weights; same hashes). Each row also prints
+// -DMOESERVE_RS_DECOUPLED=1 (the warpgroups' K loops apart). Each row also prints
 // a hash of the output bits of its last launch, so that two builds' rows can be compared bit for
 // bit:
 //   nvcc -O3 -std=c++20 -arch=sm_90a -I src tools/device/moe_rs_probe.cu -o /tmp/rs && /tmp/rs
@@ -357,10 +356,10 @@ int main() {
           const uint64_t hash =
               device_hash(y, rows * n) ^ (two ? device_hash(y2, rows * n) * 31 : 0);
           std::printf(
-              "probe %d stages %d wide bufs %d loop %d decoupled %d l2hint %d sk ctas %d %-7s max "
+              "probe %d stages %d wide bufs %d loop %d decoupled %d sk ctas %d %-7s max "
               "%d %-14s n %5ld k %5ld: %7.1f us %6.0f TFLOP/s hash %016llx\n",
               MOESERVE_RS_PROBE, MOESERVE_RS_STAGES, MOESERVE_RS_WIDE_BUFS, MOESERVE_RS_LOOP,
-              MOESERVE_RS_DECOUPLED, MOESERVE_RS_L2HINT, sk.ctas, cs.name, max_pass,
+              MOESERVE_RS_DECOUPLED, sk.ctas, cs.name, max_pass,
               kNames[variant], static_cast<long>(n), static_cast<long>(k), us, flops / us * 1e-6,
               static_cast<unsigned long long>(hash));
 #ifdef MOESERVE_SK_CLOCKS

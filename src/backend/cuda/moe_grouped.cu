@@ -1141,18 +1141,9 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 #ifndef MOESERVE_RS_DECOUPLED
 #define MOESERVE_RS_DECOUPLED 0
 #endif
-// Probe-only L2 eviction hints on the swapped-operand kernels' loads (the rs and the stream-K
-// kernel; results unchanged: hints only). MOESERVE_RS_L2HINT 1: the A tiles (TMA) evict_last;
-// 2: also the weights (cp.async) evict_first. Why: the rs grid runs the 36 weight tiles of a pass
-// (w1 + w3 at n 2304) in one wave, so each A tile (192 rows x 64 k: 24 KB, six times a tile's
-// weights) is read by 36 CTAs at about the same time, from L2. The stream-K CTAs of one pass
-// stand at unrelated K tiles (each starts where its range does), so the same A tile is read by
-// the pass's CTAs up to a unit's time apart, while about 132 x 4.5 KB of weights per tile time
-// stream through the 50 MB L2: a suspect for the stream-K kernel's slower K loop (its clocks:
-// MOESERVE_SK_CLOCKS). Untested on the device as of this note.
-#ifndef MOESERVE_RS_L2HINT
-#define MOESERVE_RS_L2HINT 0
-#endif
+// Measured and removed (r12, call 3): L2 eviction hints on these kernels' loads (the A tiles'
+// TMA evict_last) changed nothing (probe, w1 + w3 k-permuted at 192 rows: rs 223.5 -> 220.9 us,
+// stream-K 243.9 -> 241.5 us, same K-loop cycles per tile), so the A tiles were not missing L2.
 
 // Stream-K form (GroupedMxfp4GemmParams::stream_k; grouped_mxfp4_gemm_rs_sk_kernel: the unfused
 // epilogue, 192-row passes, both decodes). The grid above loses twice at the DEP32 decode share
@@ -1344,6 +1335,13 @@ struct SkState {
 // the A tile (mbar_wait, a_wait), for its wgmma of kBufs - 1 tiles before (wait_group, mma_wait),
 // for the weights (cp.async.wait_group, w_wait) and in the tile's __syncthreads (bar_wait). The
 // probe zeroes both arrays before the one launch it reads.
+// Measured (H200, r12 call 3, probe, w1 + w3 k-permuted, 12 experts; docs/perf/
+// forward-gpu-2026-11-30-r12.md): the per-unit kernel's K loop takes 1112 cycles per 64-wide tile
+// at 192-row passes (the wgmma alone ~768 at the tensor peak), 962 at 128 and 831 at 64 rows:
+// a per-tile cost that the wgmma do not hide. The stream-K kernel's takes 1219-1299 at 192 rows
+// (+10-17%), plus per CTA ~12 us of segment set-up and ~14 us per head epilogue; at the drawn
+// counts its cost weights (2 / 3 / 4) put up to 7 units of 64-row passes on one CTA, whose tiles
+// cost 0.73 of a 192-row tile, not 0.5: 376 us against 243 us for the per-unit grid.
 #ifdef MOESERVE_SK_CLOCKS
 constexpr int kSkClockCtas = 4096;
 constexpr int kSkClockSegs = 16;
@@ -1444,34 +1442,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
 }
-#if MOESERVE_RS_L2HINT
-// MOESERVE_RS_L2HINT (probe only, see above): L2 policies, the box load and the 16-byte copy
-// with a policy.
-__device__ __forceinline__ uint64_t l2_policy_evict_last() {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(pol));
-  return pol;
-}
-__device__ __forceinline__ uint64_t l2_policy_evict_first() {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-  return pol;
-}
-__device__ __forceinline__ void tma_load_2d_hint(uint32_t dst, const CUtensorMap* map, int32_t c0,
-                                                 int32_t c1, uint32_t bar, uint64_t pol) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "l"(pol)
-      : "memory");
-}
-__device__ __forceinline__ void cp_async16_hint(void* smem_dst, const void* gmem_src,
-                                                uint64_t pol) {
-  const auto d = static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, 16, %2;\n" ::"r"(d),
-               "l"(gmem_src), "l"(pol));
-}
-#endif
 // Box (c0, c1) of a 2-D tensor map into shared memory, completing on mbarrier `bar`.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int32_t c0,
                                             int32_t c1, uint32_t bar) {
@@ -1658,20 +1628,11 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
       mbar_expect_tx(bars + 8 * sl, kTN * 128);
 #pragma unroll
       for (int b = 0; b < kTN / kBoxRows; ++b)
-#if MOESERVE_RS_L2HINT
-        tma_load_2d_hint(base + sl * kStageBytes + b * kBoxRows * 128, tmap_a, (kb + kt) * kBK,
-                         row0 + kBoxRows * b, bars + 8 * sl, l2_policy_evict_last());
-#else
         tma_load_2d(base + sl * kStageBytes + b * kBoxRows * 128, tmap_a, (kb + kt) * kBK,
                     row0 + kBoxRows * b, bars + 8 * sl);
-#endif
     }
     uint8_t* st = smem + sl * kStageBytes;
-#if MOESERVE_RS_L2HINT >= 2
-    cp_async16_hint(st + kABytes + tid * 16, wsrc + (kb + kt) * (kBK / 2), l2_policy_evict_first());
-#else
     cp_async16_zfill(st + kABytes + tid * 16, wsrc + (kb + kt) * (kBK / 2), true);
-#endif
     if (MOESERVE_RS_DECOUPLED ? (tid & 1) == 0 : tid < kBW)
       cp_async4(st + kABytes + kWBytes + (MOESERVE_RS_DECOUPLED ? tid >> 1 : tid) * 4,
                 ssrc + ((kb + kt) >> 1) * 4);
