@@ -1902,6 +1902,10 @@ TEST(GpuForward, ProfilePartsSumToComponents) {
   opt.max_rows = 64;
   opt.moe_ep_ranks = 8;
   opt.fp8_wgmma = true;
+  // The 20 rows below take the two mHC launches (expand; mixes) and the separate RMSNorm of the
+  // ffn input, so that mhc.ffn_norm is a part too (with the default mhc_fuse_min_rows 0 the fused
+  // launch applies that norm and the part is not recorded).
+  opt.mhc_fuse_min_rows = 129;
   auto m = DeepseekV41Gpu::load(dir, opt);
   ASSERT_TRUE(m) << m.error().to_string();
   (*m)->set_profile(true);
