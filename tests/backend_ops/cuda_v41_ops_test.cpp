@@ -381,6 +381,27 @@ class CudaV41 : public ::testing::Test {
       ASSERT_TRUE(std::isnan(got[i])) << "row past the grouped count written: " << i;
   }
 
+  // The fields every grouped launch sets: A (bf16 rows, pitch k), the counts `off`, the experts'
+  // weight set `ex`, the output shape (ldy = n) and max_rows; the kernel choice, a_rows and the
+  // outputs are left to the test.
+  cuda::GroupedMxfp4GemmParams grouped_launch(const std::vector<uint16_t>& a16,
+                                              const std::vector<int32_t>& off,
+                                              const Mxfp4Experts& ex, int64_t n, int64_t k,
+                                              int64_t max_rows) {
+    cuda::GroupedMxfp4GemmParams g;
+    g.a = up(a16);
+    g.lda = k;
+    g.offsets = up(off);
+    g.num_experts = static_cast<int>(off.size()) - 1;
+    g.max_rows = max_rows;
+    g.w = up(ex.wp);
+    g.w_scale = up(ex.sp);
+    g.ldy = n;
+    g.n = n;
+    g.k = k;
+    return g;
+  }
+
   // The grouped launch of the refusal tests: every expert holds one random MXFP4 weight set
   // [n, k], A is all 1.0 (bf16) over off.back() rows, the counts are `off`; the kernel choice
   // (rows_hint, wgmma flags) and outputs are left to the test.
@@ -3217,19 +3238,9 @@ TEST_F(CudaV41, GroupedMxfp4GemmTwoWeightSetsOnTheTableKernels) {
   const int64_t total = off[local];
   const auto [a, a16] = mxfp8_rows(total, k, rng);
   const Mxfp4Experts set[2] = {mxfp4_experts(off, n, k, a, rng), mxfp4_experts(off, n, k, a, rng)};
-  cuda::GroupedMxfp4GemmParams gg;
-  gg.a = up(a16);
-  gg.lda = k;
-  gg.offsets = up(off);
-  gg.num_experts = local;
-  gg.max_rows = 7;
-  gg.w = up(set[0].wp);
-  gg.w_scale = up(set[0].sp);
+  cuda::GroupedMxfp4GemmParams gg = grouped_launch(a16, off, set[0], n, k, 7);
   gg.w_b = up(set[1].wp);
   gg.w_scale_b = up(set[1].sp);
-  gg.ldy = n;
-  gg.n = n;
-  gg.k = k;
   gg.rows_hint = 3;
   gg.use_wgmma = true;
   gg.wgmma_rs = true;  // not taken: rows_hint <= 24
@@ -3252,17 +3263,7 @@ TEST_F(CudaV41, GroupedMxfp4GemmRefusesUnsupportedMaxPass) {
   const std::vector<int32_t> off = {0, static_cast<int32_t>(rows)};
   const auto [a, a16] = mxfp8_rows(rows, k, rng);
   const Mxfp4Experts ex = mxfp4_experts(off, n, k, a, rng);
-  cuda::GroupedMxfp4GemmParams gg;
-  gg.a = up(a16);
-  gg.lda = k;
-  gg.offsets = up(off);
-  gg.num_experts = 1;
-  gg.max_rows = rows;
-  gg.w = up(ex.wp);
-  gg.w_scale = up(ex.sp);
-  gg.ldy = n;
-  gg.n = n;
-  gg.k = k;
+  cuda::GroupedMxfp4GemmParams gg = grouped_launch(a16, off, ex, n, k, rows);
   gg.rows_hint = rows;
   gg.use_wgmma = true;
   gg.wgmma_rs = true;
@@ -3604,17 +3605,7 @@ TEST_F(CudaV41, GroupedMxfp4GemmStreamKRefusesBadArguments) {
   const int local = 3;
   const auto [a, a16] = mxfp8_rows(off[local], k, rng);
   const Mxfp4Experts ex = mxfp4_experts(off, n, k, a, rng);
-  cuda::GroupedMxfp4GemmParams ok;
-  ok.a = up(a16);
-  ok.lda = k;
-  ok.offsets = up(off);
-  ok.num_experts = local;
-  ok.max_rows = 40;
-  ok.w = up(ex.wp);
-  ok.w_scale = up(ex.sp);
-  ok.ldy = n;
-  ok.n = n;
-  ok.k = k;
+  cuda::GroupedMxfp4GemmParams ok = grouped_launch(a16, off, ex, n, k, 40);
   ok.rows_hint = 192;
   ok.use_wgmma = true;
   ok.wgmma_rs = true;
