@@ -1167,7 +1167,8 @@ struct DeepseekV41Gpu::Impl {
   // expand(x, y, n, post, comb, collapse_pre, collapse_out) then mixes(x', n, fn, ...) in one
   // launch (mhc_fuse_expand_mixes); the cost counted as mixes() counts it (expand counts none).
   // collapse_norm set: collapse_out is rms(collapse, collapse_norm) instead (mhc_fuse_norm).
-  void expand_mixes(float* x, const float* y, int64_t n, const float* post, const float* comb,
+  // Returns the launch's cluster width when tracing (cuda::hc_expand_mixes_cluster_width), else 0.
+  int expand_mixes(float* x, const float* y, int64_t n, const float* post, const float* comb,
                     const float* collapse_pre, float* collapse_out, const DeviceMemory& fn,
                     const DeviceMemory& base, const DeviceMemory& scale, float* pre,
                     float* mix_post, float* mix_comb, const DeviceMemory* collapse_norm = nullptr) {
@@ -1193,6 +1194,7 @@ struct DeepseekV41Gpu::Impl {
     }
     cu::launch_hc_expand_mixes(p, stream);
     count_mixes(n, fn);
+    return opt.trace ? cu::hc_expand_mixes_cluster_width(p) : 0;
   }
   void collapse(const float* x, int64_t n, const float* pre, float* out) {
     cu::HcCollapseParams p;
@@ -2497,9 +2499,12 @@ struct DeepseekV41Gpu::Impl {
         pre_f = buf<float>("pre_f", n * hc);
         post_f = buf<float>("post_f", n * hc);
         comb_f = buf<float>("comb_f", n * hc * hc);
-        expand_mixes(x, y, n, post_a, comb_a, pre_a, fbuf, L.hc_ffn_fn, L.hc_ffn_base,
-                     L.hc_ffn_scale, pre_f, post_f, comb_f, f_normed ? &L.ffn_norm : nullptr);
+        const int width =
+            expand_mixes(x, y, n, post_a, comb_a, pre_a, fbuf, L.hc_ffn_fn, L.hc_ffn_base,
+                         L.hc_ffn_scale, pre_f, post_f, comb_f, f_normed ? &L.ffn_norm : nullptr);
+        if (opt.trace) trace.mhc_cluster_width[l] = width;
       } else {
+        if (opt.trace) trace.mhc_cluster_width[l] = 0;
         expand(x, y, n, post_a, comb_a, pre_a, fbuf);
         mark(GpuComponent::kMhc, "mixes");
         pre_f = buf<float>("pre_f", n * hc);

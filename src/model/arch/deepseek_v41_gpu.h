@@ -287,6 +287,9 @@ struct GpuForwardTrace {
   std::map<int32_t, bool> moe_fuse_swiglu;  // SwiGLU in the w1 + w3 epilogue (moe_fuse_swiglu)
   // grouped GEMM launches (w1 + w3, w2) that took the stream-K form (moe_stream_k): 0 to 2
   std::map<int32_t, int> moe_stream_k;
+  // cluster width of the ffn site's fused mHC expand + mixes launch (mhc_fused_cluster_width and
+  // its automatic rule, as cuda::hc_expand_mixes_cluster_width reports it); 0: the two launches
+  std::map<int32_t, int> mhc_cluster_width;
   std::map<int32_t, bool> shared_w13;  // shared expert's w1 + w3 as one GEMM (fuse_shared_w13)
   std::map<int32_t, bool> qkv_a;       // the attention's wq_a + wkv as one GEMM (fuse_qkv_a)
   // wo_a's input quantised in the attention's epilogue (attn_quant_epilogue)

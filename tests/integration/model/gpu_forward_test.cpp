@@ -1304,6 +1304,16 @@ TEST(GpuForward, MhcFusedClusterWidthsAgreeInTheForward) {
   ASSERT_FALSE(t8.layer_out.empty());
   EXPECT_EQ(t_auto.layer_out, t16.layer_out) << "automatic width";
   EXPECT_EQ(c_auto.flops, c16.flops);
+  // The width each run's fused launches took (the ffn site's, per layer): the forced ones, and
+  // 16 for the automatic rule at these 20 rows (<= mhc_wide_cluster_max_rows).
+  ASSERT_EQ(t_auto.mhc_cluster_width.size(), t8.mhc_cluster_width.size());
+  ASSERT_FALSE(t_auto.mhc_cluster_width.empty());
+  for (const auto& [l, w] : t_auto.mhc_cluster_width) {
+    EXPECT_EQ(w, 16) << "automatic width, layer " << l;
+    EXPECT_EQ(t8.mhc_cluster_width.at(l), 8) << "layer " << l;
+    EXPECT_EQ(t16.mhc_cluster_width.at(l), 16) << "layer " << l;
+    EXPECT_EQ(t4.mhc_cluster_width.at(l), 4) << "layer " << l;
+  }
   EXPECT_EQ(t8.attn_in, t16.attn_in) << "width 16";
   EXPECT_EQ(t8.ffn_in, t16.ffn_in) << "width 16";
   EXPECT_EQ(t8.layer_out, t16.layer_out) << "width 16";
