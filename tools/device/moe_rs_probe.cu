@@ -17,7 +17,9 @@
 // tile 0, 2: no loads after the prologue, 3: no wgmma), -DMOESERVE_RS_STAGES=S,
 // -DMOESERVE_RS_WIDE_BUFS=3 (the 224-row passes with three fragment buffers) and
 // -DMOESERVE_RS_LOOP=1 (the 192-row kernel with the 224-row one's K loop) and
-// -DMOESERVE_RS_DECOUPLED=1 (the warpgroups' K loops apart). Each row also prints
+// -DMOESERVE_RS_DECOUPLED=1 (the warpgroups' K loops apart) and -DMOESERVE_RS_SS=1 (the weights
+// decoded into bf16 shared-memory tiles, wgmma with both operands from shared memory; its hashes
+// must equal the default build's on every rs and sk row). Each row also prints
 // a hash of the output bits of its last launch, so that two builds' rows can be compared bit for
 // bit:
 //   nvcc -O3 -std=c++20 -arch=sm_90a -I src tools/device/moe_rs_probe.cu -o /tmp/rs && /tmp/rs
@@ -356,11 +358,11 @@ int main() {
           const uint64_t hash =
               device_hash(y, rows * n) ^ (two ? device_hash(y2, rows * n) * 31 : 0);
           std::printf(
-              "probe %d stages %d wide bufs %d loop %d decoupled %d sk ctas %d %-7s max "
+              "probe %d stages %d wide bufs %d loop %d decoupled %d ss %d sk ctas %d %-7s max "
               "%d %-14s n %5ld k %5ld: %7.1f us %6.0f TFLOP/s hash %016llx\n",
               MOESERVE_RS_PROBE, MOESERVE_RS_STAGES, MOESERVE_RS_WIDE_BUFS, MOESERVE_RS_LOOP,
-              MOESERVE_RS_DECOUPLED, sk.ctas, cs.name, max_pass,
-              kNames[variant], static_cast<long>(n), static_cast<long>(k), us, flops / us * 1e-6,
+              MOESERVE_RS_DECOUPLED, MOESERVE_RS_SS, sk.ctas, cs.name, max_pass, kNames[variant],
+              static_cast<long>(n), static_cast<long>(k), us, flops / us * 1e-6,
               static_cast<unsigned long long>(hash));
 #ifdef MOESERVE_SK_CLOCKS
           if (n == 2304 && max_pass == 192 && (variant == 4 || variant == 8))

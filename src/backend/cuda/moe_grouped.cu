@@ -1109,6 +1109,25 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 // 3 the wgmma; MOESERVE_RS_STAGES sets the ring depth; MOESERVE_RS_WIDE_BUFS 3 gives the 224-row
 // passes three fragment buffers; MOESERVE_RS_LOOP 1 gives the 192-row kernel the K loop of the
 // 224-row one (see grs_pass).
+// Build-time probe variant MOESERVE_RS_SS=1 (off; not measured yet; default PTX byte-identical):
+// the hypothesis it tests is that in RS mode the decode (ALU, registers) and the tensor cores'
+// register reads of the A fragments contend, so they do not overlap (decode alone 66 us, wgmma
+// alone 86 us, both 125 us above; the K loop 1112 cycles per 64-wide tile at 192 rows against
+// ~768 for the wgmma). In the variant all 256 threads decode each K tile of the 128 weight rows
+// (the same e2m1x8_to_bf16 products) into a bf16 shared-memory tile [128 rows][64 k], K-major
+// 128-byte swizzle (grs_decode_ss; with a_kperm column c holds the weight of k(c), as in the
+// fragments), and both warpgroups issue wgmma with A and B from shared memory (wgmma::bf16_ss,
+// each warpgroup's A descriptor at its 64 rows). Three such tiles after the ring's slots: tile
+// kt + 2 is decoded while the wgmma of kt run (kSsBufs - 2 = 1 tile in flight), one
+// __syncthreads per tile as before (grs_pass). The same operands, k16 steps, accumulators and
+// epilogues (natural order, kperm, fused SwiGLU, 224-row passes, stream-K all take it): the output
+// must be bit-identical to the RS kernel's (the probe's hashes). The ring defaults to 5 slots in
+// the variant (MOESERVE_RS_STAGES): 6 slots of 33 KB plus 48 KB of weight tiles do not fit at
+// 224 rows (kStages is shared by both pass maxima); with one tile of wgmma in flight instead of
+// two, 5 slots load the same 4 tiles ahead as the default's 6 (5 x 29 KB + 48 KB = 194 KB at 192
+// rows, 5 x 33 KB + 48 KB = 213 KB at 224). ptxas (sm_90a, no spills, no C75xx warnings):
+// registers 165-188 for the 192-row kernels (RS: 236-254), 179-236 for the 224-row ones (RS:
+// 250-255), 236 for stream-K (RS: 254-255).
 // Build-time variant (off; measured SLOWER on the H200, r11: the probe's 192-row w1 at uniform
 // routing 124.7 -> 155.7 us, kperm 109.1 -> 139.6 us, bit-identical output hashes; the DEP32 decode
 // 64 x 6 step 48.8 -> 53.2 ms. Kept as a build variant for the record. Not profiled; a guess:
@@ -1129,8 +1148,14 @@ bool launch_grouped_mxfp4_wgmma(const GroupedMxfp4GemmParams& p, cudaStream_t st
 #ifndef MOESERVE_RS_PROBE
 #define MOESERVE_RS_PROBE 0
 #endif
+#ifndef MOESERVE_RS_SS
+#define MOESERVE_RS_SS 0
+#endif
 #ifndef MOESERVE_RS_STAGES
-#define MOESERVE_RS_STAGES 6
+#define MOESERVE_RS_STAGES (MOESERVE_RS_SS ? 5 : 6)
+#endif
+#if MOESERVE_RS_SS && MOESERVE_RS_DECOUPLED
+#error "MOESERVE_RS_SS has the one __syncthreads K loop only (no MOESERVE_RS_DECOUPLED)"
 #endif
 #ifndef MOESERVE_RS_WIDE_BUFS
 #define MOESERVE_RS_WIDE_BUFS 2
@@ -1203,6 +1228,11 @@ constexpr int kWBytes = kBW * kBK / 2;  // 4096
 constexpr int kSBytes = kBW * 4;        // 512
 static_assert(kBW * kBK / 2 == kThreads * 16);
 constexpr int kEpiPitch = kBW / 2 + 4;  // fused epilogue: fp32 g and u tiles [row][64 columns]
+// MOESERVE_RS_SS (see grs_decode_ss): kSsBufs decoded bf16 weight tiles [128 rows][64 k] after
+// the ring's slots; kSsBufs - 2 tiles of wgmma stay in flight. (Four tiles, two in flight, would
+// need 6 slots to load as far ahead, 64 KB more: no longer within 227 KB at 224 rows.)
+constexpr int kSsBufs = 3;
+constexpr int kSsTileBytes = kBW * kBK * 2;  // 16384
 // The wider pass of GroupedMxfp4GemmParams::rs_max_pass (see above: 256 rows do not compile
 // cleanly) and its fragment buffers: two (wait_group 1, as before the three-buffer ring: 1-2%
 // slower at 192 rows), since with three the k-permuted unfused kernel spills (12 bytes, 255
@@ -1219,8 +1249,11 @@ struct Ring {
   static constexpr int kABytes = kMaxTok * kBK * 2;  // 24576 at 192 rows, 28672 at 224
   // 29 KB at 192 rows, 33 KB at 224
   static constexpr int kStageBytes = (kABytes + kWBytes + kSBytes + 1023) / 1024 * 1024;
+  // MOESERVE_RS_SS: the decoded weight tiles after the slots (1024-aligned), then the mbarriers.
+  static constexpr int kSsOffset = kStages * kStageBytes;
+  static constexpr int kBarOffset = kSsOffset + (MOESERVE_RS_SS ? kSsBufs * kSsTileBytes : 0);
   static constexpr int kSmemBytes =
-      kStages * kStageBytes + 16 * kStages + 1024;  // + full / empty mbarriers, alignment
+      kBarOffset + 16 * kStages + 1024;  // + full / empty mbarriers, alignment
   static_assert(kMaxTok % 32 == 0 && kMaxTok <= 256);
   static_assert(kABytes + kWBytes + kSBytes <= kStageBytes && kStageBytes % 1024 == 0);
   static_assert(kSmemBytes <= 227 * 1024);
@@ -1409,6 +1442,60 @@ __device__ __forceinline__ void grs_dequant(const uint8_t* st, int r0, int t, in
   }
 }
 
+#if MOESERVE_RS_SS
+// MOESERVE_RS_SS (probe-only build variant, see grs_pass): K tile kt of all 128 weight rows,
+// decoded by the CTA's 256 threads from ring slot st (weights at kABytes, then the scales) into
+// the bf16 tile wt [128 rows][64 columns], K-major 128-byte swizzle (chunk c of row r at byte
+// r * 128 + ((c ^ (r % 8)) << 4): what desc_k_sw128 reads as wgmma's A operand, warpgroup wg from
+// row 64 wg). Column c holds the weight that grs_dequant puts in fragment column c, decoded by the
+// same e2m1x8_to_bf16 with the same scale, so the wgmma see the same operands bit for bit:
+// - natural order: column c = k c, i.e. chunk j = packed word j (bytes 4 j .. 4 j + 3) whole, in
+//   32-wide block j / 4;
+// - kKperm (column c = 16 s + 8 h + 2 t + v holds k = 16 t + 4 s + 2 h + v, packed byte
+//   8 t + 2 s + h): word (t, q) = bytes 8 t + 4 q .. 8 t + 4 q + 3 gives, by e2m1x8_to_bf16, the
+//   pairs o[b] of byte b = 2 s' + h with s = 2 q + s', i.e. 32-bit word t of chunk 4 q + b
+//   (grs_dequant's place()); so chunk 4 q + i = {o_t0[i], o_t1[i], o_t2[i], o_t3[i]}, the 4 x 4
+//   transpose of four decoded words (words t = 0, 1 in block 0 of the tile, t = 2, 3 in block 1).
+// Thread tid: row r = tid % 8 + 8 (tid / 16), half q = (tid / 8) % 2: chunks 4 q .. 4 q + 3 of
+// its row, four decoded words, four 16-byte stores (a quarter-warp's 8 rows of one chunk hit 8
+// distinct swizzled chunks: conflict-free), the same decode count per thread as the RS fragments.
+template <bool kKperm, int kABytes>
+__device__ __forceinline__ void grs_decode_ss(const uint8_t* st, uint8_t* wt, int tid, int kt) {
+  const int r = (tid & 7) + 8 * (tid >> 4);
+  const int q = (tid >> 3) & 1;
+  const uint8_t* const sc = st + kABytes + grs::kWBytes + r * 4 + 2 * (kt & 1);  // blocks 0, 1
+  uint8_t* const row = wt + r * 128;
+  uint32_t o[4][4];  // o[u]: the four bf16 pairs of decoded word u
+  if constexpr (kKperm) {
+    const uint4 lo = *reinterpret_cast<const uint4*>(st + kABytes + r * 32);
+    const uint4 hi = *reinterpret_cast<const uint4*>(st + kABytes + r * 32 + 16);
+    const uint32_t w[4] = {q ? lo.y : lo.x, q ? lo.w : lo.z, q ? hi.y : hi.x, q ? hi.w : hi.z};
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const float sf = v41::ue8m0_decode(sc[b]);
+      const __nv_bfloat162 s2 = __floats2bfloat162_rn(sf, sf);
+      e2m1x8_to_bf16(w[2 * b], s2, o[2 * b]);
+      e2m1x8_to_bf16(w[2 * b + 1], s2, o[2 * b + 1]);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      *reinterpret_cast<uint4*>(row + (((4 * q + i) ^ (r & 7)) << 4)) =
+          make_uint4(o[0][i], o[1][i], o[2][i], o[3][i]);
+  } else {
+    const uint4 x = *reinterpret_cast<const uint4*>(st + kABytes + r * 32 + 16 * q);
+    const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+    const float sf = v41::ue8m0_decode(sc[q]);
+    const __nv_bfloat162 s2 = __floats2bfloat162_rn(sf, sf);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      e2m1x8_to_bf16(w[i], s2, o[i]);
+      *reinterpret_cast<uint4*>(row + (((4 * q + i) ^ (r & 7)) << 4)) =
+          make_uint4(o[i][0], o[i][1], o[i][2], o[i][3]);
+    }
+  }
+}
+#endif
+
 // mbarrier and TMA helpers (shared-space addresses).
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -1585,7 +1672,7 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
   using namespace grs;
   using R = Ring<kMaxTok>;
   constexpr int kStageBytes = R::kStageBytes, kABytes = R::kABytes, kBoxRows = R::kBoxRows;
-  constexpr int kBufs = kBufsFor<kTN>;
+  [[maybe_unused]] constexpr int kBufs = kBufsFor<kTN>;  // (not with MOESERVE_RS_SS)
   static_assert(kTN <= kMaxTok && kTN % kBoxRows == 0);
   static_assert(!kSk || (!kFuse && kMaxTok == kSkPass));
   const int tid = static_cast<int>(threadIdx.x);
@@ -1603,7 +1690,7 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
   const uint8_t* const wsrc = wexp + min(n0 + wrow, p.n - 1) * (p.k / 2) + (tid & 1) * 16;
   const uint8_t* const ssrc = sexp + min(n0 + srow, p.n - 1) * (p.k / 32);
   const int32_t row0 = static_cast<int32_t>(beg + m0);
-  const uint32_t bars = base + kStages * kStageBytes;  // one mbarrier (8 B) per ring slot
+  const uint32_t bars = base + R::kBarOffset;  // one mbarrier (8 B) per ring slot
   [[maybe_unused]] const uint32_t empties = bars + 8 * kStages;  // MOESERVE_RS_DECOUPLED
   const int r0 = 64 * wg + 16 * warp + g;
   const auto slot = [&](int kt) { return (tc + static_cast<uint32_t>(kt)) % kStages; };
@@ -1641,6 +1728,85 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
   float acc[kTN / 2];
 #pragma unroll
   for (int i = 0; i < kTN / 2; ++i) acc[i] = 0.0f;
+#if MOESERVE_RS_SS
+  // The weights as wgmma's A operand from shared memory (grs_decode_ss): tile kt decoded by all
+  // threads into bf16 tile wb(kt) = kt % kSsBufs, read by each warpgroup at its 64 rows. Per tile:
+  //   wait for the slot's mbarrier; wgmma x4 on (tile wb(kt), A of kt); commit
+  //   wait_group kPend = kSsBufs - 2 (tile kt - kPend done: its slot and weight tile free after
+  //   the barrier); cp.async.wait (own weight copies of tile kt + 2); barrier (also: every
+  //   thread's stores of tile kt + 1, decoded in the step before, visible to the async proxy)
+  //   load tile kt + kAhead into kt - kPend's slot
+  //   decode tile kt + 2 into tile wb(kt + 2) (free: its last reader was kt + 2 - kSsBufs =
+  //   kt - kPend), fence.proxy.async, while the wgmma of tiles kt - kPend + 1 .. kt run.
+  // Decoding two tiles ahead lets the one barrier per tile order both the stores (before the
+  // wgmma that read them) and the reuse (after the wgmma that read them). The same k16 steps in
+  // the same order on the same accumulators: the output is the RS kernel's, bit for bit.
+  constexpr int kPend = kSsBufs - 2;
+  constexpr int kAhead = kStages - kPend;
+  static_assert(kAhead >= 3, "MOESERVE_RS_SS: the ring must hold tiles kt .. kt + 2 and more");
+  uint8_t* const wtiles = smem + R::kSsOffset;
+  const uint32_t wtiles_addr = base + R::kSsOffset;
+  const auto decode = [&](int kt, int buf) {
+    grs_decode_ss<kKperm, kABytes>(smem + slot(kt) * kStageBytes, wtiles + buf * kSsTileBytes, tid,
+                                   kb + kt);
+  };
+#pragma unroll
+  for (int s = 0; s < kAhead; ++s) {
+    if (s < nk) load_tile(s);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  }
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kAhead - 2) : "memory");  // weights of 0, 1
+  __syncthreads();
+  decode(0, 0);
+  if (nk > 1) decode(1, 1);
+  if (MOESERVE_RS_PROBE == 1)
+    for (int b = 1; b < kSsBufs; ++b) decode(0, b);
+  wgmma::fence_proxy_async_smem();
+  __syncthreads();
+  int wb = 0;  // the weight tile of K tile kt
+#pragma unroll 1
+  for (int kt = 0; kt < nk; ++kt) {
+    const uint32_t sl = slot(kt);
+    if (MOESERVE_RS_PROBE != 2 || kt < kAhead) {
+      SK_LOOP_T0();
+      mbar_wait(bars + 8 * sl, ((tc + static_cast<uint32_t>(kt)) / kStages) & 1);  // A landed
+      SK_LOOP_ADD(0);
+    }
+    const uint32_t a_tile = wtiles_addr + wb * kSsTileBytes + wg * 64 * 128;
+    const uint32_t b_tile = base + sl * kStageBytes;
+    wgmma::fence_operands(acc);
+    wgmma::fence();
+#pragma unroll
+    for (int s = 0; s < kBK / 16; ++s)
+      if (MOESERVE_RS_PROBE != 3)
+        wgmma::bf16_ss<kTN>(acc, wgmma::desc_k_sw128_addr(a_tile + 32 * s),
+                            wgmma::desc_k_sw128_addr(b_tile + 32 * s), 1);
+    wgmma::commit_group();
+    {
+      SK_LOOP_T0();
+      wgmma::wait_group<kPend>();
+      SK_LOOP_ADD(3);
+    }
+    wgmma::fence_operands(acc);
+    {
+      SK_LOOP_T0();
+      asm volatile("cp.async.wait_group %0;\n" ::"n"(kAhead - 3) : "memory");  // weights of kt + 2
+      SK_LOOP_ADD(1);
+    }
+    {
+      SK_LOOP_T0();
+      __syncthreads();
+      SK_LOOP_ADD(2);
+    }
+    if (kt + kAhead < nk && MOESERVE_RS_PROBE != 2) load_tile(kt + kAhead);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    if (kt + 2 < nk && MOESERVE_RS_PROBE != 1) {
+      decode(kt + 2, wb + 2 < kSsBufs ? wb + 2 : wb + 2 - kSsBufs);
+      wgmma::fence_proxy_async_smem();
+    }
+    wb = wb + 1 < kSsBufs ? wb + 1 : 0;
+  }
+#else
   // f[kt % kBufs]: the fragments of K tile kt. kBufs - 1 tiles of wgmma stay in flight while the
   // next tile is decoded, so a tile's slot is free kBufs - 1 tiles after its own and the ring
   // keeps kStages - kBufs + 1 tiles loaded ahead.
@@ -1730,6 +1896,7 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
       if (kt + 2 < nk) step(kt + 2, f[2], f[0]);
     }
   }
+#endif  // MOESERVE_RS_SS
   wgmma::wait_group<0>();
   wgmma::fence_operands(acc);
 #ifdef MOESERVE_SK_CLOCKS
@@ -1827,13 +1994,13 @@ __device__ __forceinline__ void grs_pass(const GroupedMxfp4GemmParams& p, const 
 template <int kMaxTok>
 __device__ __forceinline__ uint8_t* grs_ring_init(uint32_t& base) {
   using namespace grs;
-  constexpr int kStageBytes = Ring<kMaxTok>::kStageBytes;
+  constexpr int kBarOffset = Ring<kMaxTok>::kBarOffset;  // the slots (and SS weight tiles) before
   extern __shared__ uint8_t grs_smem_raw[];
   const auto raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(grs_smem_raw));
   base = (raw_addr + 1023u) & ~1023u;
   if (threadIdx.x == 0) {
     // The full barriers (TMA bytes), then the empty ones (MOESERVE_RS_DECOUPLED: warpgroup 1).
-    for (int i = 0; i < 2 * kStages; ++i) mbar_init(base + kStages * kStageBytes + 8 * i, 1);
+    for (int i = 0; i < 2 * kStages; ++i) mbar_init(base + kBarOffset + 8 * i, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();

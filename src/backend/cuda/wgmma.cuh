@@ -136,6 +136,7 @@ struct Shape {};
 MS_WGMMA_BF16_SS(64, 32, 32, 33, 34)
 MS_WGMMA_BF16_SS(128, 64, 64, 65, 66)
 MS_WGMMA_BF16_SS(192, 96, 96, 97, 98)
+MS_WGMMA_BF16_SS(224, 112, 112, 113, 114)  // moe_grouped.cu's 224-row passes, MOESERVE_RS_SS
 MS_WGMMA_BF16_SS(256, 128, 128, 129, 130)
 
 template <int kN>
