@@ -65,6 +65,7 @@ struct BenchForwardOptions {
   bool indexer_fp8 = true;
   bool attention_wgmma = true;
   bool fp8_wgmma = false;
+  bool fp8_row_scaled = true;  // GpuModelOptions::fp8_row_scaled
   bool moe_grouped_wgmma = true;
   bool moe_grouped_wgmma_rs = true;
   bool moe_kperm = true;
@@ -234,6 +235,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.indexer_fp8 = opt.indexer_fp8;
   go.attention_wgmma = opt.attention_wgmma;
   go.fp8_wgmma = opt.fp8_wgmma;
+  go.fp8_row_scaled = opt.fp8_row_scaled;
   go.moe_grouped_wgmma = opt.moe_grouped_wgmma;
   go.moe_grouped_wgmma_rs = opt.moe_grouped_wgmma_rs;
   go.moe_kperm = opt.moe_kperm;
@@ -478,6 +480,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"indexer_fp8", opt.indexer_fp8},
               {"attention_wgmma", opt.attention_wgmma},
               {"fp8_wgmma", opt.fp8_wgmma},
+              {"fp8_row_scaled", opt.fp8_row_scaled},
               {"moe_grouped_wgmma", opt.moe_grouped_wgmma},
               {"moe_grouped_wgmma_rs", opt.moe_grouped_wgmma_rs},
               {"moe_kperm", opt.moe_kperm},
@@ -670,6 +673,11 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--fp8-wgmma", opt->fp8_wgmma,
                   "cuda: FP8-weight linears as FP8 x FP8 wgmma GEMMs on the MXFP8 codes (false: "
                   "bf16 cuBLASLt on the same values)")
+      ->capture_default_str();
+  cmd->add_option("--fp8-row-scaled", opt->fp8_row_scaled,
+                  "cuda: FP8-weight linears as row-scaled FP8 cuBLASLt GEMMs (MXFP8 inputs and "
+                  "weights refolded onto one scale per row; false: bf16 cuBLASLt on the MXFP8 "
+                  "values)")
       ->capture_default_str();
   cmd->add_option("--moe-grouped-wgmma", opt->moe_grouped_wgmma,
                   "cuda: the MoE's grouped MXFP4 GEMMs (> 24 rows per expert) on the sm_90a "

@@ -7,7 +7,9 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,7 @@
 #include "common/numeric.h"
 
 #ifdef MOESERVE_HAVE_CUDA
+#include "backend/cuda/cublaslt_gemm.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels.h"
 #endif
@@ -487,6 +490,409 @@ TEST_F(CudaOps, Fp8WgmmaGemmRejectsBadShapes) {
   g.lda_scale = 4;
   g.ldy = 96;
   EXPECT_DEATH(cuda::launch_fp8_wgmma_gemm(g, stream_), "bad arguments");
+}
+
+// ---- Row-scaled FP8 (kernels.h "Row-scaled FP8") --------------------------------------------
+
+// The host oracle of the refold, from its definition: the code's value times 2^d (d = block scale
+// code - the row's largest, <= 0), rounded to e4m3 (saturating, to nearest even).
+uint8_t refold_code(uint8_t code, int d) {
+  return float_to_e4m3(std::ldexp(e4m3_to_float(code), std::max(d, -40)));
+}
+
+// Activations whose 32-wide blocks spread over 17 binades (2^-12 .. 2^4 times U(-1, 1)), so rows
+// hold blocks 0, 1..9 (exact), 10..17 (rounded to the subnormal step) and more binades (zeros)
+// below their largest.
+std::vector<float> spread_rows(int64_t m, int64_t k, std::mt19937& rng) {
+  auto x = random_floats(m * k, rng, -1.0f, 1.0f);
+  std::uniform_int_distribution<int> e(-12, 4);
+  for (int64_t b = 0; b < m * k / 32; ++b) {
+    const float f = std::ldexp(1.0f, e(rng));
+    for (int64_t i = 0; i < 32; ++i) x[static_cast<size_t>(b * 32 + i)] *= f;
+  }
+  return x;
+}
+
+// The host's row-scaled operand of x [m, k] from the definition (kernels.h): the MXFP8 values
+// of each row (common/fake_quant.h), R = the largest scale code of the MXFP8 rule applied to those
+// values again, each value rounded to e4m3 in units of 2^(R - 127).
+struct RowScaled {
+  std::vector<uint8_t> codes;
+  std::vector<float> row_scale;
+};
+RowScaled host_row_scaled(const std::vector<float>& x, int64_t m, int64_t k) {
+  RowScaled r;
+  r.codes.resize(static_cast<size_t>(m * k));
+  r.row_scale.resize(static_cast<size_t>(m));
+  std::vector<uint8_t> scales(static_cast<size_t>(k / 32)), again(static_cast<size_t>(k));
+  std::vector<float> vals(static_cast<size_t>(k));
+  for (int64_t i = 0; i < m; ++i) {
+    const std::span<uint8_t> codes(r.codes.data() + i * k, static_cast<size_t>(k));
+    fq_fp8_block32_pow2(std::span<const float>(x.data() + i * k, static_cast<size_t>(k)), vals);
+    quantize_fp8_block32_pow2(vals, again, scales);
+    const uint8_t top = *std::max_element(scales.begin(), scales.end());
+    for (int64_t c = 0; c < k; ++c)
+      codes[static_cast<size_t>(c)] =
+          float_to_e4m3(std::ldexp(vals[static_cast<size_t>(c)], 127 - static_cast<int>(top)));
+    r.row_scale[static_cast<size_t>(i)] = ue8m0_to_float(top);
+  }
+  return r;
+}
+
+// launch_act_quant_fp8_rows against the host oracle, bit for bit (codes and row scales), from
+// fp32, from bf16, and from fp32 with input scales (in_row_scale / in_col_scale, powers of two:
+// the host scales first, in the kernel's order), at widths of 1, 2 and 4 chunks per thread, with
+// pitched input and output rows whose padding stays untouched.
+TEST_F(CudaOps, ActQuantFp8RowsMatchesHostRefold) {
+  for (const int variant : {0, 1, 2}) {
+    for (const int64_t k : {int64_t{5216}, int64_t{12320}, int64_t{32768}}) {
+      const bool bf16 = variant == 1, prescale = variant == 2;
+      const int64_t m = 37, ldx = k + 8, ldo = k + 16;
+      std::mt19937 rng(static_cast<uint32_t>(11 + variant * 7 + k));
+      std::vector<float> x = spread_rows(m, k, rng);
+      std::vector<uint16_t> xb(x.size());
+      if (bf16) {
+        float_to_bf16(x, xb);
+        bf16_to_float(xb, x);  // the host sees the GPU's input values
+      }
+      std::vector<float> rs, cs;
+      std::vector<float> xs = x;
+      if (prescale) {
+        std::uniform_int_distribution<int> e(-3, 3);
+        for (int64_t r = 0; r < m; ++r) rs.push_back(std::ldexp(1.0f, e(rng)));
+        for (int64_t c = 0; c < k; ++c) cs.push_back(std::ldexp(1.0f, e(rng)));
+        for (int64_t r = 0; r < m; ++r)
+          for (int64_t c = 0; c < k; ++c)
+            xs[static_cast<size_t>(r * k + c)] *= rs[static_cast<size_t>(r)] * cs[static_cast<size_t>(c)];
+      }
+      const RowScaled want = host_row_scaled(xs, m, k);
+      std::unique_ptr<DeviceBuffer> dx;
+      if (bf16) {
+        std::vector<uint16_t> pitched(static_cast<size_t>(m * ldx), 0x7FC0);  // NaN padding
+        for (int64_t r = 0; r < m; ++r) std::copy_n(xb.begin() + r * k, k, pitched.begin() + r * ldx);
+        dx = upload(pitched);
+      } else {
+        std::vector<float> pitched(static_cast<size_t>(m * ldx), std::nanf(""));
+        for (int64_t r = 0; r < m; ++r) std::copy_n(x.begin() + r * k, k, pitched.begin() + r * ldx);
+        dx = upload(pitched);
+      }
+      auto dout = upload(std::vector<uint8_t>(static_cast<size_t>(m * ldo), 0xA5));
+      auto drs = poisoned_floats(m);
+      std::unique_ptr<DeviceBuffer> drs_in, dcs_in;
+      cuda::ActQuantFp8RowsParams p;
+      p.x = dx->view().data();
+      p.x_type = bf16 ? cuda::ActivationType::kBF16 : cuda::ActivationType::kF32;
+      p.ldx = ldx;
+      p.rows = m;
+      p.cols = k;
+      p.out = dout->view().data_as<uint8_t>();
+      p.ldo = ldo;
+      p.row_scale = drs->view().data_as<float>();
+      if (prescale) {
+        drs_in = upload(rs);
+        dcs_in = upload(cs);
+        p.in_row_scale = drs_in->view().data_as<float>();
+        p.in_col_scale = dcs_in->view().data_as<float>();
+      }
+      cuda::launch_act_quant_fp8_rows(p, stream_);
+      const auto got = download<uint8_t>(*dout);
+      const auto got_rs = download<float>(*drs);
+      size_t diff = 0, pad = 0, rounded = 0, scale_diff = 0;
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t c = 0; c < k; ++c)
+          diff += got[static_cast<size_t>(r * ldo + c)] != want.codes[static_cast<size_t>(r * k + c)];
+        for (int64_t c = k; c < ldo; ++c) pad += got[static_cast<size_t>(r * ldo + c)] != 0xA5;
+        scale_diff += got_rs[static_cast<size_t>(r)] != want.row_scale[static_cast<size_t>(r)];
+      }
+      // The oracle's refold changed some values (the case exercises the rounding, not only
+      // shifts).
+      std::vector<uint8_t> plain(static_cast<size_t>(k)), sc(static_cast<size_t>(k / 32));
+      std::vector<float> vals(static_cast<size_t>(k));
+      quantize_fp8_block32_pow2(std::span<const float>(xs.data(), static_cast<size_t>(k)), plain, sc);
+      dequantize_fp8_block32_pow2(plain, sc, vals);
+      for (int64_t c = 0; c < k; ++c)
+        rounded += e4m3_to_float(want.codes[static_cast<size_t>(c)]) * want.row_scale[0] !=
+                   vals[static_cast<size_t>(c)];
+      EXPECT_EQ(diff, 0u) << "variant " << variant << " k " << k;
+      EXPECT_EQ(scale_diff, 0u) << "variant " << variant << " k " << k;
+      EXPECT_EQ(pad, 0u) << "variant " << variant << " k " << k;
+      EXPECT_GT(rounded, 0u) << "variant " << variant << " k " << k;
+    }
+  }
+}
+
+// launch_fold_fp8_block_rows against the host oracle, bit for bit: 32x32-block scales over 41
+// binades (so some blocks refold to zeros), a partial last 32-row block.
+TEST_F(CudaOps, FoldFp8BlockRowsMatchesHostRefold) {
+  const int64_t n = 80, k = 640;
+  std::mt19937 rng(21);
+  const auto w = random_e4m3(n * k, rng);
+  const auto ws = random_bytes((n + 31) / 32 * (k / 32), rng, 100, 140);
+  std::vector<uint8_t> want(w.size());
+  std::vector<float> want_rs(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) {
+    const auto* s = ws.data() + (r / 32) * (k / 32);
+    const uint8_t top = *std::max_element(s, s + k / 32);
+    for (int64_t c = 0; c < k; ++c)
+      want[static_cast<size_t>(r * k + c)] = refold_code(w[static_cast<size_t>(r * k + c)], s[c / 32] - top);
+    want_rs[static_cast<size_t>(r)] = ue8m0_to_float(top);
+  }
+  auto dw = upload(w);
+  auto dws = upload(ws);
+  auto dout = upload(std::vector<uint8_t>(w.size(), 0xA5));
+  auto drs = poisoned_floats(n);
+  cuda::launch_fold_fp8_block_rows(dw->view().data_as<uint8_t>(), dws->view().data_as<uint8_t>(), n,
+                                   k, dout->view().data_as<uint8_t>(), drs->view().data_as<float>(),
+                                   stream_);
+  EXPECT_EQ(download<uint8_t>(*dout), want);
+  EXPECT_EQ(download<float>(*drs), want_rs);
+}
+
+struct RowScaledCase {
+  int64_t m, n, k;
+};
+
+class CudaFp8RowScaled : public CudaOps, public ::testing::WithParamInterface<RowScaledCase> {};
+
+// The whole row-scaled path on random operands (activation blocks over 17 binades, weight blocks
+// over 17): launch_act_quant_fp8_rows, launch_fold_fp8_block_rows and the cuBLASLt
+// kFp8RowScaled GEMM, with cuBLASLt's outer scales and with the separate scaling kernel.
+// (1) Against the double product of the host's refolded operands: only the GEMM's summation
+//     differs. cuBLASLt's FP8 tensor-core accumulation (products aligned to the largest with
+//     ~14 bits, as launch_fp8_wgmma_gemm's) measured 1.1e-4 .. 4.4e-4 of max|ref| on the H200;
+//     tolerance 2e-3, launch_fp8_wgmma_gemm's (printed).
+// (2) Against the CPU's MXFP8 linear (cpu::fp8_block_gemm on the MXFP8 values), same tolerance;
+//     and the two references themselves (the refold's own error: values >= 10 binades below
+//     their row's largest rounded, <= 2^-10 / 224 of the row's largest |value| per operand)
+//     within 1e-4 of max|ref|.
+TEST_P(CudaFp8RowScaled, MatchesCpu) {
+  const RowScaledCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.m * 5 + c.n + c.k * 3));
+  const std::vector<float> x = spread_rows(c.m, c.k, rng);
+  auto w = random_e4m3(c.n * c.k, rng);
+  auto ws = random_bytes(c.n / 32 * (c.k / 32), rng, 118, 134);
+  // (1)'s reference: the host's refolded operands.
+  const RowScaled ha = host_row_scaled(x, c.m, c.k);
+  std::vector<uint8_t> hw(w.size());
+  std::vector<float> hw_rs(static_cast<size_t>(c.n));
+  for (int64_t r = 0; r < c.n; ++r) {
+    const auto* s = ws.data() + (r / 32) * (c.k / 32);
+    const uint8_t top = *std::max_element(s, s + c.k / 32);
+    for (int64_t j = 0; j < c.k; ++j)
+      hw[static_cast<size_t>(r * c.k + j)] = refold_code(w[static_cast<size_t>(r * c.k + j)], s[j / 32] - top);
+    hw_rs[static_cast<size_t>(r)] = ue8m0_to_float(top);
+  }
+  std::vector<float> ref1(static_cast<size_t>(c.m * c.n));
+  for (int64_t i = 0; i < c.m; ++i) {
+    for (int64_t j = 0; j < c.n; ++j) {
+      double acc = 0.0;
+      for (int64_t t = 0; t < c.k; ++t)
+        acc += static_cast<double>(e4m3_to_float(ha.codes[static_cast<size_t>(i * c.k + t)])) *
+               e4m3_to_float(hw[static_cast<size_t>(j * c.k + t)]);
+      ref1[static_cast<size_t>(i * c.n + j)] = static_cast<float>(
+          acc * ha.row_scale[static_cast<size_t>(i)] * hw_rs[static_cast<size_t>(j)]);
+    }
+  }
+  // (2)'s reference: the MXFP8 values times the block-scaled weight.
+  std::vector<float> xq(x.size());
+  fq_fp8_block32_pow2(x, xq);
+  std::vector<float> ref2(static_cast<size_t>(c.m * c.n));
+  cpu::fp8_block_gemm(host_view(xq, DType::kF32, {c.m, c.k}),
+                      host_view(w, DType::kF8E4M3, {c.n, c.k}),
+                      host_view(ws, DType::kF8E8M0, {c.n / 32, c.k / 32}),
+                      host_view(ref2, DType::kF32, {c.m, c.n}));
+
+  auto dx = upload(x);
+  auto da = upload(std::vector<uint8_t>(static_cast<size_t>(c.m * c.k)));
+  auto das = poisoned_floats(c.m);
+  cuda::ActQuantFp8RowsParams q;
+  q.x = dx->view().data();
+  q.ldx = c.k;
+  q.rows = c.m;
+  q.cols = c.k;
+  q.out = da->view().data_as<uint8_t>();
+  q.ldo = c.k;
+  q.row_scale = das->view().data_as<float>();
+  cuda::launch_act_quant_fp8_rows(q, stream_);
+  auto dw = upload(w);
+  auto dws = upload(ws);
+  auto dw8 = upload(std::vector<uint8_t>(w.size()));
+  auto dwrs = poisoned_floats(c.n);
+  cuda::launch_fold_fp8_block_rows(dw->view().data_as<uint8_t>(), dws->view().data_as<uint8_t>(),
+                                   c.n, c.k, dw8->view().data_as<uint8_t>(),
+                                   dwrs->view().data_as<float>(), stream_);
+  cuda::CublasLtGemm lt(stream_);
+  for (const bool post : {false, true}) {
+    auto dy = poisoned_floats(c.m * c.n);
+    cuda::LtGemmParams g;
+    g.precision = cuda::GemmPrecision::kFp8RowScaled;
+    g.a = da->view().data();
+    g.lda = c.k;
+    g.b = dw8->view().data();
+    g.ldb = c.k;
+    g.c = dy->view().data_as<float>();
+    g.ldc = c.n;
+    g.m = c.m;
+    g.n = c.n;
+    g.k = c.k;
+    g.a_scale = das->view().data_as<float>();
+    g.b_scale = dwrs->view().data_as<float>();
+    g.force_post_scale = post;
+    lt.run(g);
+    const auto got = download<float>(*dy);
+    const double e1 = rel_err(got, ref1), e2 = rel_err(got, ref2);
+    std::printf("  fp8 row-scaled %ldx%ldx%ld %s: vs refolded operands %.3g, vs MXFP8 %.3g\n",
+                static_cast<long>(c.m), static_cast<long>(c.n), static_cast<long>(c.k),
+                post ? "post-scaled" : (lt.last_fp8_outer_scales() ? "outer scales" : "post-scaled (no outer-scale algorithm)"),
+                e1, e2);
+    EXPECT_LE(e1, 2e-3) << "post " << post;
+    EXPECT_LE(e2, 2e-3) << "post " << post;
+  }
+  const double refold = rel_err(ref1, ref2);
+  std::printf("  refold alone: %.3g\n", refold);
+  EXPECT_LE(refold, 1e-4);
+}
+
+// The strided-batched form (the attention's wo_a: groups side by side in the output, one
+// a_scale for all, then one scaling pass) against the double product of the GPU's own operands
+// (downloaded): only the GEMM's summation differs, tolerance 2e-3 as above. And its `unscaled`
+// form, which is the scaled output before the scaling pass, bit for bit.
+TEST_F(CudaOps, Fp8RowScaledBatchedGemmMatchesDoubleProduct) {
+  const int64_t m = 48, n = 256, k = 512, groups = 3;
+  std::mt19937 rng(31);
+  const std::vector<float> x = spread_rows(m, groups * k, rng);
+  auto w = random_e4m3(groups * n * k, rng);
+  auto ws = random_bytes(groups * n / 32 * (k / 32), rng, 118, 134);
+  auto dx = upload(x);
+  auto da = upload(std::vector<uint8_t>(static_cast<size_t>(m * groups * k)));
+  auto das = poisoned_floats(m);
+  cuda::ActQuantFp8RowsParams q;
+  q.x = dx->view().data();
+  q.ldx = groups * k;
+  q.rows = m;
+  q.cols = groups * k;
+  q.out = da->view().data_as<uint8_t>();
+  q.ldo = groups * k;
+  q.row_scale = das->view().data_as<float>();
+  cuda::launch_act_quant_fp8_rows(q, stream_);
+  auto dw = upload(w);
+  auto dws = upload(ws);
+  auto dw8 = upload(std::vector<uint8_t>(w.size()));
+  auto dwrs = poisoned_floats(groups * n);
+  cuda::launch_fold_fp8_block_rows(dw->view().data_as<uint8_t>(), dws->view().data_as<uint8_t>(),
+                                   groups * n, k, dw8->view().data_as<uint8_t>(),
+                                   dwrs->view().data_as<float>(), stream_);
+  auto dy = poisoned_floats(m * groups * n);
+  cuda::CublasLtGemm lt(stream_);
+  cuda::LtGemmParams g;
+  g.precision = cuda::GemmPrecision::kFp8RowScaled;
+  g.a = da->view().data();
+  g.lda = groups * k;
+  g.b = dw8->view().data();
+  g.ldb = k;
+  g.c = dy->view().data_as<float>();
+  g.ldc = groups * n;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.batch = groups;
+  g.stride_a = k;
+  g.stride_b = n * k;
+  g.stride_c = n;
+  g.a_scale = das->view().data_as<float>();
+  g.b_scale = dwrs->view().data_as<float>();
+  lt.run(g);
+  const auto a8 = download<uint8_t>(*da);
+  const auto as = download<float>(*das);
+  const auto w8 = download<uint8_t>(*dw8);
+  const auto wrs = download<float>(*dwrs);
+  std::vector<float> ref(static_cast<size_t>(m * groups * n));
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t gi = 0; gi < groups; ++gi) {
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0.0;
+        for (int64_t t = 0; t < k; ++t)
+          acc += static_cast<double>(e4m3_to_float(a8[static_cast<size_t>(i * groups * k + gi * k + t)])) *
+                 e4m3_to_float(w8[static_cast<size_t>((gi * n + j) * k + t)]);
+        ref[static_cast<size_t>(i * groups * n + gi * n + j)] = static_cast<float>(
+            acc * as[static_cast<size_t>(i)] * wrs[static_cast<size_t>(gi * n + j)]);
+      }
+    }
+  }
+  const auto scaled = download<float>(*dy);
+  // unscaled: the same GEMM without the scaling pass; scaled = unscaled * (a_scale * b_scale),
+  // bit for bit.
+  g.unscaled = true;
+  g.a_scale = nullptr;
+  g.b_scale = nullptr;
+  auto du = poisoned_floats(m * groups * n);
+  g.c = du->view().data_as<float>();
+  lt.run(g);
+  const auto unscaled = download<float>(*du);
+  size_t unscaled_diff = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < groups * n; ++j)
+      unscaled_diff += unscaled[static_cast<size_t>(i * groups * n + j)] *
+                           (as[static_cast<size_t>(i)] * wrs[static_cast<size_t>(j)]) !=
+                       scaled[static_cast<size_t>(i * groups * n + j)];
+  EXPECT_EQ(unscaled_diff, 0u);
+  const double err = rel_err(scaled, ref);
+  std::printf("  fp8 row-scaled batched %ldx%ldx%ld x%ld: %.3g\n", static_cast<long>(m),
+              static_cast<long>(n), static_cast<long>(k), static_cast<long>(groups), err);
+  EXPECT_LE(err, 2e-3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaFp8RowScaled,
+                         ::testing::Values(RowScaledCase{1, 512, 5120}, RowScaledCase{7, 1280, 5120},
+                                           RowScaledCase{64, 2304, 5120},
+                                           RowScaledCase{384, 512, 4096},
+                                           RowScaledCase{130, 160, 96}),
+                         [](const auto& info) {
+                           return std::to_string(info.param.m) + "x" +
+                                  std::to_string(info.param.n) + "x" + std::to_string(info.param.k);
+                         });
+
+// Bad shapes abort as bad arguments (cols % 32, ldo < cols, a bf16 row pitch off 16 bytes, the
+// weight's k % 32), and the cuBLASLt row-scaled GEMM refuses an FP8 pitch off 16 bytes.
+TEST_F(CudaOps, Fp8RowScaledRejectsBadShapes) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto buf = upload(std::vector<float>(4096, 1.0f));
+  cuda::ActQuantFp8RowsParams p;
+  p.x = buf->view().data();
+  p.ldx = 64;
+  p.rows = 2;
+  p.cols = 48;
+  p.out = buf->view().data_as<uint8_t>();
+  p.ldo = 64;
+  p.row_scale = buf->view().data_as<float>() + 1024;
+  EXPECT_DEATH(cuda::launch_act_quant_fp8_rows(p, stream_), "bad arguments");
+  p.cols = 64;
+  p.ldo = 32;
+  EXPECT_DEATH(cuda::launch_act_quant_fp8_rows(p, stream_), "bad arguments");
+  p.ldo = 64;
+  p.x_type = cuda::ActivationType::kBF16;
+  p.ldx = 68;
+  EXPECT_DEATH(cuda::launch_act_quant_fp8_rows(p, stream_), "bad arguments");
+  EXPECT_DEATH(cuda::launch_fold_fp8_block_rows(buf->view().data_as<uint8_t>(),
+                                                buf->view().data_as<uint8_t>(), 32, 48,
+                                                buf->view().data_as<uint8_t>(),
+                                                buf->view().data_as<float>(), stream_),
+               "bad arguments");
+  cuda::CublasLtGemm lt(stream_);
+  cuda::LtGemmParams g;
+  g.precision = cuda::GemmPrecision::kFp8RowScaled;
+  g.a = buf->view().data();
+  g.lda = 40;
+  g.b = buf->view().data();
+  g.ldb = 48;
+  g.c = buf->view().data_as<float>();
+  g.ldc = 4;
+  g.m = 2;
+  g.n = 4;
+  g.k = 32;
+  g.a_scale = buf->view().data_as<float>();
+  g.b_scale = buf->view().data_as<float>();
+  EXPECT_DEATH(lt.run(g), "kFp8RowScaled");
 }
 
 struct RouterCase {

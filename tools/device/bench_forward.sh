@@ -163,6 +163,15 @@ args_prefill8k_oracle="--new-tokens 8192 --cached 131072 --layers 8 --local-expe
 args_prefill32k_prod="--new-tokens 32768 --cached 131072 --layers 8 --local-experts 12 --mode production"
 args_prefill8k_prod_noidxw="$args_prefill8k_prod --indexer-wgmma false"
 args_prefill32k_oracle="--new-tokens 32768 --cached 131072 --layers 8 --local-experts 12 --mode oracle"
+# Row-scaled FP8 linears (GpuModelOptions::fp8_row_scaled) on / off.
+args_decode_s6_f8r="$args_decode_s6 --fp8-row-scaled true"
+args_decode_s1_f8r="$args_decode_s1 --fp8-row-scaled true"
+args_decode_s6_dspark_f8r="$args_decode_s6_dspark --fp8-row-scaled true"
+args_prefill8k_prod_f8r="$args_prefill8k_prod --fp8-row-scaled true"
+args_prefill32k_prod_f8r="$args_prefill32k_prod --fp8-row-scaled true"
+args_decode_s6_nof8r="$args_decode_s6 --fp8-row-scaled false"
+args_decode_s1_nof8r="$args_decode_s1 --fp8-row-scaled false"
+args_prefill8k_prod_nof8r="$args_prefill8k_prod --fp8-row-scaled false"
 
 status=0
 for name in $runs; do

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "backend/cuda/cuda_util.cuh"
+#include "backend/cuda/kernels.h"
 #include "common/check.h"
 
 #define MS_CUBLAS_CHECK(expr)                                                      \
@@ -24,7 +25,13 @@ namespace {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
 using ShapeKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool,
-                            int64_t, int64_t, int64_t, int64_t>;
+                            int64_t, int64_t, int64_t, int64_t, bool>;
+
+// A cached algorithm; outer_scales: kFp8RowScaled with the OUTER_VEC_32F modes (else unscaled).
+struct Algo {
+  cublasLtMatmulAlgo_t algo;
+  bool outer_scales = false;
+};
 
 // Descriptors of one call (destroyed with it).
 struct Descs {
@@ -44,7 +51,8 @@ struct CublasLtGemm::Impl {
   cudaStream_t stream = nullptr;
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  std::map<ShapeKey, cublasLtMatmulAlgo_t> algos;
+  std::map<ShapeKey, Algo> algos;
+  bool last_outer = false;
 };
 
 CublasLtGemm::CublasLtGemm(void* stream) : impl_(std::make_unique<Impl>()) {
@@ -63,40 +71,21 @@ CublasLtGemm::~CublasLtGemm() {
 void CublasLtGemm::run(const LtGemmParams& p) {
   if (p.m == 0 || p.n == 0) return;
   MS_CHECK(p.k > 0);
+  const bool fp8 = p.precision == GemmPrecision::kFp8RowScaled;
+  if (fp8) {
+    MS_CHECK_MSG(p.b_transposed && p.beta == 0.0f && (p.batch == 1 || p.stride_c == p.n) &&
+                     p.lda % 16 == 0 &&
+                     p.ldb % 16 == 0 && reinterpret_cast<uintptr_t>(p.a) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(p.b) % 16 == 0 && (p.unscaled || (p.a_scale != nullptr && p.b_scale != nullptr)),
+                 "cuBLASLt kFp8RowScaled: b_transposed, beta 0, batches side by side, lda and ldb % 16, "
+                 "16-byte aligned operands, both scale vectors (M={} N={} K={})",
+                 p.m, p.n, p.k);
+  }
   const bool bf16_in = p.precision == GemmPrecision::kBf16 || p.precision == GemmPrecision::kBf16F32;
-  const cudaDataType_t data_type = bf16_in ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t data_type = fp8 ? CUDA_R_8F_E4M3 : bf16_in ? CUDA_R_16BF : CUDA_R_32F;
   const cudaDataType_t out_type = p.precision == GemmPrecision::kBf16 ? CUDA_R_16BF : CUDA_R_32F;
   const cublasComputeType_t compute =
       p.precision == GemmPrecision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-
-  Descs d;
-  MS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F));
-  const cublasOperation_t trans_a = p.b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t trans_b = CUBLAS_OP_N;
-  MS_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)));
-  MS_CUBLAS_CHECK(
-      cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)));
-  const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
-  if (p.b_transposed) {
-    MS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, data_type, u(p.k), u(p.n), p.ldb));
-  } else {
-    MS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, data_type, u(p.n), u(p.k), p.ldb));
-  }
-  MS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, data_type, u(p.k), u(p.m), p.lda));
-  MS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, out_type, u(p.n), u(p.m), p.ldc));
-  if (p.batch > 1) {
-    const auto batched = [&](cublasLtMatrixLayout_t l, int64_t stride) {
-      const auto count = static_cast<int32_t>(p.batch);
-      MS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                                                       &count, sizeof(count)));
-      MS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
-          l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
-    };
-    batched(d.a, p.stride_b);  // cuBLASLt's A is our B (see above)
-    batched(d.b, p.stride_a);
-    batched(d.c, p.stride_c);
-  }
 
   const ShapeKey key{static_cast<int>(p.precision),
                      p.m,
@@ -110,9 +99,53 @@ void CublasLtGemm::run(const LtGemmParams& p) {
                      p.batch,
                      p.stride_a,
                      p.stride_b,
-                     p.stride_c};
-  auto it = impl_->algos.find(key);
-  if (it == impl_->algos.end()) {
+                     p.stride_c,
+                     p.force_post_scale || p.unscaled};
+
+  // The descriptors; outer: kFp8RowScaled with cuBLASLt's outer-vector scale modes (cuBLASLt's
+  // A is our B, so its A scale is b_scale [N] and its B scale a_scale [M]).
+  const auto make = [&](Descs& d, bool outer) {
+    MS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.op, compute, CUDA_R_32F));
+    const cublasOperation_t trans_a = p.b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t trans_b = CUBLAS_OP_N;
+    MS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a,
+                                                   sizeof(trans_a)));
+    MS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b,
+                                                   sizeof(trans_b)));
+    if (outer) {
+      const cublasLtMatmulMatrixScale_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+      MS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                                                     &mode, sizeof(mode)));
+      MS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                                                     &mode, sizeof(mode)));
+      MS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                     &p.b_scale, sizeof(p.b_scale)));
+      MS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                     &p.a_scale, sizeof(p.a_scale)));
+    }
+    const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
+    if (p.b_transposed) {
+      MS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, data_type, u(p.k), u(p.n), p.ldb));
+    } else {
+      MS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, data_type, u(p.n), u(p.k), p.ldb));
+    }
+    MS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, data_type, u(p.k), u(p.m), p.lda));
+    MS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, out_type, u(p.n), u(p.m), p.ldc));
+    if (p.batch > 1) {
+      const auto batched = [&](cublasLtMatrixLayout_t l, int64_t stride) {
+        const auto count = static_cast<int32_t>(p.batch);
+        MS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                         &count, sizeof(count)));
+        MS_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+            l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+      };
+      batched(d.a, p.stride_b);  // cuBLASLt's A is our B (see above)
+      batched(d.b, p.stride_a);
+      batched(d.c, p.stride_c);
+    }
+  };
+  // The heuristic's first algorithm for d, or false.
+  const auto pick = [&](Descs& d, cublasLtMatmulAlgo_t* algo) {
     cublasLtMatmulPreference_t pref = nullptr;
     MS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = kWorkspaceBytes;
@@ -123,13 +156,44 @@ void CublasLtGemm::run(const LtGemmParams& p) {
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(impl_->handle, d.op, d.a, d.b, d.c,
                                                              d.c, pref, 1, &result, &returned);
     cublasLtMatmulPreferenceDestroy(pref);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && returned == 0))
+      return false;
     MS_CUBLAS_CHECK(st);
-    MS_CHECK_MSG(returned > 0, "cuBLASLt has no algorithm for M={} N={} K={}", p.m, p.n, p.k);
-    it = impl_->algos.emplace(key, result.algo).first;
+    *algo = result.algo;
+    return true;
+  };
+
+  auto it = impl_->algos.find(key);
+  if (it == impl_->algos.end()) {
+    Algo a{};
+    bool found = false;
+    if (fp8 && !p.force_post_scale && !p.unscaled && p.batch == 1) {
+      Descs d;
+      make(d, true);
+      found = a.outer_scales = pick(d, &a.algo);
+    }
+    if (!found) {
+      Descs d;
+      make(d, false);
+      MS_CHECK_MSG(pick(d, &a.algo), "cuBLASLt has no algorithm for M={} N={} K={}", p.m, p.n,
+                   p.k);
+    }
+    it = impl_->algos.emplace(key, a).first;
   }
+  const Algo& a = it->second;
+  Descs d;
+  make(d, a.outer_scales);
   MS_CUBLAS_CHECK(cublasLtMatmul(impl_->handle, d.op, &p.alpha, p.b, d.a, p.a, d.b, &p.beta, p.c,
-                                 d.c, p.c, d.c, &it->second, impl_->workspace, kWorkspaceBytes,
+                                 d.c, p.c, d.c, &a.algo, impl_->workspace, kWorkspaceBytes,
                                  impl_->stream));
+  if (fp8) {
+    impl_->last_outer = a.outer_scales;
+    if (!a.outer_scales && !p.unscaled)
+      launch_scale_rows_cols(static_cast<float*>(p.c), p.ldc, p.m, p.n * p.batch, p.a_scale,
+                             p.b_scale, impl_->stream);
+  }
 }
+
+bool CublasLtGemm::last_fp8_outer_scales() const { return impl_->last_outer; }
 
 }  // namespace moeserve::cuda

@@ -13,6 +13,14 @@ enum class GemmPrecision : uint8_t {
   kTf32,  // fp32 operands and output, TF32 tensor cores
   kBf16,  // bf16 operands and output, fp32 accumulation
   kBf16F32,  // bf16 operands, fp32 output, fp32 accumulation
+  // e4m3 operands (row-scaled FP8, kernels.h), fp32 output: C = alpha * diag(a_scale) A B^T
+  // diag(b_scale). b_transposed only, beta 0; lda, ldb % 16 == 0, a and b 16-byte aligned. The
+  // outer scales go to cuBLASLt's OUTER_VEC_32F scale modes where it has an algorithm for them,
+  // else the GEMM runs unscaled and launch_scale_rows_cols applies them. Strided batches only
+  // with the batches' outputs side by side (stride_c == n) and the one a_scale [m] for all:
+  // unscaled, then one scaling pass over [m, batch * n] with b_scale [batch * n] (batch i's
+  // scales at i * n), or none with `unscaled`.
+  kFp8RowScaled,
 };
 
 struct LtGemmParams {
@@ -34,6 +42,15 @@ struct LtGemmParams {
   int64_t stride_a = 0;
   int64_t stride_b = 0;
   int64_t stride_c = 0;
+  // kFp8RowScaled: a_scale[m] (our A's rows), b_scale[n] (our B's rows), fp32, device.
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
+  // kFp8RowScaled: leave C unscaled (A B^T of the codes times alpha); the caller applies
+  // a_scale and b_scale itself (e.g. ActQuantFp8RowsParams::in_row_scale / in_col_scale).
+  bool unscaled = false;
+  // kFp8RowScaled: skip the OUTER_VEC_32F modes (the unscaled GEMM + launch_scale_rows_cols),
+  // for the test of that path.
+  bool force_post_scale = false;
 };
 
 class CublasLtGemm {
@@ -44,6 +61,9 @@ class CublasLtGemm {
   CublasLtGemm& operator=(const CublasLtGemm&) = delete;
 
   void run(const LtGemmParams& p);
+  // kFp8RowScaled: whether the last such run applied the scales in cuBLASLt (false: the separate
+  // scaling kernel).
+  [[nodiscard]] bool last_fp8_outer_scales() const;
 
  private:
   struct Impl;

@@ -149,6 +149,59 @@ struct Fp8WgmmaGemmParams {
 };
 void launch_fp8_wgmma_gemm(const Fp8WgmmaGemmParams& p, Stream stream);
 
+// ---- Row-scaled FP8 (fp8_rows.cu): operands for a plain FP8 GEMM with one scale per row ------
+//
+// An MXFP8 row (e4m3 codes q_b with one ue8m0 scale s_b per 32-wide block b, values v) is
+// refolded onto ONE power-of-two scale per row, 2^(R - 127):
+//   folded code = e4m3_rn(v * 2^(127 - R)),   row scale = 2^(R - 127) (a float).
+// Activations: R = the largest over the row's blocks of the MXFP8 scale code of the block's own
+// MXFP8 values (the rule applied to its output: s_b, or s_b - 1 where the rounding brought the
+// block's amax down to 224 * 2^s_b), so R and the codes depend on the values only (the MXFP8
+// rule is idempotent on values, not on codes). Weights: R = the row's largest stored s_b.
+// A value stays exact while it stays above the e4m3 subnormal step 2^-9 in the row's scale
+// (every value of the block that sets R is exact) and is otherwise rounded to that step, an
+// absolute error <= 2^-10 * 2^(R - 127), i.e. <= 2^-10 / 224 ~ 4.4e-6 of the row's largest
+// |value| (that block's amax is >= 224 * 2^(R - 127)). Blocks 18+ binades below the row's
+// largest become 0. The product of two refolded operands is
+// then sum_k q_a[m, k] q_w[n, k] * (scale_a[m] * scale_w[n]): a plain FP8 GEMM with outer
+// scales (CublasLtGemm GemmPrecision::kFp8RowScaled), where the per-32 scales would need a
+// promotion per k32 step (launch_fp8_wgmma_gemm). GpuModelOptions::fp8_row_scaled.
+
+// out[r, :cols] (pitch ldo bytes), row_scale[r] = the row-scaled MXFP8 of x's row r (pitch ldx
+// elements, fp32 or bf16 bits by x_type): each 32-wide block quantised by the MXFP8 rule of
+// launch_act_quant_mxfp8 (its codes and scales bit for bit), then refolded as above. The MXFP8
+// rule is idempotent on its own output, so a bf16 x that already holds MXFP8 values (an
+// attention epilogue's o16) gives those values' codes. cols % 32 == 0, cols <= 65536,
+// ldx >= cols, ldo >= cols; else bad arguments. One CTA per row holds the row in registers
+// (one launch, x read once, out written once).
+// in_row_scale / in_col_scale (optional, both or neither): x is first multiplied by
+// (in_row_scale[r] * in_col_scale[c]), in that order: an unscaled row-scaled GEMM's output
+// (LtGemmParams::unscaled) quantised as if launch_scale_rows_cols had scaled it, bit for bit.
+struct ActQuantFp8RowsParams {
+  const void* x = nullptr;
+  ActivationType x_type = ActivationType::kF32;  // kF32 or kBF16
+  int64_t ldx = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  uint8_t* out = nullptr;
+  int64_t ldo = 0;
+  float* row_scale = nullptr;  // [rows]
+  const float* in_row_scale = nullptr;  // [rows]
+  const float* in_col_scale = nullptr;  // [cols]
+};
+void launch_act_quant_fp8_rows(const ActQuantFp8RowsParams& p, Stream stream);
+
+// The checkpoint FP8 weight w (e4m3 [n, k], ue8m0 scales [ceil(n/32), k/32], one per 32x32
+// block) refolded per row: out [n, k] e4m3, row_scale[n] (the refold above, R per weight row
+// over its k/32 blocks). k % 32 == 0, else bad arguments.
+void launch_fold_fp8_block_rows(const uint8_t* w, const uint8_t* w_scale, int64_t n, int64_t k,
+                                uint8_t* out, float* row_scale, Stream stream);
+
+// y[m, n] (fp32, pitch ldy) *= row_scale[m] * col_scale[n] (the outer scales of a row-scaled FP8
+// GEMM run without them).
+void launch_scale_rows_cols(float* y, int64_t ldy, int64_t m, int64_t n, const float* row_scale,
+                            const float* col_scale, Stream stream);
+
 // ---- quantised-activation GEMM path (model.md §5) and the device-side MoE -----------------
 
 // MXFP8 activation fake-quant before an FP8/MXFP4-weight GEMM (model.md §5 [UNCERTAIN] choice:

@@ -36,6 +36,9 @@ struct Linear {
   DeviceMemory w, scale;
   // kFp8: the weight dequantised to bf16 [out, in] at load (exact), for the cuBLASLt bf16 GEMM.
   DeviceMemory wbf16;
+  // kFp8 with GpuModelOptions::fp8_row_scaled (instead of wbf16): the weight refolded onto one
+  // scale per row (launch_fold_fp8_block_rows): e4m3 [out, in] and fp32 [out].
+  DeviceMemory w8r, w8r_scale;
   int64_t out = 0, in = 0;
   // The checkpoint weight is FP8 or MXFP4: the input rows get the MXFP8 fake-quant first
   // (model.md §5 [UNCERTAIN]: MXFP8, block 32), also when the weight is held as fp32.
@@ -521,7 +524,7 @@ struct DeepseekV41Gpu::Impl {
       lin.kind = fp8 ? Linear::Kind::kFp8 : Linear::Kind::kMxfp4;
       lin.w = upload_bytes(t->view.data(), t->nbytes);
       lin.scale = upload_bytes(s->view.data(), s->nbytes);
-      if (fp8) make_bf16_copy(lin);
+      if (fp8) make_gemm_copy(lin);
       return lin;
     }
     MS_ASSIGN_OR_RETURN(HostTensor h, r.load_linear(name, out, in));
@@ -533,6 +536,19 @@ struct DeepseekV41Gpu::Impl {
                                   const std::vector<int64_t>& shape) {
     MS_ASSIGN_OR_RETURN(HostTensor h, r.load_dense(name, shape));
     return upload_f32(h);
+  }
+
+  // The FP8 weight's GEMM operand: the row-scaled refold (fp8_row_scaled) or the bf16 copy.
+  void make_gemm_copy(Linear& lin) {
+    if (opt.fp8_row_scaled && !opt.fp8_wgmma && !opt.exact_linears) {
+      lin.w8r = DeviceMemory(static_cast<size_t>(lin.out * lin.in));
+      lin.w8r_scale = DeviceMemory(static_cast<size_t>(lin.out) * 4);
+      cu::launch_fold_fp8_block_rows(lin.w.as<uint8_t>(), lin.scale.as<uint8_t>(), lin.out, lin.in,
+                                     lin.w8r.as<uint8_t>(), lin.w8r_scale.as<float>(), stream);
+      weight_bytes += lin.w8r.bytes() + lin.w8r_scale.bytes();
+      return;
+    }
+    make_bf16_copy(lin);
   }
 
   void make_bf16_copy(Linear& lin) {
@@ -584,13 +600,19 @@ struct DeepseekV41Gpu::Impl {
     };
     f.w = cat(a.w, b.w);
     f.scale = cat(a.scale, b.scale);
-    f.wbf16 = cat(a.wbf16, b.wbf16);
+    if (a.wbf16.bytes() > 0) f.wbf16 = cat(a.wbf16, b.wbf16);
+    if (a.w8r.bytes() > 0) {
+      f.w8r = cat(a.w8r, b.w8r);
+      f.w8r_scale = cat(a.w8r_scale, b.w8r_scale);
+    }
     // The copies read a / b (and random fills still queued on the stream) before the frees.
     cu::stream_synchronize(stream);
     for (Linear* lin : {&a, &b}) {
       lin->w.reset();
       lin->scale.reset();
       lin->wbf16.reset();
+      lin->w8r.reset();
+      lin->w8r_scale.reset();
     }
     return f;
   }
@@ -638,7 +660,7 @@ struct DeepseekV41Gpu::Impl {
     p.hi = 115;
     cu::launch_fill_random(p, stream);
     weight_bytes += lin.w.bytes() + lin.scale.bytes();
-    if (fp8) make_bf16_copy(lin);
+    if (fp8) make_gemm_copy(lin);
     return lin;
   }
 
@@ -946,7 +968,7 @@ struct DeepseekV41Gpu::Impl {
     }
     const int64_t n = out_rows < 0 ? lin.out : out_rows;
     const bool codes = fp8_wgmma_fits(lin) && n % 128 == 0 && out_row0 % 32 == 0;
-    const QuantRows q = quant_rows(x, ldx, rows, lin.in, lin.kind, "aq", codes);
+    const QuantRows q = quant_rows(x, ldx, rows, lin.in, lin.kind, "aq", codes, fp8_rows_fits(lin));
     gemm_q(q, lin.in, rows, lin, y, ldy, out_row0, out_rows);
   }
 
@@ -956,20 +978,30 @@ struct DeepseekV41Gpu::Impl {
     return opt.fp8_wgmma && !opt.exact_linears && lin.kind == Linear::Kind::kFp8 &&
            lin.act_quant && lin.out % 128 == 0 && lin.in % 128 == 0;
   }
+  // FP8-weight linears that run as row-scaled FP8 GEMMs (GpuModelOptions::fp8_row_scaled): those
+  // holding the refolded weight, whose input width meets cuBLASLt's FP8 pitch (in % 16).
+  [[nodiscard]] static bool fp8_rows_fits(const Linear& lin) {
+    return lin.kind == Linear::Kind::kFp8 && lin.act_quant && lin.w8r.bytes() > 0 &&
+           lin.in % 16 == 0;
+  }
 
   // The MXFP8 fake-quant of x [rows, in] as a GEMM on weights of `kind` takes it: bf16 (exact)
   // for the bf16 kernels, fp32 for the exact fp32 GEMM; in buffer `name` (16/32 appended). One
   // quantisation can feed several linears with the same input and kind (gemm_raw).
   // codes: the e4m3 codes and ue8m0 scales themselves (kMxfp8, [rows, in] and [rows, in / 32]),
   // the A operand of launch_fp8_wgmma_gemm; every consumer must be an fp8_wgmma_fits linear.
+  // rows_scaled: the row-scaled FP8 operand instead (launch_act_quant_fp8_rows: e4m3 codes
+  // [rows, in] and row_scale [rows]), which only fp8_rows_fits linears take (gemm_q).
   struct QuantRows {
     const void* data;
     cu::ActivationType type;
     const uint8_t* scale = nullptr;  // kMxfp8: [rows, in / 32]
     int64_t ld_scale = 0;
+    const float* row_scale = nullptr;  // row-scaled FP8: [rows]
   };
   QuantRows quant_rows(const float* x, int64_t ldx, int64_t rows, int64_t in, Linear::Kind kind,
-                       const std::string& name, bool codes = false) {
+                       const std::string& name, bool codes = false, bool rows_scaled = false) {
+    if (rows_scaled) return quant_rows_fp8(x, cu::ActivationType::kF32, ldx, rows, in, name);
     const cu::ActivationType t = kind == Linear::Kind::kF32 ? cu::ActivationType::kF32
                                  : codes                    ? cu::ActivationType::kMxfp8
                                                             : cu::ActivationType::kBF16;
@@ -994,6 +1026,55 @@ struct DeepseekV41Gpu::Impl {
     }
     cu::launch_act_quant_mxfp8(ap, stream);
     return r;
+  }
+
+  // The row-scaled FP8 operand of x [rows, in] (fp32 or bf16 bits): codes in buffer name + "8r",
+  // row scales in name + "rs". in_row_scale / in_col_scale: x is an unscaled row-scaled GEMM's
+  // output, scaled on load (ActQuantFp8RowsParams).
+  QuantRows quant_rows_fp8(const void* x, cu::ActivationType x_type, int64_t ldx, int64_t rows,
+                           int64_t in, const std::string& name,
+                           const float* in_row_scale = nullptr,
+                           const float* in_col_scale = nullptr) {
+    uint8_t* q = buf<uint8_t>(name + "8r", rows * in);
+    float* rs = buf<float>(name + "rs", rows);
+    cu::ActQuantFp8RowsParams p;
+    p.x = x;
+    p.x_type = x_type;
+    p.ldx = ldx;
+    p.rows = rows;
+    p.cols = in;
+    p.out = q;
+    p.ldo = in;
+    p.row_scale = rs;
+    p.in_row_scale = in_row_scale;
+    p.in_col_scale = in_col_scale;
+    cu::launch_act_quant_fp8_rows(p, stream);
+    QuantRows r{q, cu::ActivationType::kMxfp8};
+    r.row_scale = rs;
+    return r;
+  }
+
+  // y[rows, n] (pitch ldy) = q[rows, k] (codes from column a_col0, pitch lda bytes) ·
+  // W[w_row0 : w_row0 + n, :k]^T (weight row pitch w_ld) as a row-scaled FP8 cuBLASLt GEMM.
+  void fp8_rows_gemm(const QuantRows& q, int64_t lda, int64_t a_col0, int64_t rows,
+                     const Linear& lin, int64_t w_row0, int64_t n, int64_t k, int64_t w_ld,
+                     float* y, int64_t ldy) {
+    MS_CHECK(q.row_scale != nullptr && fp8_rows_fits(lin));
+    cu::LtGemmParams p;
+    p.precision = cu::GemmPrecision::kFp8RowScaled;
+    p.a = static_cast<const uint8_t*>(q.data) + a_col0;
+    p.lda = lda;
+    p.b = lin.w8r.as<uint8_t>() + w_row0 * w_ld;
+    p.ldb = w_ld;
+    p.b_transposed = true;
+    p.c = y;
+    p.ldc = ldy;
+    p.m = rows;
+    p.n = n;
+    p.k = k;
+    p.a_scale = q.row_scale;
+    p.b_scale = lin.w8r_scale.as<float>() + w_row0;
+    lt->run(p);
   }
 
   // y[rows, n] (pitch ldy) = q[rows, K] · W[w_row0 : w_row0 + n, :]^T on the FP8 wgmma GEMM: q the
@@ -1033,6 +1114,11 @@ struct DeepseekV41Gpu::Impl {
     }
     if (rows == 0) return;
     const int64_t n = out_rows < 0 ? lin.out : out_rows;
+    if (q.row_scale != nullptr) {
+      add_linear_cost(lin, rows, n);
+      fp8_rows_gemm(q, ldx, 0, rows, lin, out_row0, n, lin.in, lin.in, y, ldy);
+      return;
+    }
     MS_CHECK(lin.kind == Linear::Kind::kFp8 && n % 128 == 0 && out_row0 % 32 == 0);
     add_linear_cost(lin, rows, n);
     fp8_wgmma(q, ldx, 0, rows, lin, out_row0, n, lin.in, lin.in, y, ldy);
@@ -1067,6 +1153,9 @@ struct DeepseekV41Gpu::Impl {
     switch (lin.kind) {
       case Linear::Kind::kFp8: {
         MS_CHECK(bf16_x);
+        MS_CHECK_MSG(lin.wbf16.bytes() > 0,
+                     "gpu model: FP8 linear without its bf16 copy (fp8_row_scaled holds the "
+                     "row-scaled one; quant_rows(rows_scaled) feeds it)");
         lt_gemm(cu::GemmPrecision::kBf16F32, x, ldx, lin.wbf16.as<uint16_t>() + out_row0 * lin.in,
                 lin.in, y, ldy, rows, n, lin.in);
         break;
@@ -1669,7 +1758,8 @@ struct DeepseekV41Gpu::Impl {
       float* qkv = buf<float>("qkv_a", n * (q + hd));
       if (L.wqkv_a.act_quant) {
         const QuantRows qa = quant_rows(a, d, n, d, L.wqkv_a.kind, "aq_attn",
-                                        fp8_wgmma_fits(L.wq_a) && fp8_wgmma_fits(L.wkv));
+                                        fp8_wgmma_fits(L.wq_a) && fp8_wgmma_fits(L.wkv),
+                                        fp8_rows_fits(L.wqkv_a));
         gemm_q(qa, d, n, L.wqkv_a, qkv, q + hd);
       } else {
         linear(a, d, n, L.wqkv_a, qkv, q + hd);
@@ -1680,7 +1770,8 @@ struct DeepseekV41Gpu::Impl {
     } else if (L.wq_a.act_quant && L.wkv.act_quant && L.wq_a.kind == L.wkv.kind) {
       // One quantisation of a for both projections.
       const QuantRows qa = quant_rows(a, d, n, d, L.wq_a.kind, "aq_attn",
-                                      fp8_wgmma_fits(L.wq_a) && fp8_wgmma_fits(L.wkv));
+                                      fp8_wgmma_fits(L.wq_a) && fp8_wgmma_fits(L.wkv),
+                                      fp8_rows_fits(L.wq_a) && fp8_rows_fits(L.wkv));
       gemm_q(qa, d, n, L.wq_a, qr, q);
       gemm_q(qa, d, n, L.wkv, kv, hd);
     } else {
@@ -1737,7 +1828,7 @@ struct DeepseekV41Gpu::Impl {
     // use_wgmma the same way) and out_proj takes the bf16 cuBLASLt path.
     p.use_wgmma = opt.attention_wgmma;
     const bool quant_epilogue = opt.attn_quant_epilogue && !opt.f64_attention &&
-                                !opt.exact_linears && wo_a_on_lt_bf16(L) &&
+                                !opt.exact_linears && (wo_a_on_lt_bf16(L) || wo_a_on_lt_fp8(L)) &&
                                 cu::sparse_attention_wgmma_applies(p);
     if (opt.trace) trace.attn_quant_epilogue[l] = quant_epilogue;
     float* o = quant_epilogue ? nullptr : buf<float>("attn_o", n * h * hd);
@@ -1763,8 +1854,13 @@ struct DeepseekV41Gpu::Impl {
     const int64_t g = c.o_groups, og = c.o_lora_rank, gin = h * hd / g;
     return fp8_wgmma_fits(L.wo_a) && og % 128 == 0 && gin % 128 == 0;
   }
+  [[nodiscard]] bool wo_a_on_lt_fp8(const Layer& L) const {
+    const int64_t gin = c.num_attention_heads * c.head_dim / c.o_groups;
+    return fp8_rows_fits(L.wo_a) && gin % 16 == 0 && c.num_attention_heads * c.head_dim <= 65536;
+  }
   [[nodiscard]] bool wo_a_on_lt_bf16(const Layer& L) const {
-    return !wo_a_on_fp8_wgmma(L) && L.wo_a.act_quant && L.wo_a.kind == Linear::Kind::kFp8;
+    return !wo_a_on_fp8_wgmma(L) && !wo_a_on_lt_fp8(L) && L.wo_a.act_quant &&
+           L.wo_a.kind == Linear::Kind::kFp8 && L.wo_a.wbf16.bytes() > 0;
   }
 
   // Grouped low-rank output projection (§2.5): [n, H*hd] -> [n, G*O] -> [n, D]. o16 (optional):
@@ -1776,8 +1872,47 @@ struct DeepseekV41Gpu::Impl {
     mark(GpuComponent::kDense, "o");
     const int64_t g = c.o_groups, og = c.o_lora_rank, gin = h * hd / g;
     float* mid = buf<float>("attn_mid", n * g * og);
-    MS_CHECK(o16 == nullptr || wo_a_on_lt_bf16(L));
-    if (wo_a_on_fp8_wgmma(L)) {
+    MS_CHECK(o16 == nullptr || wo_a_on_lt_bf16(L) || wo_a_on_lt_fp8(L));
+    if (wo_a_on_lt_fp8(L)) {
+      // The G group GEMMs as one strided-batched row-scaled FP8 cuBLASLt GEMM over one
+      // quantisation of o (or of the epilogue's o16, whose MXFP8 values requantise to
+      // themselves), refolded per row over all H*hd channels: group gi reads the codes' columns
+      // [gi gin, +gin) with the row's one scale and wo_a's rows [gi og, +og) with theirs, and
+      // writes mid's columns [gi og, +og), unscaled: wo_b's quantiser applies the row scales and
+      // wo_a's row scales (mid's columns) on load, as a scaling pass would (bit for bit).
+      const QuantRows qo =
+          o16 != nullptr ? quant_rows_fp8(o16, cu::ActivationType::kBF16, h * hd, n, h * hd, "aq_o")
+                         : quant_rows_fp8(o, cu::ActivationType::kF32, h * hd, n, h * hd, "aq_o");
+      cu::LtGemmParams p;
+      p.precision = cu::GemmPrecision::kFp8RowScaled;
+      p.a = qo.data;
+      p.lda = h * hd;
+      p.b = L.wo_a.w8r.as<uint8_t>();
+      p.ldb = gin;
+      p.b_transposed = true;
+      p.c = mid;
+      p.ldc = g * og;
+      p.m = n;
+      p.n = og;
+      p.k = gin;
+      p.batch = g;
+      p.stride_a = gin;
+      p.stride_b = og * gin;
+      p.stride_c = og;
+      p.a_scale = qo.row_scale;
+      p.b_scale = L.wo_a.w8r_scale.as<float>();
+      p.unscaled = fp8_rows_fits(L.wo_b) && g * og <= 65536;
+      lt->run(p);
+      cost.flops += 2.0 * static_cast<double>(n) * og * gin * g;
+      cost.fp8_flops += 2.0 * static_cast<double>(n) * og * gin * g;
+      cost.weight_bytes += static_cast<double>(L.wo_a.bytes());
+      if (p.unscaled) {
+        const QuantRows qm = quant_rows_fp8(mid, cu::ActivationType::kF32, g * og, n, g * og,
+                                            "aq_mid", qo.row_scale, L.wo_a.w8r_scale.as<float>());
+        gemm_q(qm, g * og, n, L.wo_b, y, d);
+        return;
+      }
+    } else if (wo_a_on_fp8_wgmma(L)) {
       // The G group GEMMs on the FP8 wgmma kernel: group gi reads the codes' columns
       // [gi gin, +gin) (and their scales) and wo_a's rows [gi og, +og) (whose row pitch is gin).
       const QuantRows qo = quant_rows(o, h * hd, n, h * hd, L.wo_a.kind, "aq_o", true);
@@ -1940,7 +2075,8 @@ struct DeepseekV41Gpu::Impl {
       float* gu = buf<float>("moe_gu", n * 2 * inter);
       if (w13.act_quant) {
         const QuantRows qf = quant_rows(f, d, n, d, w13.kind, "aq_ffn",
-                                        fp8_wgmma_fits(L.shared.w1) && fp8_wgmma_fits(L.shared.w3));
+                                        fp8_wgmma_fits(L.shared.w1) && fp8_wgmma_fits(L.shared.w3),
+                                        fp8_rows_fits(w13));
         gemm_q(qf, d, n, w13, gu, 2 * inter);
       } else {
         linear(f, d, n, w13, gu, 2 * inter);
@@ -1951,7 +2087,8 @@ struct DeepseekV41Gpu::Impl {
       if (L.shared.w1.act_quant && L.shared.w3.act_quant && L.shared.w1.kind == L.shared.w3.kind) {
         const QuantRows qf =  // for w1 and w3
             quant_rows(f, d, n, d, L.shared.w1.kind, "aq_ffn",
-                       fp8_wgmma_fits(L.shared.w1) && fp8_wgmma_fits(L.shared.w3));
+                       fp8_wgmma_fits(L.shared.w1) && fp8_wgmma_fits(L.shared.w3),
+                       fp8_rows_fits(L.shared.w1) && fp8_rows_fits(L.shared.w3));
         gemm_q(qf, d, n, L.shared.w1, g1, inter);
         gemm_q(qf, d, n, L.shared.w3, u1, inter);
       } else {

@@ -102,6 +102,18 @@ struct GpuModelOptions {
   // is at ~20% of the FP8 rate and slower than cuBLASLt bf16 at decode shapes
   // (docs/perf/forward-gpu-2026-11-29-r5.md).
   bool fp8_wgmma = false;
+  // true: FP8-weight linears (wq_a + wkv, wq_b, wo_a, wo_b, the shared expert, the indexer's
+  // wq_b, Engram's wkv, DSpark's projections) run as row-scaled FP8 GEMMs on cuBLASLt
+  // (GemmPrecision::kFp8RowScaled, FP8 tensor-core rate): the MXFP8 input refolded onto one
+  // power-of-two scale per row (launch_act_quant_fp8_rows), the weight likewise at load
+  // (launch_fold_fp8_block_rows: 1 byte per weight, which replaces the bf16 copy). Not bit-exact
+  // with MXFP8: a value more than ~9 binades below its row's largest block is rounded to the
+  // e4m3 subnormal step, an error <= ~4.4e-6 of the row's largest |value| per operand
+  // (kernels.h "Row-scaled FP8"); the products are exact, summed by cuBLASLt's FP8 tensor-core
+  // accumulation (1e-4..4e-4 of max|y| from a double product in the op tests). Ignored with
+  // exact_linears or fp8_wgmma. Measured on the H200 (docs/perf/forward-gpu-2026-11-30-r13.md):
+  // decode 64x6 47.27 -> 45.51 ms, 64x1 21.66 -> 20.61 ms, prefill 8K 70.6k -> 74.9k tok/s.
+  bool fp8_row_scaled = true;
   // true: the MoE's grouped MXFP4 GEMMs at rows_hint > 24 on the sm_90a wgmma kernel
   // (GroupedMxfp4GemmParams::use_wgmma: 128 x 256 tiles, weights dequantised to bf16 in shared
   // memory); false: the WMMA table kernel. Same products, fp32 sums in another order. H200, 12

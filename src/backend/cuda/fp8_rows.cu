@@ -1,0 +1,234 @@
+// Row-scaled FP8 operands (kernels.h "Row-scaled FP8"): the MXFP8 activation quantiser with the
+// refold onto one scale per row, the same refold of the checkpoint's FP8 weights, and the outer
+// scaling of a GEMM run without its scales.
+//
+// The refold of a code q of a block with scale code s onto the row's reference code R:
+// e4m3_rn(e4m3(q) * 2^(s - R)) (for activations s - R <= 1, kernels.h). The decode is exact (the hardware e4m3 -> f16 conversion), the
+// product by a power of two is exact in fp32 (d = s - R is clamped at -40, where every e4m3 value
+// rounds to 0 anyway: 448 * 2^-40 < 2^-10), and the encode is the saturating round-to-nearest-
+// even cvt (v41::e4m3_encode's), so the host oracle in the tests is float_to_e4m3(e4m3_to_float(q)
+// * 2^d) and the outputs are compared bit for bit.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_util.cuh"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/v41_device.cuh"
+
+namespace moeserve::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxCols = 65536;
+
+// 2^d as a float for d in [-40, 1].
+__device__ __forceinline__ float pow2(int d) { return __uint_as_float(static_cast<uint32_t>(127 + d) << 23); }
+
+// Four e4m3 codes (one word) refolded by 2^d.
+__device__ __forceinline__ uint32_t refold4(uint32_t codes, float f) {
+  uint32_t out = 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint16_t pair = static_cast<uint16_t>(codes >> (16 * h));
+    uint32_t h2;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(pair));
+    const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+    uint16_t q;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(q) : "f"(v.y * f), "f"(v.x * f));
+    out |= static_cast<uint32_t>(q) << (16 * h);
+  }
+  return out;
+}
+
+// The CTA's largest v (blockDim.x a multiple of 32; red holds blockDim.x / 32 words).
+__device__ __forceinline__ uint32_t block_max_u32(uint32_t v, uint32_t* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xFFFFFFFFu, v, o));
+  const int warp = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) red[warp] = v;
+  __syncthreads();
+  uint32_t m = 0;
+  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) m = max(m, red[w]);
+  return m;
+}
+
+// The activation quantiser: one CTA per row (grid-stride), the whole row in registers: chunk j
+// of thread t is the 8 columns from 8 (j * blockDim + t), CPT chunks per thread (a 32-wide block
+// is 4 lanes of one chunk). Per chunk the MXFP8 rule's scale (v41::mxfp8_scale, as
+// launch_act_quant_mxfp8) and codes; the row's largest scale code R by a block reduction; then
+// each chunk's codes refolded and stored once.
+template <int CPT>
+__global__ void __launch_bounds__(1024) act_quant_fp8_rows_kernel(ActQuantFp8RowsParams p) {
+  pdl_wait();
+  __shared__ uint32_t red[32];
+  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+    const float rs = p.in_row_scale != nullptr ? p.in_row_scale[r] : 1.0f;
+    uint2 q[CPT];
+    uint32_t code[CPT];
+    uint32_t m = 0;
+#pragma unroll
+    for (int j = 0; j < CPT; ++j) {
+      const int64_t c = (static_cast<int64_t>(j) * blockDim.x + threadIdx.x) * 8;
+      const bool live = c < p.cols;  // cols % 32 == 0: a block's 4 lanes are live together
+      float v[8];
+      if (live && p.x_type == ActivationType::kBF16) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(
+            static_cast<const __nv_bfloat16*>(p.x) + r * p.ldx + c);
+        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          v[2 * e] = __uint_as_float(w[e] << 16);
+          v[2 * e + 1] = __uint_as_float(w[e] & 0xFFFF0000u);
+        }
+      } else if (live) {
+        const float4* x =
+            reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + r * p.ldx + c);
+        const float4 x0 = x[0], x1 = x[1];
+        v[0] = x0.x, v[1] = x0.y, v[2] = x0.z, v[3] = x0.w;
+        v[4] = x1.x, v[5] = x1.y, v[6] = x1.z, v[7] = x1.w;
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+      }
+      if (live && p.in_row_scale != nullptr) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] *= rs * p.in_col_scale[c + e];
+      }
+      float a = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) a = fmaxf(a, fabsf(v[e]));
+      a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
+      a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
+      const v41::Mxfp8Scale sc = v41::mxfp8_scale(a);
+      uint32_t lo = 0, hi = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        lo |= v41::mxfp8_code(v[e], sc) << (8 * e);
+        hi |= v41::mxfp8_code(v[4 + e], sc) << (8 * e);
+      }
+      q[j] = make_uint2(lo, hi);
+      code[j] = sc.code;
+      // The block's reference code: the MXFP8 rule on its own output's amax (sc.code, or one
+      // less where rounding brought the amax down to 224 * s), so that R depends on the MXFP8
+      // values only, not on which of their two encodings the input gave.
+      uint32_t mag = 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        mag = max(mag, max((lo >> (8 * e)) & 0x7Fu, (hi >> (8 * e)) & 0x7Fu));
+      mag = max(mag, __shfl_xor_sync(0xFFFFFFFFu, mag, 1));
+      mag = max(mag, __shfl_xor_sync(0xFFFFFFFFu, mag, 2));
+      const uint32_t ref = v41::mxfp8_scale(v41::e4m3_decode(mag) * sc.s).code;
+      if (live) m = max(m, ref);
+    }
+    const uint32_t R = block_max_u32(m, red);
+#pragma unroll
+    for (int j = 0; j < CPT; ++j) {
+      const int64_t c = (static_cast<int64_t>(j) * blockDim.x + threadIdx.x) * 8;
+      if (c >= p.cols) continue;
+      const int d = static_cast<int>(code[j]) - static_cast<int>(R);  // <= 1
+      if (d != 0) {
+        const float f = pow2(max(d, -40));
+        q[j].x = refold4(q[j].x, f);
+        q[j].y = refold4(q[j].y, f);
+      }
+      *reinterpret_cast<uint2*>(p.out + r * p.ldo + c) = q[j];
+    }
+    if (threadIdx.x == 0) p.row_scale[r] = v41::ue8m0_decode(R);
+    __syncthreads();  // red is rewritten by the next row
+  }
+}
+
+// One CTA per weight row (grid-stride): R over the row's 32x32-block scale row, then the codes
+// refolded 4 at a time.
+__global__ void __launch_bounds__(kThreads) fold_fp8_block_rows_kernel(const uint8_t* w,
+                                                                       const uint8_t* w_scale,
+                                                                       int64_t n, int64_t k,
+                                                                       uint8_t* out,
+                                                                       float* row_scale) {
+  pdl_wait();
+  __shared__ uint32_t red[kThreads / 32];
+  const int64_t kb = k / 32;
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const uint8_t* s = w_scale + (r / 32) * kb;
+    uint32_t m = 0;
+    for (int64_t b = threadIdx.x; b < kb; b += kThreads) m = max(m, static_cast<uint32_t>(s[b]));
+    const uint32_t R = block_max_u32(m, red);
+    for (int64_t c = threadIdx.x * 4; c < k; c += kThreads * 4) {
+      const int d = static_cast<int>(s[c / 32]) - static_cast<int>(R);
+      uint32_t q;
+      memcpy(&q, w + r * k + c, 4);
+      if (d != 0) q = refold4(q, pow2(max(d, -40)));
+      memcpy(out + r * k + c, &q, 4);
+    }
+    if (threadIdx.x == 0) row_scale[r] = v41::ue8m0_decode(R);
+    __syncthreads();
+  }
+}
+
+__global__ void scale_rows_cols_kernel(float* y, int64_t ldy, int64_t m, int64_t n,
+                                       const float* row_scale, const float* col_scale) {
+  pdl_wait();
+  const int64_t total = m * n;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / n, c = i % n;
+    y[r * ldy + c] *= row_scale[r] * col_scale[c];
+  }
+}
+
+void bad_args(const char* what, const char* need) {
+  detail::cuda_call_failed(__FILE__, __LINE__, what, "bad arguments", need);
+}
+
+unsigned row_grid(int64_t rows) {
+  return static_cast<unsigned>(std::min<int64_t>(rows, int64_t{1} << 30));
+}
+
+}  // namespace
+
+void launch_act_quant_fp8_rows(const ActQuantFp8RowsParams& p, Stream stream) {
+  if (p.rows == 0) return;
+  const size_t esize = p.x_type == ActivationType::kBF16 ? 2 : 4;
+  if (p.cols <= 0 || p.cols % 32 != 0 || p.cols > kMaxCols || p.ldx < p.cols || p.ldo < p.cols ||
+      p.rows < 0 || p.x == nullptr || p.out == nullptr || p.row_scale == nullptr ||
+      (p.in_row_scale == nullptr) != (p.in_col_scale == nullptr) ||
+      (p.x_type != ActivationType::kF32 && p.x_type != ActivationType::kBF16) ||
+      (p.ldx * esize) % 16 != 0 || reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || p.ldo % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(p.out) % 8 != 0)
+    bad_args("launch_act_quant_fp8_rows",
+             "0 < cols <= 65536, cols % 32 == 0, ldx >= cols, ldo >= cols; x fp32 or bf16, "
+             "16-byte aligned rows; out 8-byte aligned rows; out, row_scale set; in_row_scale and "
+             "in_col_scale both set or both null");
+  // CPT chunks of 8 per thread with at most 1024 threads: 1 up to 8192 columns, else 2, 4, 8.
+  const int64_t chunks = p.cols / 8;
+  const int cpt = chunks <= 1024 ? 1 : chunks <= 2048 ? 2 : chunks <= 4096 ? 4 : 8;
+  const unsigned threads = static_cast<unsigned>((ceil_div(chunks, cpt) + 31) / 32 * 32);
+  auto* const kernel = cpt == 1   ? act_quant_fp8_rows_kernel<1>
+                       : cpt == 2 ? act_quant_fp8_rows_kernel<2>
+                       : cpt == 4 ? act_quant_fp8_rows_kernel<4>
+                                  : act_quant_fp8_rows_kernel<8>;
+  MS_CUDA_CHECK(launch_kernel(kernel, row_grid(p.rows), threads, 0, as_cuda_stream(stream), p));
+}
+
+void launch_fold_fp8_block_rows(const uint8_t* w, const uint8_t* w_scale, int64_t n, int64_t k,
+                                uint8_t* out, float* row_scale, Stream stream) {
+  if (n == 0) return;
+  if (n < 0 || k <= 0 || k % 32 != 0 || w == nullptr || w_scale == nullptr || out == nullptr ||
+      row_scale == nullptr)
+    bad_args("launch_fold_fp8_block_rows", "k % 32 == 0, k > 0; w, w_scale, out, row_scale set");
+  MS_CUDA_CHECK(launch_kernel(fold_fp8_block_rows_kernel, row_grid(n), kThreads, 0,
+                              as_cuda_stream(stream), w, w_scale, n, k, out, row_scale));
+}
+
+void launch_scale_rows_cols(float* y, int64_t ldy, int64_t m, int64_t n, const float* row_scale,
+                            const float* col_scale, Stream stream) {
+  if (m == 0 || n == 0) return;
+  if (ldy < n) bad_args("launch_scale_rows_cols", "ldy >= n");
+  const int grid = static_cast<int>(std::min<int64_t>((m * n + 255) / 256, 65535));
+  MS_CUDA_CHECK(launch_kernel(scale_rows_cols_kernel, grid, 256, 0, as_cuda_stream(stream), y,
+                              ldy, m, n, row_scale, col_scale));
+}
+
+}  // namespace moeserve::cuda
