@@ -1863,6 +1863,40 @@ struct DeepseekV41Gpu::Impl {
            L.wo_a.kind == Linear::Kind::kFp8 && L.wo_a.wbf16.bytes() > 0;
   }
 
+  // wo_a's G group GEMMs as one strided-batched cuBLASLt call on n rows: group gi reads the
+  // input's columns [gi gin, +gin) (pitch H*hd), wo_a's rows [gi og, +og) (pitch gin), and writes
+  // mid's columns [gi og, +og) (pitch G*og).
+  [[nodiscard]] cu::LtGemmParams wo_a_batched(cu::GemmPrecision precision, const void* a,
+                                              const void* w, float* mid, int64_t n) const {
+    const int64_t g = c.o_groups, og = c.o_lora_rank;
+    const int64_t gin = c.num_attention_heads * c.head_dim / g;
+    cu::LtGemmParams p;
+    p.precision = precision;
+    p.a = a;
+    p.lda = c.num_attention_heads * c.head_dim;
+    p.b = w;
+    p.ldb = gin;
+    p.b_transposed = true;
+    p.c = mid;
+    p.ldc = g * og;
+    p.m = n;
+    p.n = og;
+    p.k = gin;
+    p.batch = g;
+    p.stride_a = gin;
+    p.stride_b = og * gin;
+    p.stride_c = og;
+    return p;
+  }
+  // The roofline's share of wo_a's G group GEMMs on n rows (FP8 weights, MXFP8 inputs).
+  void add_wo_a_cost(const Layer& L, int64_t n) {
+    const double flops = 2.0 * static_cast<double>(n) * c.o_lora_rank *
+                         (c.num_attention_heads * c.head_dim / c.o_groups) * c.o_groups;
+    cost.flops += flops;
+    cost.fp8_flops += flops;
+    cost.weight_bytes += static_cast<double>(L.wo_a.bytes());
+  }
+
   // Grouped low-rank output projection (§2.5): [n, H*hd] -> [n, G*O] -> [n, D]. o16 (optional):
   // wo_a's input already quantised, o's MXFP8 fake-quant as bf16 bits [n, H*hd] from the
   // attention's epilogue (attn_quant_epilogue; o is then null), for the cuBLASLt bf16 path only.
@@ -1883,29 +1917,13 @@ struct DeepseekV41Gpu::Impl {
       const QuantRows qo =
           o16 != nullptr ? quant_rows_fp8(o16, cu::ActivationType::kBF16, h * hd, n, h * hd, "aq_o")
                          : quant_rows_fp8(o, cu::ActivationType::kF32, h * hd, n, h * hd, "aq_o");
-      cu::LtGemmParams p;
-      p.precision = cu::GemmPrecision::kFp8RowScaled;
-      p.a = qo.data;
-      p.lda = h * hd;
-      p.b = L.wo_a.w8r.as<uint8_t>();
-      p.ldb = gin;
-      p.b_transposed = true;
-      p.c = mid;
-      p.ldc = g * og;
-      p.m = n;
-      p.n = og;
-      p.k = gin;
-      p.batch = g;
-      p.stride_a = gin;
-      p.stride_b = og * gin;
-      p.stride_c = og;
+      cu::LtGemmParams p = wo_a_batched(cu::GemmPrecision::kFp8RowScaled, qo.data,
+                                        L.wo_a.w8r.as<uint8_t>(), mid, n);
       p.a_scale = qo.row_scale;
       p.b_scale = L.wo_a.w8r_scale.as<float>();
       p.unscaled = fp8_rows_fits(L.wo_b) && g * og <= 65536;
       lt->run(p);
-      cost.flops += 2.0 * static_cast<double>(n) * og * gin * g;
-      cost.fp8_flops += 2.0 * static_cast<double>(n) * og * gin * g;
-      cost.weight_bytes += static_cast<double>(L.wo_a.bytes());
+      add_wo_a_cost(L, n);
       if (p.unscaled) {
         const QuantRows qm = quant_rows_fp8(mid, cu::ActivationType::kF32, g * og, n, g * og,
                                             "aq_mid", qo.row_scale, L.wo_a.w8r_scale.as<float>());
@@ -1918,32 +1936,15 @@ struct DeepseekV41Gpu::Impl {
       const QuantRows qo = quant_rows(o, h * hd, n, h * hd, L.wo_a.kind, "aq_o", true);
       for (int64_t gi = 0; gi < g; ++gi)
         fp8_wgmma(qo, h * hd, gi * gin, n, L.wo_a, gi * og, og, gin, gin, mid + gi * og, g * og);
-      cost.flops += 2.0 * static_cast<double>(n) * og * gin * g;
-      cost.fp8_flops += 2.0 * static_cast<double>(n) * og * gin * g;
-      cost.weight_bytes += static_cast<double>(L.wo_a.bytes());
+      add_wo_a_cost(L, n);
     } else if (wo_a_on_lt_bf16(L)) {
       // The G group GEMMs as one strided-batched cuBLASLt call: group gi reads o's channels
       // [gi gin, +gin) and wo_a's rows [gi og, +og), and writes mid's columns [gi og, +og).
-      cu::LtGemmParams p;
-      p.precision = cu::GemmPrecision::kBf16F32;
-      p.a = o16 != nullptr ? o16 : quant_rows(o, h * hd, n, h * hd, L.wo_a.kind, "aq_o").data;
-      p.lda = h * hd;
-      p.b = L.wo_a.wbf16.as<uint16_t>();
-      p.ldb = gin;
-      p.b_transposed = true;
-      p.c = mid;
-      p.ldc = g * og;
-      p.m = n;
-      p.n = og;
-      p.k = gin;
-      p.batch = g;
-      p.stride_a = gin;
-      p.stride_b = og * gin;
-      p.stride_c = og;
-      lt->run(p);
-      cost.flops += 2.0 * static_cast<double>(n) * og * gin * g;
-      cost.fp8_flops += 2.0 * static_cast<double>(n) * og * gin * g;
-      cost.weight_bytes += static_cast<double>(L.wo_a.bytes());
+      lt->run(wo_a_batched(
+          cu::GemmPrecision::kBf16F32,
+          o16 != nullptr ? o16 : quant_rows(o, h * hd, n, h * hd, L.wo_a.kind, "aq_o").data,
+          L.wo_a.wbf16.as<uint16_t>(), mid, n));
+      add_wo_a_cost(L, n);
     } else {
       for (int64_t gi = 0; gi < g; ++gi)
         linear(o + gi * gin, h * hd, n, L.wo_a, mid + gi * og, g * og, gi * og, og);
