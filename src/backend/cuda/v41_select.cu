@@ -452,41 +452,10 @@ __device__ __forceinline__ void wg_store_key(const IdxRaw& r, uint8_t* tile, int
 
 // prmt.b32 in its default mode, all four selector nibbles as given (bit 3 of a nibble replicates
 // the selected byte's sign bit over the result byte).
-__device__ __forceinline__ uint32_t prmt_b32(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-  return r;
-}
-
-// The e4m3 bytes of the e2m1 magnitudes 0, .5, 1, 1.5 (kE2m1E4m3Lo) and 2, 3, 4, 6 (kE2m1E4m3Hi).
-constexpr uint32_t kE2m1E4m3Lo = 0x3C383000u, kE2m1E4m3Hi = 0x4C484440u;
-
-// Eight e2m1 values (one record word, the low nibble first) times 2^d as eight e4m3 bytes in the
-// natural order, for -5 <= d <= 6: the tables t0, t1 are kE2m1E4m3Lo/Hi with 8 d added to every
-// nonzero byte (the exponent field; no byte leaves [0x08, 0x7C], so no carries between bytes).
-// Signs: byte i takes the sign of nibble i, bit 4 i + 3 of x, which is the top bit of byte i / 2 of
-// x << 4 (i even) or of x (i odd), replicated by PRMT's sign mode.
-__device__ __forceinline__ uint2 e2m1x8_to_e4m3(uint32_t x, uint32_t t0, uint32_t t1) {
-  const uint32_t m = x & 0x77777777u;
-  const uint32_t xs = x << 4;
-  const uint32_t lo = prmt_b32(t0, t1, m) | (prmt_b32(x, xs, 0x9D8Cu) & 0x80808080u);
-  const uint32_t hi = prmt_b32(t0, t1, m >> 16) | (prmt_b32(x, xs, 0xBFAEu) & 0x80808080u);
-  return make_uint2(lo, hi);
-}
-
-// The same for any d (d < -5: the values round to e4m3, subnormals included).
-__device__ __noinline__ uint2 e2m1x8_to_e4m3_rounded(uint32_t x, int d) {
-  constexpr float kMag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  uint32_t w[2] = {0, 0};
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const uint32_t nib = (x >> (4 * i)) & 0xFu;
-    const float v = ldexpf((nib & 8u) != 0 ? -kMag[nib & 7u] : kMag[nib & 7u], d);
-    w[i >> 2] |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3))
-                 << (8 * (i & 3));
-  }
-  return make_uint2(w[0], w[1]);
-}
+using v41::e2m1x8_to_e4m3;
+using v41::e2m1x8_to_e4m3_rounded;
+using v41::kE2m1E4m3Hi;
+using v41::kE2m1E4m3Lo;
 
 // 2^k as a float for k >= -149 (0 below).
 __device__ __forceinline__ float pow2f(int k) {

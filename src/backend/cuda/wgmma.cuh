@@ -190,6 +190,31 @@ __device__ __forceinline__ void e4m3_ss(float (&d)[kN / 2], uint64_t desc_a, uin
   e4m3_ss(d, desc_a, desc_b, accumulate, Shape<kN>{});
 }
 
+// d (+)= A · B^T for one k32 step, e4m3 operands: A (64 x 32) from registers in the 8-bit
+// A-fragment layout (bf16_rs's with each bf16 pair widened to four bytes: a[0]: row g, k 4t..4t+3;
+// a[1]: row g + 8; a[2]: row g, k 16 + 4t..; a[3]: row g + 8, k 16 + 4t..; warp w of the
+// warpgroup owns rows 16w..16w+15), B (kN x 32) K-major in shared memory (desc_k_sw128; a k32
+// step starts 32 s bytes into the 128-byte row), fp32 accumulators d[kN / 2]. Used by the FP8
+// grouped-GEMM probe (tools/device/moe_fp8_probe.cu).
+#define MS_WGMMA_E4M3_RS(N, NACC, P0, P1, P2, P3, P4, P5)                                        \
+  __device__ __forceinline__ void e4m3_rs(float (&d)[NACC], const uint32_t (&a)[4],            \
+                                          uint64_t desc_b, int accumulate, Shape<N>) {         \
+    asm volatile("{\n.reg .pred p;\n"                                                          \
+                 "setp.ne.b32 p, %" #P5 ", 0;\n"                                               \
+                 "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 "                    \
+                 "{" MS_WGMMA_D##NACC "}, {%" #P0 ", %" #P1 ", %" #P2 ", %" #P3 "}, %" #P4       \
+                 ", p, 1, 1;\n}\n"                                                              \
+                 : MS_WGMMA_ACC##NACC("+f", d)                                                 \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));  \
+  }
+MS_WGMMA_E4M3_RS(192, 96, 96, 97, 98, 99, 100, 101)
+
+template <int kN>
+__device__ __forceinline__ void e4m3_rs(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc_b,
+                                        int accumulate) {
+  e4m3_rs(d, a, desc_b, accumulate, Shape<kN>{});
+}
+
 // ---- fp16 operands (sparse attention, v41_attention_wgmma.cu) -----------------------------------
 //
 // MN-major 128-byte-swizzle descriptor (an operand whose MN dimension is contiguous in shared
