@@ -621,6 +621,60 @@ TEST_F(CudaOps, ActQuantFp8RowsMatchesHostRefold) {
   }
 }
 
+// The MoE forms of launch_act_quant_fp8_rows: output row r reads x's row row_index[r], the row
+// count comes from the device (rows past it stay untouched), and kperm_fp8 stores each 64-wide
+// block's codes K-permuted (column 32 s + 16 j + 4 t + e holds k = 16 t + 8 s + 4 j + e). Bit for
+// bit the host oracle's codes of the gathered rows, permuted; the same row scales.
+TEST_F(CudaOps, ActQuantFp8RowsGathersAndPermutes) {
+  const int64_t src_rows = 29, m = 24, live = 19, k = 2304;
+  std::mt19937 rng(41);
+  const std::vector<float> x = spread_rows(src_rows, k, rng);
+  std::vector<int32_t> idx(static_cast<size_t>(m));
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(src_rows - 1));
+  for (auto& i : idx) i = pick(rng);
+  const RowScaled all = host_row_scaled(x, src_rows, k);
+  auto dx = upload(x);
+  auto didx = upload(idx);
+  auto dlive = upload(std::vector<int32_t>{static_cast<int32_t>(live)});
+  auto dout = upload(std::vector<uint8_t>(static_cast<size_t>(m * k), 0xA5));
+  auto drs = poisoned_floats(m);
+  cuda::ActQuantFp8RowsParams p;
+  p.x = dx->view().data();
+  p.ldx = k;
+  p.rows = m;
+  p.cols = k;
+  p.out = dout->view().data_as<uint8_t>();
+  p.ldo = k;
+  p.row_scale = drs->view().data_as<float>();
+  p.row_index = didx->view().data_as<int32_t>();
+  p.device_rows = dlive->view().data_as<int32_t>();
+  p.kperm_fp8 = true;
+  cuda::launch_act_quant_fp8_rows(p, stream_);
+  const auto got = download<uint8_t>(*dout);
+  const auto got_rs = download<float>(*drs);
+  size_t diff = 0, untouched = 0;
+  for (int64_t r = 0; r < m; ++r) {
+    const int64_t src = idx[static_cast<size_t>(r)];
+    for (int64_t c = 0; c < k; ++c) {
+      const int64_t cc = c & 63, blk = c - cc;
+      const int64_t s = cc >> 5, j = (cc >> 4) & 1, t = (cc >> 2) & 3, e = cc & 3;
+      const uint8_t g = got[static_cast<size_t>(r * k + c)];
+      if (r >= live) {
+        untouched += g == 0xA5;
+        continue;
+      }
+      diff += g != all.codes[static_cast<size_t>(src * k + blk + 16 * t + 8 * s + 4 * j + e)];
+    }
+    if (r < live) {
+      EXPECT_EQ(got_rs[static_cast<size_t>(r)], all.row_scale[static_cast<size_t>(src)]) << r;
+    } else {
+      EXPECT_TRUE(std::isnan(got_rs[static_cast<size_t>(r)])) << r;
+    }
+  }
+  EXPECT_EQ(diff, 0u);
+  EXPECT_EQ(untouched, static_cast<size_t>((m - live) * k));
+}
+
 // launch_fold_fp8_block_rows against the host oracle, bit for bit: 32x32-block scales over 41
 // binades (so some blocks refold to zeros), a partial last 32-row block.
 TEST_F(CudaOps, FoldFp8BlockRowsMatchesHostRefold) {
@@ -852,8 +906,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaFp8RowScaled,
                                   std::to_string(info.param.n) + "x" + std::to_string(info.param.k);
                          });
 
-// Bad shapes abort as bad arguments (cols % 32, ldo < cols, a bf16 row pitch off 16 bytes, the
-// weight's k % 32), and the cuBLASLt row-scaled GEMM refuses an FP8 pitch off 16 bytes.
+// Bad shapes abort as bad arguments (cols % 32, ldo < cols, a bf16 row pitch off 16 bytes,
+// kperm_fp8 with cols % 64, the weight's k % 32), and the cuBLASLt row-scaled GEMM refuses an FP8
+// pitch off 16 bytes.
 TEST_F(CudaOps, Fp8RowScaledRejectsBadShapes) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto buf = upload(std::vector<float>(4096, 1.0f));
@@ -872,6 +927,12 @@ TEST_F(CudaOps, Fp8RowScaledRejectsBadShapes) {
   p.ldo = 64;
   p.x_type = cuda::ActivationType::kBF16;
   p.ldx = 68;
+  EXPECT_DEATH(cuda::launch_act_quant_fp8_rows(p, stream_), "bad arguments");
+  p.x_type = cuda::ActivationType::kF32;
+  p.ldx = 96;
+  p.cols = 96;
+  p.ldo = 96;
+  p.kperm_fp8 = true;  // cols % 64
   EXPECT_DEATH(cuda::launch_act_quant_fp8_rows(p, stream_), "bad arguments");
   EXPECT_DEATH(cuda::launch_fold_fp8_block_rows(buf->view().data_as<uint8_t>(),
                                                 buf->view().data_as<uint8_t>(), 32, 48,

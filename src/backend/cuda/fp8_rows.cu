@@ -63,7 +63,9 @@ template <int CPT>
 __global__ void __launch_bounds__(1024) act_quant_fp8_rows_kernel(ActQuantFp8RowsParams p) {
   pdl_wait();
   __shared__ uint32_t red[32];
-  for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+  const int64_t rows = p.device_rows != nullptr ? *p.device_rows : p.rows;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t src = p.row_index != nullptr ? p.row_index[r] : r;
     const float rs = p.in_row_scale != nullptr ? p.in_row_scale[r] : 1.0f;
     uint2 q[CPT];
     uint32_t code[CPT];
@@ -75,7 +77,7 @@ __global__ void __launch_bounds__(1024) act_quant_fp8_rows_kernel(ActQuantFp8Row
       float v[8];
       if (live && p.x_type == ActivationType::kBF16) {
         const uint4 raw = *reinterpret_cast<const uint4*>(
-            static_cast<const __nv_bfloat16*>(p.x) + r * p.ldx + c);
+            static_cast<const __nv_bfloat16*>(p.x) + src * p.ldx + c);
         const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
@@ -84,7 +86,7 @@ __global__ void __launch_bounds__(1024) act_quant_fp8_rows_kernel(ActQuantFp8Row
         }
       } else if (live) {
         const float4* x =
-            reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + r * p.ldx + c);
+            reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + src * p.ldx + c);
         const float4 x0 = x[0], x1 = x[1];
         v[0] = x0.x, v[1] = x0.y, v[2] = x0.z, v[3] = x0.w;
         v[4] = x1.x, v[5] = x1.y, v[6] = x1.z, v[7] = x1.w;
@@ -133,7 +135,17 @@ __global__ void __launch_bounds__(1024) act_quant_fp8_rows_kernel(ActQuantFp8Row
         q[j].x = refold4(q[j].x, f);
         q[j].y = refold4(q[j].y, f);
       }
-      *reinterpret_cast<uint2*>(p.out + r * p.ldo + c) = q[j];
+      if (p.kperm_fp8) {
+        // Natural k [c, c + 8) of a 64-wide block is k = 16 t + 8 s + 4 j + e with 2 t + s =
+        // (c % 64) / 8: words j = 0 and 1 go to columns 32 s + 4 t and 32 s + 16 + 4 t.
+        const int64_t blk = c & ~int64_t{63};
+        const int qi = static_cast<int>((c & 63) >> 3), t4 = qi >> 1, s2 = qi & 1;
+        uint8_t* o = p.out + r * p.ldo + blk + 32 * s2 + 4 * t4;
+        *reinterpret_cast<uint32_t*>(o) = q[j].x;
+        *reinterpret_cast<uint32_t*>(o + 16) = q[j].y;
+      } else {
+        *reinterpret_cast<uint2*>(p.out + r * p.ldo + c) = q[j];
+      }
     }
     if (threadIdx.x == 0) p.row_scale[r] = v41::ue8m0_decode(R);
     __syncthreads();  // red is rewritten by the next row
@@ -194,13 +206,14 @@ void launch_act_quant_fp8_rows(const ActQuantFp8RowsParams& p, Stream stream) {
   if (p.cols <= 0 || p.cols % 32 != 0 || p.cols > kMaxCols || p.ldx < p.cols || p.ldo < p.cols ||
       p.rows < 0 || p.x == nullptr || p.out == nullptr || p.row_scale == nullptr ||
       (p.in_row_scale == nullptr) != (p.in_col_scale == nullptr) ||
+      (p.kperm_fp8 && (p.cols % 64 != 0 || p.ldo % 4 != 0)) ||
       (p.x_type != ActivationType::kF32 && p.x_type != ActivationType::kBF16) ||
       (p.ldx * esize) % 16 != 0 || reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || p.ldo % 8 != 0 ||
       reinterpret_cast<uintptr_t>(p.out) % 8 != 0)
     bad_args("launch_act_quant_fp8_rows",
              "0 < cols <= 65536, cols % 32 == 0, ldx >= cols, ldo >= cols; x fp32 or bf16, "
              "16-byte aligned rows; out 8-byte aligned rows; out, row_scale set; in_row_scale and "
-             "in_col_scale both set or both null");
+             "in_col_scale both set or both null; kperm_fp8: cols % 64 == 0");
   // CPT chunks of 8 per thread with at most 1024 threads: 1 up to 8192 columns, else 2, 4, 8.
   const int64_t chunks = p.cols / 8;
   const int cpt = chunks <= 1024 ? 1 : chunks <= 2048 ? 2 : chunks <= 4096 ? 4 : 8;

@@ -186,8 +186,17 @@ struct ActQuantFp8RowsParams {
   uint8_t* out = nullptr;
   int64_t ldo = 0;
   float* row_scale = nullptr;  // [rows]
-  const float* in_row_scale = nullptr;  // [rows]
+  const float* in_row_scale = nullptr;  // [rows] (output rows)
   const float* in_col_scale = nullptr;  // [cols]
+  // Optional, as ActQuantParams: output row r reads x's row row_index[r]; the row count is read on
+  // the device (rows: its upper bound, the grid).
+  const int32_t* row_index = nullptr;
+  const int32_t* device_rows = nullptr;
+  // The codes stored K-permuted within each 64-wide block for an FP8 grouped GEMM whose threads
+  // decode 8 consecutive packed weight bytes per k32 step pair (tools/device/moe_fp8_probe.cu):
+  // column 32 s + 16 j + 4 t + e (s, j < 2; t, e < 4) holds k = 16 t + 8 s + 4 j + e. The same
+  // codes and row scales as without it. cols % 64 == 0.
+  bool kperm_fp8 = false;
 };
 void launch_act_quant_fp8_rows(const ActQuantFp8RowsParams& p, Stream stream);
 
