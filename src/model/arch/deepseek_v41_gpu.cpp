@@ -1825,7 +1825,8 @@ struct DeepseekV41Gpu::Impl {
     // attn_quant_epilogue: the attention's epilogue writes wo_a's input, o's MXFP8 fake-quant as
     // bf16 bits, into the buffer quant_rows would fill ("aq_o16"), so the fp32 o is neither
     // written nor read back (nor allocated). Only where the wgmma kernel runs (attend() sets
-    // use_wgmma the same way) and out_proj takes the bf16 cuBLASLt path.
+    // use_wgmma the same way) and out_proj takes a cuBLASLt path (bf16, or row-scaled FP8,
+    // which requantises the bf16 MXFP8 values to the same row-scaled codes).
     p.use_wgmma = opt.attention_wgmma;
     const bool quant_epilogue = opt.attn_quant_epilogue && !opt.f64_attention &&
                                 !opt.exact_linears && (wo_a_on_lt_bf16(L) || wo_a_on_lt_fp8(L)) &&
@@ -1899,7 +1900,7 @@ struct DeepseekV41Gpu::Impl {
 
   // Grouped low-rank output projection (§2.5): [n, H*hd] -> [n, G*O] -> [n, D]. o16 (optional):
   // wo_a's input already quantised, o's MXFP8 fake-quant as bf16 bits [n, H*hd] from the
-  // attention's epilogue (attn_quant_epilogue; o is then null), for the cuBLASLt bf16 path only.
+  // attention's epilogue (attn_quant_epilogue; o is then null), for the cuBLASLt paths only.
   void out_proj(Layer& L, const float* o, int64_t n, float* y, const uint16_t* o16 = nullptr) {
     const int64_t d = c.hidden_size, hd = c.head_dim;
     const int h = c.num_attention_heads;
