@@ -702,6 +702,106 @@ TEST_F(CudaOps, FoldFp8BlockRowsMatchesHostRefold) {
   EXPECT_EQ(download<float>(*drs), want_rs);
 }
 
+// launch_grouped_fp8_gemm (the FP8 grouped MXFP4 GEMM) on 3 experts of 0, 77 and 200 grouped rows
+// (200: a full 192-row pass and one of 8): the activations through launch_act_quant_fp8_rows
+// (kperm_fp8), the weights' references through launch_mxfp4_row_ref (block scales over 17
+// binades: some blocks take the rounded decode), against the CPU's double product of the MXFP8
+// activation values and the MXFP4 weights. FP8 tensor-core sums and the refolds: tolerance 2e-3
+// of max|ref| (printed). Columns past n (ldy > n) stay untouched. Written without a device run
+// (r13).
+TEST_F(CudaOps, GroupedFp8GemmMatchesCpu) {
+  const int64_t n = 256, k = 512, ldy = n + 4;
+  const std::vector<int32_t> offsets = {0, 0, 77, 277};
+  const int experts = 3;
+  const int64_t rows = offsets.back();
+  std::mt19937 rng(51);
+  const std::vector<float> x = spread_rows(rows, k, rng);
+  std::vector<float> xq(x.size());
+  fq_fp8_block32_pow2(x, xq);
+  std::vector<std::vector<uint8_t>> w(experts), ws(experts);
+  for (int e = 0; e < experts; ++e) {
+    w[e] = random_bytes(n * k / 2, rng, 0, 255);
+    ws[e] = random_bytes(n * k / 32, rng, 118, 134);
+  }
+  std::vector<float> ref(static_cast<size_t>(rows * n));
+  for (int e = 0; e < experts; ++e) {
+    for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0.0;
+        for (int64_t c = 0; c < k; ++c) {
+          const uint8_t byte = w[e][static_cast<size_t>(j * k / 2 + c / 2)];
+          const double wv = e2m1_to_float(c % 2 == 0 ? byte & 0xF : byte >> 4) *
+                            static_cast<double>(ue8m0_to_float(ws[e][static_cast<size_t>(j * k / 32 + c / 32)]));
+          acc += wv * xq[static_cast<size_t>(r * k + c)];
+        }
+        ref[static_cast<size_t>(r * n + j)] = static_cast<float>(acc);
+      }
+    }
+  }
+  auto dx = upload(x);
+  auto da = upload(std::vector<uint8_t>(static_cast<size_t>(rows * k)));
+  auto das = poisoned_floats(rows);
+  cuda::ActQuantFp8RowsParams q;
+  q.x = dx->view().data();
+  q.ldx = k;
+  q.rows = rows;
+  q.cols = k;
+  q.out = da->view().data_as<uint8_t>();
+  q.ldo = k;
+  q.row_scale = das->view().data_as<float>();
+  q.kperm_fp8 = true;
+  cuda::launch_act_quant_fp8_rows(q, stream_);
+  std::vector<std::unique_ptr<DeviceBuffer>> keep;
+  std::vector<const uint8_t*> wp, wsp, refp;
+  for (int e = 0; e < experts; ++e) {
+    keep.push_back(upload(w[e]));
+    wp.push_back(keep.back()->view().data_as<uint8_t>());
+    keep.push_back(upload(ws[e]));
+    wsp.push_back(keep.back()->view().data_as<uint8_t>());
+    keep.push_back(upload(std::vector<uint8_t>(static_cast<size_t>(n))));
+    refp.push_back(keep.back()->view().data_as<uint8_t>());
+    cuda::launch_mxfp4_row_ref(wsp.back(), n, k, const_cast<uint8_t*>(refp.back()), stream_);
+  }
+  auto dwp = upload(wp);
+  auto dwsp = upload(wsp);
+  auto drefp = upload(refp);
+  auto doff = upload(offsets);
+  auto dy = poisoned_floats(rows * ldy);
+  cuda::GroupedFp8GemmParams g;
+  g.a = da->view().data_as<uint8_t>();
+  g.lda = k;
+  g.a_scale = das->view().data_as<float>();
+  g.offsets = doff->view().data_as<int32_t>();
+  g.num_experts = experts;
+  g.max_rows = 200;
+  g.w = reinterpret_cast<const uint8_t* const*>(dwp->view().data());
+  g.w_scale = reinterpret_cast<const uint8_t* const*>(dwsp->view().data());
+  g.w_ref = reinterpret_cast<const uint8_t* const*>(drefp->view().data());
+  g.y = dy->view().data_as<float>();
+  g.ldy = ldy;
+  g.n = n;
+  g.k = k;
+  cuda::launch_grouped_fp8_gemm(g, stream_);
+  const auto got = download<float>(*dy);
+  std::vector<float> packed(ref.size());
+  size_t pad_written = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < n; ++j)
+      packed[static_cast<size_t>(r * n + j)] = got[static_cast<size_t>(r * ldy + j)];
+    for (int64_t j = n; j < ldy; ++j) pad_written += !std::isnan(got[static_cast<size_t>(r * ldy + j)]);
+  }
+  const double err = rel_err(packed, ref);
+  std::printf("  grouped fp8 gemm 3 experts (0 / 77 / 200 rows) x %ldx%ld: max|err| / max|ref| %.3g\n",
+              static_cast<long>(n), static_cast<long>(k), err);
+  EXPECT_LE(err, 2e-3);
+  EXPECT_EQ(pad_written, 0u);
+  // Bad shapes abort as bad arguments (k % 256).
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  g.k = 384;
+  g.lda = 384;
+  EXPECT_DEATH(cuda::launch_grouped_fp8_gemm(g, stream_), "bad arguments");
+}
+
 struct RowScaledCase {
   int64_t m, n, k;
 };

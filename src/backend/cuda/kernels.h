@@ -383,6 +383,41 @@ struct GroupedMxfp4GemmParams {
   int32_t* sk_flags = nullptr;
   int64_t sk_flag_count = 0;
 };
+// FP8 grouped MXFP4 GEMM (moe_grouped_fp8.cu, sm_90a; the K loop of moe_fp8.cuh): per expert
+// e and grouped row r in [offsets[e], offsets[e + 1]):
+//   y[r, j] = a_scale[r] * 2^(w_ref[e][j] - 127) * sum_k a[r, k'] * e4m3(w[e][j, k] refolded)
+// with a the row-scaled e4m3 codes of the grouped rows in the kperm_fp8 layout
+// (ActQuantFp8RowsParams: launch_act_quant_fp8_rows with row_index / device_rows / kperm_fp8),
+// a_scale their row scales, w / w_scale the expert's MXFP4 weights (packed e2m1 [n, k / 2], ue8m0
+// [n, k / 32]) and w_ref[e] its rows' fold references (launch_mxfp4_row_ref). Products of the
+// refolded values are exact; the sums are the tensor core's FP8 sums (as cuBLASLt's:
+// ~1e-4..1e-3 of max |y|). CTAs of 128 weight rows x up to 192 grouped rows (grid: n / 128,
+// ceil(max_rows / 192), experts; the counts are read on the device).
+// Limits: n % 128 == 0, k % 256 == 0, lda % 16 == 0, a 16-byte aligned, ldy >= n; else bad
+// arguments. Written without a device run (r13): the op test CudaOps.GroupedFp8GemmMatchesCpu
+// is its first check.
+struct GroupedFp8GemmParams {
+  const uint8_t* a = nullptr;
+  int64_t lda = 0;
+  const float* a_scale = nullptr;
+  const int32_t* offsets = nullptr;
+  int num_experts = 0;
+  int64_t max_rows = 0;  // rows per expert, upper bound (the grid)
+  const uint8_t* const* w = nullptr;
+  const uint8_t* const* w_scale = nullptr;
+  const uint8_t* const* w_ref = nullptr;
+  float* y = nullptr;
+  int64_t ldy = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+};
+void launch_grouped_fp8_gemm(const GroupedFp8GemmParams& p, Stream stream);
+
+// ref[r] = max_b w_scale[r, b] - 6 for r < n (w_scale ue8m0 [n, k / 32]): the fold reference of
+// each MXFP4 weight row for launch_grouped_fp8_gemm. k % 32 == 0.
+void launch_mxfp4_row_ref(const uint8_t* w_scale, int64_t n, int64_t k, uint8_t* ref,
+                          Stream stream);
+
 // Which kernel a launch took (the last one when a second weight set ran as a second launch).
 enum class GroupedMxfp4Kernel { kNone, kTable, kSkinny, kWgmma, kWgmmaRs, kWgmmaRsStreamK };
 GroupedMxfp4Kernel launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream);
