@@ -500,6 +500,30 @@ uint8_t refold_code(uint8_t code, int d) {
   return float_to_e4m3(std::ldexp(e4m3_to_float(code), std::max(d, -40)));
 }
 
+// The row-scaled FP8 operand of fp32 x [rows, k] (pitch k) on the device: codes [rows, k] and row
+// scales [rows] (launch_act_quant_fp8_rows; kperm_fp8 as asked).
+struct DeviceRowScaled {
+  std::unique_ptr<DeviceBuffer> codes, scale;
+};
+class CudaFp8Rows : public CudaOps {
+ protected:
+  DeviceRowScaled quantise_rows(const DeviceBuffer& x, int64_t rows, int64_t k, bool kperm = false) {
+    DeviceRowScaled d{upload(std::vector<uint8_t>(static_cast<size_t>(rows * k))),
+                      poisoned_floats(rows)};
+    cuda::ActQuantFp8RowsParams q;
+    q.x = x.view().data();
+    q.ldx = k;
+    q.rows = rows;
+    q.cols = k;
+    q.out = d.codes->view().data_as<uint8_t>();
+    q.ldo = k;
+    q.row_scale = d.scale->view().data_as<float>();
+    q.kperm_fp8 = kperm;
+    cuda::launch_act_quant_fp8_rows(q, stream_);
+    return d;
+  }
+};
+
 // Activations whose 32-wide blocks spread over 17 binades (2^-12 .. 2^4 times U(-1, 1)), so rows
 // hold blocks 0, 1..9 (exact), 10..17 (rounded to the subnormal step) and more binades (zeros)
 // below their largest.
@@ -709,7 +733,7 @@ TEST_F(CudaOps, FoldFp8BlockRowsMatchesHostRefold) {
 // activation values and the MXFP4 weights. FP8 tensor-core sums and the refolds: tolerance 2e-3
 // of max|ref| (printed). Columns past n (ldy > n) stay untouched. Written without a device run
 // (r13).
-TEST_F(CudaOps, GroupedFp8GemmMatchesCpu) {
+TEST_F(CudaFp8Rows, GroupedGemmMatchesCpu) {
   const int64_t n = 256, k = 512, ldy = n + 4;
   const std::vector<int32_t> offsets = {0, 0, 77, 277};
   const int experts = 3;
@@ -739,18 +763,9 @@ TEST_F(CudaOps, GroupedFp8GemmMatchesCpu) {
     }
   }
   auto dx = upload(x);
-  auto da = upload(std::vector<uint8_t>(static_cast<size_t>(rows * k)));
-  auto das = poisoned_floats(rows);
-  cuda::ActQuantFp8RowsParams q;
-  q.x = dx->view().data();
-  q.ldx = k;
-  q.rows = rows;
-  q.cols = k;
-  q.out = da->view().data_as<uint8_t>();
-  q.ldo = k;
-  q.row_scale = das->view().data_as<float>();
-  q.kperm_fp8 = true;
-  cuda::launch_act_quant_fp8_rows(q, stream_);
+  const DeviceRowScaled dq = quantise_rows(*dx, rows, k, /*kperm=*/true);
+  const auto& da = dq.codes;
+  const auto& das = dq.scale;
   std::vector<std::unique_ptr<DeviceBuffer>> keep;
   std::vector<const uint8_t*> wp, wsp, refp;
   for (int e = 0; e < experts; ++e) {
@@ -806,7 +821,7 @@ struct RowScaledCase {
   int64_t m, n, k;
 };
 
-class CudaFp8RowScaled : public CudaOps, public ::testing::WithParamInterface<RowScaledCase> {};
+class CudaFp8RowScaled : public CudaFp8Rows, public ::testing::WithParamInterface<RowScaledCase> {};
 
 // The whole row-scaled path on random operands (activation blocks over 17 binades, weight blocks
 // over 17): launch_act_quant_fp8_rows, launch_fold_fp8_block_rows and the cuBLASLt
@@ -857,17 +872,9 @@ TEST_P(CudaFp8RowScaled, MatchesCpu) {
                       host_view(ref2, DType::kF32, {c.m, c.n}));
 
   auto dx = upload(x);
-  auto da = upload(std::vector<uint8_t>(static_cast<size_t>(c.m * c.k)));
-  auto das = poisoned_floats(c.m);
-  cuda::ActQuantFp8RowsParams q;
-  q.x = dx->view().data();
-  q.ldx = c.k;
-  q.rows = c.m;
-  q.cols = c.k;
-  q.out = da->view().data_as<uint8_t>();
-  q.ldo = c.k;
-  q.row_scale = das->view().data_as<float>();
-  cuda::launch_act_quant_fp8_rows(q, stream_);
+  const DeviceRowScaled dq = quantise_rows(*dx, c.m, c.k);
+  const auto& da = dq.codes;
+  const auto& das = dq.scale;
   auto dw = upload(w);
   auto dws = upload(ws);
   auto dw8 = upload(std::vector<uint8_t>(w.size()));
@@ -911,24 +918,16 @@ TEST_P(CudaFp8RowScaled, MatchesCpu) {
 // a_scale for all, then one scaling pass) against the double product of the GPU's own operands
 // (downloaded): only the GEMM's summation differs, tolerance 2e-3 as above. And its `unscaled`
 // form, which is the scaled output before the scaling pass, bit for bit.
-TEST_F(CudaOps, Fp8RowScaledBatchedGemmMatchesDoubleProduct) {
+TEST_F(CudaFp8Rows, BatchedGemmMatchesDoubleProduct) {
   const int64_t m = 48, n = 256, k = 512, groups = 3;
   std::mt19937 rng(31);
   const std::vector<float> x = spread_rows(m, groups * k, rng);
   auto w = random_e4m3(groups * n * k, rng);
   auto ws = random_bytes(groups * n / 32 * (k / 32), rng, 118, 134);
   auto dx = upload(x);
-  auto da = upload(std::vector<uint8_t>(static_cast<size_t>(m * groups * k)));
-  auto das = poisoned_floats(m);
-  cuda::ActQuantFp8RowsParams q;
-  q.x = dx->view().data();
-  q.ldx = groups * k;
-  q.rows = m;
-  q.cols = groups * k;
-  q.out = da->view().data_as<uint8_t>();
-  q.ldo = groups * k;
-  q.row_scale = das->view().data_as<float>();
-  cuda::launch_act_quant_fp8_rows(q, stream_);
+  const DeviceRowScaled dq = quantise_rows(*dx, m, groups * k);
+  const auto& da = dq.codes;
+  const auto& das = dq.scale;
   auto dw = upload(w);
   auto dws = upload(ws);
   auto dw8 = upload(std::vector<uint8_t>(w.size()));
