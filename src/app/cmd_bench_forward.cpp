@@ -69,6 +69,7 @@ struct BenchForwardOptions {
   bool moe_grouped_wgmma = true;
   bool moe_grouped_wgmma_rs = true;
   bool moe_kperm = true;
+  bool moe_fp8 = false;
   int32_t moe_rs_max_pass = 192;
   bool moe_fuse_swiglu = false;
   bool moe_stream_k = false;
@@ -239,6 +240,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_grouped_wgmma = opt.moe_grouped_wgmma;
   go.moe_grouped_wgmma_rs = opt.moe_grouped_wgmma_rs;
   go.moe_kperm = opt.moe_kperm;
+  go.moe_fp8 = opt.moe_fp8;
   go.moe_rs_max_pass = opt.moe_rs_max_pass;
   go.moe_fuse_swiglu = opt.moe_fuse_swiglu;
   go.moe_stream_k = opt.moe_stream_k;
@@ -484,6 +486,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"moe_grouped_wgmma", opt.moe_grouped_wgmma},
               {"moe_grouped_wgmma_rs", opt.moe_grouped_wgmma_rs},
               {"moe_kperm", opt.moe_kperm},
+              {"moe_fp8", opt.moe_fp8},
               {"moe_rs_max_pass", opt.moe_rs_max_pass},
               {"moe_fuse_swiglu", opt.moe_fuse_swiglu},
               {"moe_stream_k", opt.moe_stream_k},
@@ -687,6 +690,11 @@ void register_bench_forward(CLI::App& bench) {
                   "cuda: with --moe-grouped-wgmma, the swapped-operand kernel (weights "
                   "dequantised into wgmma's register operand, activations by TMA; w1 and w3 in one "
                   "launch; false: the v1 wgmma kernel)")
+      ->capture_default_str();
+  cmd->add_option("--moe-fp8", opt->moe_fp8,
+                  "cuda: the routed experts' grouped GEMMs on the FP8 kernel (e2m1 weights "
+                  "refolded per row to e4m3, row-scaled e4m3 activations; written without a "
+                  "device run, off)")
       ->capture_default_str();
   cmd->add_option("--moe-kperm", opt->moe_kperm,
                   "cuda: where the swapped-operand kernel takes both grouped GEMMs, the expert "

@@ -172,6 +172,10 @@ args_prefill32k_prod_f8r="$args_prefill32k_prod --fp8-row-scaled true"
 args_decode_s6_nof8r="$args_decode_s6 --fp8-row-scaled false"
 args_decode_s1_nof8r="$args_decode_s1 --fp8-row-scaled false"
 args_prefill8k_prod_nof8r="$args_prefill8k_prod --fp8-row-scaled false"
+# The routed experts on the FP8 grouped GEMM (GpuModelOptions::moe_fp8).
+args_decode_s6_mfp8="$args_decode_s6 --moe-fp8 true"
+args_decode_s1_mfp8="$args_decode_s1 --moe-fp8 true"
+args_prefill8k_prod_mfp8="$args_prefill8k_prod --moe-fp8 true"
 
 status=0
 for name in $runs; do

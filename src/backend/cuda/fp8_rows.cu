@@ -222,7 +222,12 @@ void launch_act_quant_fp8_rows(const ActQuantFp8RowsParams& p, Stream stream) {
                        : cpt == 2 ? act_quant_fp8_rows_kernel<2>
                        : cpt == 4 ? act_quant_fp8_rows_kernel<4>
                                   : act_quant_fp8_rows_kernel<8>;
-  MS_CUDA_CHECK(launch_kernel(kernel, row_grid(p.rows), threads, 0, as_cuda_stream(stream), p));
+  // With a device row count, rows is only a bound (the MoE's every possible hit): a grid of at
+  // most 8 CTAs per SM strides over the rows that exist.
+  const unsigned grid = p.device_rows != nullptr
+                            ? static_cast<unsigned>(std::min<int64_t>(p.rows, 8 * device_sm_count()))
+                            : row_grid(p.rows);
+  MS_CUDA_CHECK(launch_kernel(kernel, grid, threads, 0, as_cuda_stream(stream), p));
 }
 
 void launch_fold_fp8_block_rows(const uint8_t* w, const uint8_t* w_scale, int64_t n, int64_t k,

@@ -393,7 +393,7 @@ struct GroupedMxfp4GemmParams {
 // refolded values are exact; the sums are the tensor core's FP8 sums (as cuBLASLt's:
 // ~1e-4..1e-3 of max |y|). CTAs of 128 weight rows x up to 192 grouped rows (grid: n / 128,
 // ceil(max_rows / 192), experts; the counts are read on the device).
-// Limits: n % 128 == 0, k % 256 == 0, lda % 16 == 0, a 16-byte aligned, ldy >= n; else bad
+// Limits: n % 128 == 0, k % 128 == 0, lda % 16 == 0, a 16-byte aligned, ldy >= n; else bad
 // arguments. Written without a device run (r13): the op test CudaFp8Rows.GroupedGemmMatchesCpu
 // is its first check.
 struct GroupedFp8GemmParams {

@@ -149,7 +149,8 @@ __device__ __forceinline__ void k_step(uint8_t* smem, int kt, int tiles, int r0,
 }
 
 // The whole K loop of one CTA pass: the prologue (tiles 0 .. kStages - 2), the decode of tile 0,
-// then k_step over tiles (an even count), ending with every wgmma complete. acc is zeroed here.
+// then k_step over the tiles (pairs, then an odd last one with the buffers as after the pairs),
+// ending with every wgmma complete. acc is zeroed here.
 template <bool kNoDecode = false, bool kNoWgmma = false, typename Load>
 __device__ __forceinline__ void k_loop(uint8_t* smem, int tiles, int r0, int t, int ref0, int ref1,
                                        float (&acc)[96], const Load& load) {
@@ -164,11 +165,13 @@ __device__ __forceinline__ void k_loop(uint8_t* smem, int tiles, int r0, int t, 
   wgmma::fence_proxy_async_smem();
   __syncthreads();
   decode_tile(smem, r0, t, ref0, ref1, f0);
+  int kt = 0;
 #pragma unroll 1
-  for (int kt = 0; kt < tiles; kt += 2) {
+  for (; kt + 1 < tiles; kt += 2) {
     k_step<kNoDecode, kNoWgmma>(smem, kt, tiles, r0, t, ref0, ref1, acc, f0, f1, load);
     k_step<kNoDecode, kNoWgmma>(smem, kt + 1, tiles, r0, t, ref0, ref1, acc, f1, f0, load);
   }
+  if (kt < tiles) k_step<kNoDecode, kNoWgmma>(smem, kt, tiles, r0, t, ref0, ref1, acc, f0, f1, load);
   if constexpr (!kNoWgmma) {
     wgmma::wait_group<0>();
     wgmma::fence_operands(acc);

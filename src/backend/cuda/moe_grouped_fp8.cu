@@ -77,13 +77,13 @@ void bad_args(const char* what, const char* need) {
 
 void launch_grouped_fp8_gemm(const GroupedFp8GemmParams& p, Stream stream) {
   if (p.num_experts == 0 || p.max_rows == 0 || p.n == 0) return;
-  if (p.n % mfp8::kBW != 0 || p.k <= 0 || p.k % 256 != 0 || p.lda % 16 != 0 || p.lda < p.k ||
+  if (p.n % mfp8::kBW != 0 || p.k <= 0 || p.k % mfp8::kBK != 0 || p.lda % 16 != 0 || p.lda < p.k ||
       p.ldy < p.n || reinterpret_cast<uintptr_t>(p.a) % 16 != 0 || p.num_experts > 65535 ||
       p.a == nullptr || p.a_scale == nullptr || p.offsets == nullptr || p.w == nullptr ||
       p.w_scale == nullptr || p.w_ref == nullptr || p.y == nullptr ||
       (p.max_rows + mfp8::kTN - 1) / mfp8::kTN > 65535)
     bad_args("launch_grouped_fp8_gemm",
-             "n % 128 == 0, k % 256 == 0, lda % 16 == 0, lda >= k, ldy >= n, a 16-byte aligned, "
+             "n % 128 == 0, k % 128 == 0, lda % 16 == 0, lda >= k, ldy >= n, a 16-byte aligned, "
              "every pointer set, experts and passes <= 65535");
   static const bool hopper = [] {
     if (device_cc_major() != 9) return false;

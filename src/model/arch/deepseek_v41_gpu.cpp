@@ -73,6 +73,9 @@ struct Layer {
   // Device arrays of the local experts' MXFP4 pointers: w1, w1 scale, w3, w3 scale, w2, w2 scale
   // ([6][local]); the last forward's grouped offsets [local + 1] (read back for the cost).
   DeviceMemory expert_ptrs, moe_offsets;
+  // GpuModelOptions::moe_fp8: each local expert's w1, w3, w2 row references
+  // (launch_mxfp4_row_ref) and the device array of pointers to them [w1 x local, w3, w2].
+  DeviceMemory expert_refs, expert_ref_ptrs;
   // Engram
   Linear engram_wkv;
   DeviceMemory engram_qk;
@@ -1968,6 +1971,101 @@ struct DeepseekV41Gpu::Impl {
 
   // y [n, D] = MoE of f [n, D] (model.md §5): routed over every expert, the hits on local experts
   // grouped on the device and computed by the grouped MXFP4 GEMM, shared expert added.
+  // GpuModelOptions::moe_fp8: the routed experts of layer L on the FP8 grouped GEMM, into ye
+  // [grouped rows, d]: the gathered rows (perm, up to cap of them, the count at offsets[local])
+  // row-scaled and K-permuted, w1 and w3 into fp32 gate / up, the SwiGLU (routing weight pw) to
+  // its MXFP8 values in fp32, those row-scaled and K-permuted again, w2. max_rows: grouped rows
+  // per expert, upper bound.
+  void moe_fp8_experts(Layer& L, int32_t local, int64_t max_rows, int64_t cap, const float* f,
+                       const int32_t* perm, const float* pw, const int32_t* offsets, float* ye) {
+    const int64_t d = c.hidden_size, inter = c.moe_intermediate_size;
+    if (L.expert_ref_ptrs.bytes() == 0) {
+      // w1, w3 (inter rows each), w2 (d rows) of every local expert, one buffer.
+      const int64_t per = 2 * inter + d;
+      L.expert_refs = DeviceMemory(static_cast<size_t>(local * per));
+      std::vector<const uint8_t*> ptrs(static_cast<size_t>(3 * local));
+      for (int32_t ex = 0; ex < local; ++ex) {
+        const Ffn& w = L.experts[static_cast<size_t>(ex)];
+        uint8_t* base = L.expert_refs.as<uint8_t>() + ex * per;
+        const Linear* lins[3] = {&w.w1, &w.w3, &w.w2};
+        const int64_t off[3] = {0, inter, 2 * inter};
+        for (int i = 0; i < 3; ++i) {
+          cu::launch_mxfp4_row_ref(lins[i]->scale.as<uint8_t>(), lins[i]->out, lins[i]->in,
+                                   base + off[i], stream);
+          ptrs[static_cast<size_t>(i * local + ex)] = base + off[i];
+        }
+      }
+      L.expert_ref_ptrs = DeviceMemory(ptrs.size() * sizeof(void*));
+      cu::copy_h2d(L.expert_ref_ptrs.as(), ptrs.data(), ptrs.size() * sizeof(void*), stream);
+      cu::stream_synchronize(stream);
+    }
+    const auto* const* ptr = L.expert_ptrs.as<const uint8_t*>();
+    const auto* const* ref = L.expert_ref_ptrs.as<const uint8_t*>();
+    const int32_t* total = offsets + local;
+    uint8_t* x8 = buf<uint8_t>("moe_x8", cap * d);
+    float* xs = buf<float>("moe_xs", cap);
+    uint8_t* h8 = buf<uint8_t>("moe_h8", cap * inter);
+    float* hs = buf<float>("moe_hs", cap);
+    float* h32 = buf<float>("moe_h32", cap * inter);
+    float* ge = buf<float>("moe_ge", cap * inter);
+    float* ue = buf<float>("moe_ue", cap * inter);
+    const auto quant = [&](const float* x, const int32_t* rows_of, int64_t cols, uint8_t* out,
+                           float* rs) {
+      cu::ActQuantFp8RowsParams q;
+      q.x = x;
+      q.ldx = cols;
+      q.rows = cap;
+      q.device_rows = total;
+      q.row_index = rows_of;
+      q.cols = cols;
+      q.out = out;
+      q.ldo = cols;
+      q.row_scale = rs;
+      q.kperm_fp8 = true;
+      cu::launch_act_quant_fp8_rows(q, stream);
+    };
+    cu::GroupedFp8GemmParams g;
+    g.offsets = offsets;
+    g.num_experts = local;
+    g.max_rows = max_rows;
+    const auto gemm = [&](const uint8_t* a, const float* as, int64_t kdim, int set, float* out,
+                          int64_t ndim) {
+      g.a = a;
+      g.lda = kdim;
+      g.a_scale = as;
+      g.w = ptr + 2 * set * local;
+      g.w_scale = ptr + (2 * set + 1) * local;
+      g.w_ref = ref + set * local;
+      g.y = out;
+      g.ldy = ndim;
+      g.n = ndim;
+      g.k = kdim;
+      cu::launch_grouped_fp8_gemm(g, stream);
+    };
+    mark(GpuComponent::kMoe, "act_quant");
+    quant(f, perm, d, x8, xs);
+    mark(GpuComponent::kMoe, "w13");
+    gemm(x8, xs, d, 0, ge, inter);
+    gemm(x8, xs, d, 1, ue, inter);
+    mark(GpuComponent::kMoe, "swiglu_quant");
+    cu::SwigluQuantParams sq;
+    sq.gate = ge;
+    sq.up = ue;
+    sq.ld = inter;
+    sq.row_weight = pw;
+    sq.rows = cap;
+    sq.device_rows = total;
+    sq.cols = inter;
+    sq.limit = static_cast<float>(c.swiglu_limit);
+    sq.out = h32;
+    sq.out_type = cu::ActivationType::kF32;
+    sq.ldo = inter;
+    cu::launch_swiglu_quant_mxfp8(sq, stream);
+    quant(h32, nullptr, inter, h8, hs);
+    mark(GpuComponent::kMoe, "w2");
+    gemm(h8, hs, inter, 2, ye, d);
+  }
+
   void moe(const RowSet& s, int32_t l, const float* f, float* y) {
     Layer& L = *layers[static_cast<size_t>(l)];
     const int64_t n = s.n, d = c.hidden_size, inter = c.moe_intermediate_size;
@@ -2205,6 +2303,15 @@ struct DeepseekV41Gpu::Impl {
         cu::stream_synchronize(stream);
       }
       const auto* const* ptr = L.expert_ptrs.as<const uint8_t*>();
+      const bool fp8 = opt.moe_fp8 && d % 128 == 0 && inter % 128 == 0;
+      if (opt.trace) trace.moe_fp8[l] = fp8;
+      if (fp8) {
+        moe_fp8_experts(L, local, n * reps, cap, f, perm, pw, offsets, ye);
+        mark(GpuComponent::kMoe, "combine");
+        if (overlap) cu::stream_wait_event(stream, ev_join);  // y holds the shared expert
+        cu::launch_moe_combine(ye, inv, n, k, d, y, stream);
+        return;
+      }
       cu::GroupedMxfp4GemmParams gg;
       gg.offsets = offsets;
       gg.num_experts = local;

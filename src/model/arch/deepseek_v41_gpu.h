@@ -134,6 +134,17 @@ struct GpuModelOptions {
   // order. Otherwise the natural layout. H200, 12 experts x 192 rows: w1 + w3 247 -> 218 us, w2
   // 120 -> 108 us; the DEP32 decode step 56.2 -> 54.2 ms (MoE 25.9 -> 23.8).
   bool moe_kperm = true;
+  // true: the routed experts' grouped GEMMs on the FP8 kernel (cuda::launch_grouped_fp8_gemm:
+  // e2m1 weights refolded per row to e4m3, wgmma e4m3 x e4m3) where it takes the shapes (hidden
+  // and intermediate % 128; sm_90 only, the launcher refuses others): the gathered rows
+  // row-scaled e4m3 and K-permuted (launch_act_quant_fp8_rows, kperm_fp8), w1 and w3 into fp32
+  // gate and up, the SwiGLU's MXFP8 values (launch_swiglu_quant_mxfp8, fp32) row-scaled the same
+  // way for w2. Not bit-exact with
+  // MXFP8 (the refolds, kernels.h "Row-scaled FP8"; FP8 tensor-core sums). Off: written in r13
+  // without a device run (GpuForward.GreedyDecodeMoeFp8MatchesCpu and
+  // CudaFp8Rows.GroupedGemmMatchesCpu are its first checks; tools/device/moe_fp8_probe.cu times
+  // its K loop). Trace: moe_fp8.
+  bool moe_fp8 = false;
   // With moe_grouped_wgmma_rs: the most grouped rows of one expert that one pass of that kernel
   // takes (GroupedMxfp4GemmParams::rs_max_pass): 0 (192) or 224. Each pass decodes the expert's
   // weight tile again; under uniform DEP32 decode routing (32 x Binomial(2304, 1/384) rows per
@@ -296,6 +307,7 @@ struct GpuForwardTrace {
   std::map<int32_t, std::vector<int32_t>> experts;    // routed experts [rows, top_k]
   std::map<int32_t, std::vector<float>> router_logits;  // z = f · Wg^T [rows, routed experts]
   std::map<int32_t, bool> moe_kperm;  // grouped GEMMs on k-permuted inputs (options.moe_kperm)
+  std::map<int32_t, bool> moe_fp8;    // routed experts on the FP8 grouped GEMM (options.moe_fp8)
   std::map<int32_t, bool> moe_fuse_swiglu;  // SwiGLU in the w1 + w3 epilogue (moe_fuse_swiglu)
   // grouped GEMM launches (w1 + w3, w2) that took the stream-K form (moe_stream_k): 0 to 2
   std::map<int32_t, int> moe_stream_k;

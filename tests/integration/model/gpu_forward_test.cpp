@@ -929,6 +929,40 @@ TEST(GpuForward, MoeEpRanksComputeReplicasButCombineOwnTokens) {
   std::filesystem::remove_all(dir);
 }
 
+// GpuModelOptions::moe_fp8 (the routed experts on the FP8 grouped GEMM) on the wide model
+// (hidden 256, intermediate 128: the kernel's shapes). A traced oracle prefill takes it in every
+// MoE layer (trace) and the first MoE layer's output stays within 1e-2 of each row's largest value
+// of the bf16 grouped GEMM's (the same input: the refolds and FP8 sums move it by ~1e-3; a wrong
+// layout, scale or row moves it by O(1)); then greedy decoding against the CPU with the option
+// on, at the wide model's floor. Written in r13 without a device run.
+TEST(GpuForward, GreedyDecodeMoeFp8MatchesCpu) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_moe_fp8");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  const auto run = [&](bool on) {
+    return traced_prefill(dir, 9, [&](arch::GpuModelOptions& o) { o.moe_fp8 = on; });
+  };
+  const auto ta = run(false);
+  const auto tb = run(true);
+  ASSERT_FALSE(tb.moe_fp8.empty());
+  for (const auto& [layer, on] : ta.moe_fp8) EXPECT_FALSE(on) << "layer " << layer;
+  for (const auto& [layer, on] : tb.moe_fp8) EXPECT_TRUE(on) << "layer " << layer;
+  const int32_t l = ta.ffn_out.begin()->first;
+  ASSERT_EQ(ta.ffn_in.at(l), tb.ffn_in.at(l));  // nothing before the first MoE changed
+  const auto& b = tb.ffn_out.at(l);
+  for (const float x : b) ASSERT_TRUE(std::isfinite(x));
+  const int differing = rows_differing(ta.ffn_out.at(l), b, 20, 1e-2);
+  fmt::print("moe_fp8 vs bf16 grouped GEMM: {} of 20 rows of layer {} over 1e-2\n", differing, l);
+  EXPECT_EQ(differing, 0);
+  const auto r = greedy_prompts(false, 16, 9, 0, 8, false, false, gpu_wide_config(),
+                                [](arch::GpuModelOptions& o) { o.moe_fp8 = true; });
+  fmt::print("moe_fp8, wide model, short: {} of 16 prompts never flipped, {:.3f} of greedy tokens "
+             "identical\n",
+             never_flipped(r), same_fraction(r));
+  EXPECT_GE(same_fraction(r), kMinSameFraction);
+  std::filesystem::remove_all(dir);
+}
+
 // The first MoE layer `l` of a grouped-GEMM variant's trace tb against the WMMA table kernel's
 // ta: the same layer input, moe_kperm taken as asked, a finite output, and every one of the 20
 // rows within 1e-5 (agreement to fp32 summation order; the count printed with `what`).
