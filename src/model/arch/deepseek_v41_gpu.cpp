@@ -1971,6 +1971,25 @@ struct DeepseekV41Gpu::Impl {
 
   // y [n, D] = MoE of f [n, D] (model.md §5): routed over every expert, the hits on local experts
   // grouped on the device and computed by the grouped MXFP4 GEMM, shared expert added.
+  // The routed experts' SwiGLU quantiser (gate and up left to the caller, pitch intermediate) on
+  // up to cap grouped rows, the count at total: routing weights pw, output out of type t.
+  [[nodiscard]] cu::SwigluQuantParams routed_swiglu(const float* pw, int64_t cap,
+                                                    const int32_t* total, void* out,
+                                                    cu::ActivationType t) const {
+    const int64_t inter = c.moe_intermediate_size;
+    cu::SwigluQuantParams sq;
+    sq.ld = inter;
+    sq.row_weight = pw;
+    sq.rows = cap;
+    sq.device_rows = total;
+    sq.cols = inter;
+    sq.limit = static_cast<float>(c.swiglu_limit);
+    sq.out = out;
+    sq.out_type = t;
+    sq.ldo = inter;
+    return sq;
+  }
+
   // GpuModelOptions::moe_fp8: the routed experts of layer L on the FP8 grouped GEMM, into ye
   // [grouped rows, d]: the gathered rows (perm, up to cap of them, the count at offsets[local])
   // row-scaled and K-permuted, w1 and w3 into fp32 gate / up, the SwiGLU (routing weight pw) to
@@ -2048,18 +2067,9 @@ struct DeepseekV41Gpu::Impl {
     gemm(x8, xs, d, 0, ge, inter);
     gemm(x8, xs, d, 1, ue, inter);
     mark(GpuComponent::kMoe, "swiglu_quant");
-    cu::SwigluQuantParams sq;
+    cu::SwigluQuantParams sq = routed_swiglu(pw, cap, total, h32, cu::ActivationType::kF32);
     sq.gate = ge;
     sq.up = ue;
-    sq.ld = inter;
-    sq.row_weight = pw;
-    sq.rows = cap;
-    sq.device_rows = total;
-    sq.cols = inter;
-    sq.limit = static_cast<float>(c.swiglu_limit);
-    sq.out = h32;
-    sq.out_type = cu::ActivationType::kF32;
-    sq.ldo = inter;
     cu::launch_swiglu_quant_mxfp8(sq, stream);
     quant(h32, nullptr, inter, h8, hs);
     mark(GpuComponent::kMoe, "w2");
@@ -2242,16 +2252,7 @@ struct DeepseekV41Gpu::Impl {
     aq.out = xe;
     aq.out_type = qt;
     aq.ldo = d;
-    cu::SwigluQuantParams sq;  // gate and up: gate_up()
-    sq.ld = inter;
-    sq.row_weight = pw;
-    sq.rows = cap;
-    sq.device_rows = total;
-    sq.cols = inter;
-    sq.limit = static_cast<float>(c.swiglu_limit);
-    sq.out = he;
-    sq.out_type = qt;
-    sq.ldo = inter;
+    cu::SwigluQuantParams sq = routed_swiglu(pw, cap, total, he, qt);  // gate and up: gate_up()
     // The fp32 w1 and w3 outputs (gate, up) of the unfused path; not allocated when the SwiGLU
     // runs in the w1 + w3 epilogue (moe_fuse_swiglu).
     const auto gate_up = [&] {
