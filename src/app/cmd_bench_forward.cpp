@@ -70,6 +70,10 @@ struct BenchForwardOptions {
   bool moe_grouped_wgmma_rs = true;
   bool moe_kperm = true;
   bool moe_fp8 = false;
+  bool rank_block_replicas = true;
+  bool moe_padded_fp8 = true;
+  int64_t moe_padded_min_rows = 16;
+  int64_t moe_padded_group_rows = 0;
   int32_t moe_rs_max_pass = 192;
   bool moe_fuse_swiglu = false;
   bool moe_stream_k = false;
@@ -241,6 +245,9 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_grouped_wgmma_rs = opt.moe_grouped_wgmma_rs;
   go.moe_kperm = opt.moe_kperm;
   go.moe_fp8 = opt.moe_fp8;
+  go.moe_padded_fp8 = opt.moe_padded_fp8;
+  go.moe_padded_min_rows = opt.moe_padded_min_rows;
+  go.moe_padded_group_rows = opt.moe_padded_group_rows;
   go.moe_rs_max_pass = opt.moe_rs_max_pass;
   go.moe_fuse_swiglu = opt.moe_fuse_swiglu;
   go.moe_stream_k = opt.moe_stream_k;
@@ -273,6 +280,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.host_logits = opt.host_logits;
   go.local_experts = opt.local_experts;
   go.moe_ep_ranks = opt.ep_ranks;
+  go.moe_rank_block_replicas = opt.rank_block_replicas;
   if (opt.layers > 0) go.layers = arch::subsample_layers(config, opt.layers);
   const auto t_load = Clock::now();
   std::unique_ptr<arch::DeepseekV41Gpu> model;
@@ -487,6 +495,10 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"moe_grouped_wgmma_rs", opt.moe_grouped_wgmma_rs},
               {"moe_kperm", opt.moe_kperm},
               {"moe_fp8", opt.moe_fp8},
+              {"rank_block_replicas", opt.rank_block_replicas},
+              {"moe_padded_fp8", opt.moe_padded_fp8},
+              {"moe_padded_min_rows", opt.moe_padded_min_rows},
+              {"moe_padded_group_rows", opt.moe_padded_group_rows},
               {"moe_rs_max_pass", opt.moe_rs_max_pass},
               {"moe_fuse_swiglu", opt.moe_fuse_swiglu},
               {"moe_stream_k", opt.moe_stream_k},
@@ -529,6 +541,9 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
                 {"kv_bytes", cost.kv_bytes},
                 {"flops", cost.flops},
                 {"fp8_flops", cost.fp8_flops},
+                {"moe_rows", cost.moe_rows},
+                {"moe_overflow_rows", cost.moe_overflow_rows},
+                {"moe_slot_rows", cost.moe_slot_rows},
                 {"fp8_tflops_assumed", fp8_tflops},
                 {"hbm_gbs_measured", hbm_gbs},
                 {"bf16_tflops_measured", mma_tflops},
@@ -569,6 +584,10 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   std::printf("%-28s %14.3e\n", "bytes (weights + kv)", bytes);
   std::printf("%-28s %14.3e\n", "matrix FLOPs", cost.flops);
   std::printf("%-28s %14.3e\n", "  of which FP8-able", cost.fp8_flops);
+  std::printf("%-28s %14.0f\n", "MoE grouped rows", cost.moe_rows);
+  if (cost.moe_slot_rows > 0)
+    std::printf("%-28s %14.0f of %.0f slot rows\n", "  past the slots (overflow)",
+                cost.moe_overflow_rows, cost.moe_slot_rows);
   std::printf("%-28s %14.1f\n", "HBM GB/s (measured)", hbm_gbs);
   std::printf("%-28s %14.1f\n", "bf16 TFLOP/s (measured)", mma_tflops);
   std::printf("%-28s %14.3f\n", "roofline ms", roofline_ms);
@@ -696,6 +715,24 @@ void register_bench_forward(CLI::App& bench) {
                   "refolded per row to e4m3, row-scaled e4m3 activations; written without a "
                   "device run, off)")
       ->capture_default_str();
+  cmd->add_option("--rank-block-replicas", opt->rank_block_replicas,
+                  "cuda: with --ep-ranks > 1, the other ranks' tokens modelled by this rank's hits "
+                  "on other expert blocks (independent-rank spread of rows per expert); false: "
+                  "every local hit copied --ep-ranks times")
+      ->capture_default_str();
+  cmd->add_option("--moe-padded-fp8", opt->moe_padded_fp8,
+                  "cuda: the routed experts as strided-batched cuBLASLt FP8 GEMMs over C slot rows "
+                  "per expert (weights refolded to e4m3 once; hits past C on the grouped path)")
+      ->capture_default_str();
+  cmd->add_option("--moe-padded-min-rows", opt->moe_padded_min_rows,
+                  "cuda: with --moe-padded-fp8, the least expected hits per local expert that "
+                  "take it")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_option("--moe-padded-group-rows", opt->moe_padded_group_rows,
+                  "cuda: with --moe-padded-fp8, the slot rows C per expert (0: automatic)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   cmd->add_option("--moe-kperm", opt->moe_kperm,
                   "cuda: where the swapped-operand kernel takes both grouped GEMMs, the expert "
                   "inputs k-permuted per 64-wide K tile (one weight load and scale per fragment "

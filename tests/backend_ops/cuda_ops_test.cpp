@@ -24,6 +24,7 @@
 #include "backend/cuda/cublaslt_gemm.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/model_glue.h"
 #endif
 
 namespace moeserve {
@@ -815,6 +816,359 @@ TEST_F(CudaFp8Rows, GroupedGemmMatchesCpu) {
   g.k = 480;
   g.lda = 480;
   EXPECT_DEATH(cuda::launch_grouped_fp8_gemm(g, stream_), "bad arguments");
+}
+
+// launch_fold_mxfp4_rows (the padded FP8 experts' weights) against its definition, bit for bit:
+// code = e4m3(e2m1 * 2^(max(s_b - R + 6, -40))), row_scale = 2^(R - 133), with block scales over
+// 41 binades (so blocks below R - 14 take the rounded codes, and some round to zero). Then the
+// exactness claim: every block with s_b >= R - 14 decodes (code * row_scale) to its MXFP4 value.
+TEST_F(CudaOps, FoldMxfp4RowsMatchesDefinition) {
+  const int64_t n = 40, k = 320;
+  std::mt19937 rng(61);
+  const auto w = random_bytes(n * k / 2, rng, 0, 255);
+  const auto ws = random_bytes(n * k / 32, rng, 100, 140);
+  std::vector<uint8_t> want(static_cast<size_t>(n * k));
+  std::vector<float> want_rs(static_cast<size_t>(n));
+  int64_t exact_checked = 0, rounded_blocks = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    const uint8_t* s = ws.data() + r * (k / 32);
+    const int R = *std::max_element(s, s + k / 32);
+    want_rs[static_cast<size_t>(r)] = std::ldexp(1.0f, R - 133);
+    for (int64_t c = 0; c < k; ++c) {
+      const uint8_t byte = w[static_cast<size_t>(r * k / 2 + c / 2)];
+      const float e = e2m1_to_float(c % 2 == 0 ? byte & 0xF : byte >> 4);
+      want[static_cast<size_t>(r * k + c)] =
+          float_to_e4m3(std::ldexp(e, std::max(static_cast<int>(s[c / 32]) - R + 6, -40)));
+    }
+    for (int64_t b = 0; b < k / 32; ++b) rounded_blocks += s[b] < R - 14;
+  }
+  auto dw = upload(w);
+  auto dws = upload(ws);
+  auto dout = upload(std::vector<uint8_t>(want.size(), 0xA5));
+  auto drs = poisoned_floats(n);
+  cuda::launch_fold_mxfp4_rows(dw->view().data_as<uint8_t>(), dws->view().data_as<uint8_t>(), n, k,
+                               dout->view().data_as<uint8_t>(), drs->view().data_as<float>(),
+                               stream_);
+  const auto got = download<uint8_t>(*dout);
+  const auto got_rs = download<float>(*drs);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(got_rs, want_rs);
+  for (int64_t r = 0; r < n; ++r) {
+    const uint8_t* s = ws.data() + r * (k / 32);
+    const int R = *std::max_element(s, s + k / 32);
+    for (int64_t c = 0; c < k; ++c) {
+      if (s[c / 32] < R - 14) continue;
+      const uint8_t byte = w[static_cast<size_t>(r * k / 2 + c / 2)];
+      const double mx = e2m1_to_float(c % 2 == 0 ? byte & 0xF : byte >> 4) *
+                        static_cast<double>(ue8m0_to_float(s[c / 32]));
+      const double v = static_cast<double>(e4m3_to_float(got[static_cast<size_t>(r * k + c)])) *
+                       got_rs[static_cast<size_t>(r)];
+      ASSERT_EQ(v, mx) << "row " << r << " col " << c;
+      ++exact_checked;
+    }
+  }
+  std::printf("  fold mxfp4 rows: %ld values exact, %ld of %ld blocks below R - 14\n",
+              static_cast<long>(exact_checked), static_cast<long>(rounded_blocks),
+              static_cast<long>(n * k / 32));
+  EXPECT_GT(rounded_blocks, 0);
+  EXPECT_GT(exact_checked, n * k / 4);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(cuda::launch_fold_mxfp4_rows(dw->view().data_as<uint8_t>(),
+                                            dws->view().data_as<uint8_t>(), n, 48,
+                                            dout->view().data_as<uint8_t>(),
+                                            drs->view().data_as<float>(), stream_),
+               "bad arguments");
+}
+
+// launch_moe_pad_plan against a host oracle from kernels.h's definition: 5 experts of 0, 3, 4, 7
+// and 9 grouped hits at C = 4 (empty, partly filled, full, and two overflowing), inv with misses
+// (-1); grouped_bound past the count. Every output compared in full (the overflow lists up to
+// their total).
+TEST_F(CudaOps, MoePadPlanMatchesHost) {
+  const int local = 5;
+  const int64_t C = 4, hits = 30, bound = 28;
+  const std::vector<int32_t> counts = {0, 3, 4, 7, 9};
+  std::vector<int32_t> off(local + 1, 0);
+  for (int e = 0; e < local; ++e) off[e + 1] = off[e] + counts[e];
+  const int32_t total = off[local];
+  std::mt19937 rng(71);
+  std::vector<int32_t> perm_row(static_cast<size_t>(bound));
+  for (auto& v : perm_row) v = static_cast<int32_t>(rng() % 1000);
+  const std::vector<float> perm_w = random_floats(bound, rng, 0.1f, 1.0f);
+  // inv: every grouped position once, the other hits -1, shuffled.
+  std::vector<int32_t> inv(static_cast<size_t>(hits), -1);
+  for (int32_t g = 0; g < total; ++g) inv[static_cast<size_t>(g)] = g;
+  std::shuffle(inv.begin(), inv.end(), rng);
+  // The oracle.
+  std::vector<int32_t> ovp(local + 1, 0);
+  for (int e = 0; e < local; ++e) ovp[e + 1] = ovp[e] + std::max<int32_t>(counts[e] - C, 0);
+  const int32_t ov_total = ovp[local];
+  std::vector<int32_t> w_pad_row(static_cast<size_t>(local * C), -1), w_ov_row(static_cast<size_t>(ov_total));
+  std::vector<float> w_pad_w(static_cast<size_t>(local * C), 0.0f), w_ov_w(static_cast<size_t>(ov_total));
+  std::vector<int32_t> pos_of(static_cast<size_t>(total));
+  for (int e = 0; e < local; ++e)
+    for (int32_t i = 0; i < counts[e]; ++i) {
+      const int32_t g = off[e] + i;
+      if (i < C) {
+        pos_of[g] = static_cast<int32_t>(e * C + i);
+        w_pad_row[static_cast<size_t>(e * C + i)] = perm_row[g];
+        w_pad_w[static_cast<size_t>(e * C + i)] = perm_w[g];
+      } else {
+        const int32_t j = ovp[e] + i - static_cast<int32_t>(C);
+        pos_of[g] = static_cast<int32_t>(local * C) + j;
+        w_ov_row[j] = perm_row[g];
+        w_ov_w[j] = perm_w[g];
+      }
+    }
+  std::vector<int32_t> w_inv(static_cast<size_t>(hits));
+  for (int64_t h = 0; h < hits; ++h)
+    w_inv[static_cast<size_t>(h)] = inv[static_cast<size_t>(h)] < 0 ? -1 : pos_of[inv[static_cast<size_t>(h)]];
+  auto doff = upload(off);
+  auto dperm = upload(perm_row);
+  auto dpw = upload(perm_w);
+  auto dinv = upload(inv);
+  auto dpad_row = upload(std::vector<int32_t>(static_cast<size_t>(local * C), 77));
+  auto dpad_w = poisoned_floats(local * C);
+  auto dpad_inv = upload(std::vector<int32_t>(static_cast<size_t>(hits), 77));
+  auto dov_off = upload(std::vector<int32_t>(local + 1, 77));
+  auto dov_row = upload(std::vector<int32_t>(static_cast<size_t>(bound), 77));
+  auto dov_w = poisoned_floats(bound);
+  cuda::MoePadPlanParams p;
+  p.offsets = doff->view().data_as<int32_t>();
+  p.perm_row = dperm->view().data_as<int32_t>();
+  p.perm_weight = dpw->view().data_as<float>();
+  p.inv = dinv->view().data_as<int32_t>();
+  p.hits = hits;
+  p.local = local;
+  p.group_rows = C;
+  p.grouped_bound = bound;
+  p.pad_row = dpad_row->view().data_as<int32_t>();
+  p.pad_weight = dpad_w->view().data_as<float>();
+  p.pad_inv = dpad_inv->view().data_as<int32_t>();
+  p.ov_offsets = dov_off->view().data_as<int32_t>();
+  p.ov_row = dov_row->view().data_as<int32_t>();
+  p.ov_weight = dov_w->view().data_as<float>();
+  cuda::launch_moe_pad_plan(p, stream_);
+  EXPECT_EQ(download<int32_t>(*dpad_row), w_pad_row);
+  EXPECT_EQ(download<float>(*dpad_w), w_pad_w);
+  EXPECT_EQ(download<int32_t>(*dpad_inv), w_inv);
+  EXPECT_EQ(download<int32_t>(*dov_off), ovp);
+  const auto ov_row = download<int32_t>(*dov_row);
+  const auto ov_w = download<float>(*dov_w);
+  EXPECT_EQ(std::vector<int32_t>(ov_row.begin(), ov_row.begin() + ov_total), w_ov_row);
+  EXPECT_EQ(std::vector<float>(ov_w.begin(), ov_w.begin() + ov_total), w_ov_w);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  p.group_rows = 0;
+  EXPECT_DEATH(cuda::launch_moe_pad_plan(p, stream_), "bad arguments");
+}
+
+// launch_moe_combine_padded against the host's sums in the kernel's order (y + Σ_j, each slot
+// row's value (src * row_scale) * col_scale, each overflow row's as is): 3 experts x C = 4 slot
+// rows, 5 overflow rows, 7 tokens x k = 3 hits with misses. Bit for bit.
+TEST_F(CudaOps, MoeCombinePaddedMatchesHost) {
+  for (const int64_t cols : {int64_t{40}, int64_t{42}}) {  // the float4 kernel, the scalar one
+  const int64_t C = 4, slots = 12, ov = 5, rows = 7;
+  const int k = 3;
+  std::mt19937 rng(81);
+  const auto src = random_floats(slots * cols, rng, -2.0f, 2.0f);
+  const auto ovf = random_floats(ov * cols, rng, -2.0f, 2.0f);
+  std::vector<float> rs(static_cast<size_t>(slots)), cs(static_cast<size_t>(slots / C * cols));
+  for (auto& v : rs) v = std::ldexp(1.0f, static_cast<int>(rng() % 9) - 4);
+  for (auto& v : cs) v = std::ldexp(1.0f, static_cast<int>(rng() % 9) - 4);
+  std::vector<int32_t> inv(static_cast<size_t>(rows * k));
+  for (auto& v : inv) v = static_cast<int32_t>(rng() % (slots + ov + 1)) - 1;  // -1 .. 16
+  const auto y0 = random_floats(rows * cols, rng, -1.0f, 1.0f);
+  std::vector<float> want = y0;
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t c = 0; c < cols; ++c) {
+      float acc = y0[static_cast<size_t>(t * cols + c)];
+      for (int j = 0; j < k; ++j) {
+        const int64_t r = inv[static_cast<size_t>(t * k + j)];
+        if (r < 0) continue;
+        acc += r < slots ? src[static_cast<size_t>(r * cols + c)] * rs[static_cast<size_t>(r)] *
+                               cs[static_cast<size_t>((r / C) * cols + c)]
+                         : ovf[static_cast<size_t>((r - slots) * cols + c)];
+      }
+      want[static_cast<size_t>(t * cols + c)] = acc;
+    }
+  auto dsrc = upload(src);
+  auto dov = upload(ovf);
+  auto drs = upload(rs);
+  auto dcs = upload(cs);
+  auto dinv = upload(inv);
+  auto dy = upload(y0);
+  cuda::MoeCombinePaddedParams p;
+  p.src = dsrc->view().data_as<float>();
+  p.row_scale = drs->view().data_as<float>();
+  p.col_scale = dcs->view().data_as<float>();
+  p.slot_rows = slots;
+  p.group_rows = C;
+  p.overflow = dov->view().data_as<float>();
+  p.inv = dinv->view().data_as<int32_t>();
+  p.rows = rows;
+  p.k = k;
+  p.cols = cols;
+  p.y = dy->view().data_as<float>();
+  cuda::launch_moe_combine_padded(p, stream_);
+  EXPECT_EQ(download<float>(*dy), want) << "cols " << cols;
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  p.k = 17;
+  EXPECT_DEATH(cuda::launch_moe_combine_padded(p, stream_), "bad arguments");
+  }
+}
+
+// launch_swiglu_quant_mxfp8's outer scales (in_row_scale, gate_col_scale / up_col_scale per group
+// of group_rows rows) give the same bits as the same launch on inputs the host scaled first (the
+// scales are powers of two, so each product is exact in either order): 12 rows in 3 groups, gate
+// and up interleaved in one [rows, 2 cols] buffer, routing weights on; the fp32 output (MXFP8
+// values). A missing column scale is refused.
+TEST_F(CudaOps, SwigluQuantOuterScalesMatchPrescaledInputs) {
+  const int64_t rows = 12, cols = 64, G = 4;
+  std::mt19937 rng(91);
+  const auto gu = random_floats(rows * 2 * cols, rng, -12.0f, 12.0f);
+  const auto pw = random_floats(rows, rng, 0.1f, 1.0f);
+  std::vector<float> rs(static_cast<size_t>(rows)), cs(static_cast<size_t>(rows / G * 2 * cols));
+  for (auto& v : rs) v = std::ldexp(1.0f, static_cast<int>(rng() % 7) - 3);
+  for (auto& v : cs) v = std::ldexp(1.0f, static_cast<int>(rng() % 7) - 3);
+  std::vector<float> pre = gu;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < 2 * cols; ++c)
+      pre[static_cast<size_t>(r * 2 * cols + c)] = gu[static_cast<size_t>(r * 2 * cols + c)] *
+                                                    rs[static_cast<size_t>(r)] *
+                                                    cs[static_cast<size_t>((r / G) * 2 * cols + c)];
+  auto dgu = upload(gu);
+  auto dpre = upload(pre);
+  auto dpw = upload(pw);
+  auto drs = upload(rs);
+  auto dcs = upload(cs);
+  auto out_a = poisoned_floats(rows * cols);
+  auto out_b = poisoned_floats(rows * cols);
+  cuda::SwigluQuantParams q;
+  q.ld = 2 * cols;
+  q.row_weight = dpw->view().data_as<float>();
+  q.rows = rows;
+  q.cols = cols;
+  q.limit = 10.0f;
+  q.out_type = cuda::ActivationType::kF32;
+  q.ldo = cols;
+  cuda::SwigluQuantParams plain = q;
+  plain.gate = dpre->view().data_as<float>();
+  plain.up = plain.gate + cols;
+  plain.out = out_a->view().data();
+  cuda::launch_swiglu_quant_mxfp8(plain, stream_);
+  q.gate = dgu->view().data_as<float>();
+  q.up = q.gate + cols;
+  q.out = out_b->view().data();
+  q.in_row_scale = drs->view().data_as<float>();
+  q.gate_col_scale = dcs->view().data_as<float>();
+  q.up_col_scale = q.gate_col_scale + cols;
+  q.ld_col_scale = 2 * cols;
+  q.group_rows = G;
+  cuda::launch_swiglu_quant_mxfp8(q, stream_);
+  const auto a = download<float>(*out_a);
+  const auto b = download<float>(*out_b);
+  EXPECT_EQ(a, b);
+  EXPECT_TRUE(std::all_of(a.begin(), a.end(), [](float v) { return std::isfinite(v); }));
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  q.up_col_scale = nullptr;
+  EXPECT_DEATH(cuda::launch_swiglu_quant_mxfp8(q, stream_), "bad arguments");
+}
+
+// launch_act_quant_fp8_rows with a SwiGLU input (ActQuantFp8RowsParams::swiglu: outer scales,
+// clamp, routing weight) gives the codes and row scales of the two launches it replaces:
+// launch_swiglu_quant_mxfp8 (fp32 MXFP8 values, the same scales) then launch_act_quant_fp8_rows
+// on them. Bit for bit, on 12 rows in 3 groups with gates and ups over [-12, 12] (the clamp at
+// 10 taken) and 1024 columns (two chunks per thread). A SwiGLU with bf16 x is refused.
+TEST_F(CudaFp8Rows, SwigluInputMatchesTwoPasses) {
+  const int64_t rows = 12, cols = 1024, G = 4;
+  std::mt19937 rng(97);
+  const auto gu = random_floats(rows * 2 * cols, rng, -12.0f, 12.0f);
+  const auto pw = random_floats(rows, rng, 0.1f, 1.0f);
+  std::vector<float> rs(static_cast<size_t>(rows)), cs(static_cast<size_t>(rows / G * 2 * cols));
+  for (auto& v : rs) v = std::ldexp(1.0f, static_cast<int>(rng() % 7) - 3);
+  for (auto& v : cs) v = std::ldexp(1.0f, static_cast<int>(rng() % 7) - 3);
+  auto dgu = upload(gu);
+  auto dpw = upload(pw);
+  auto drs = upload(rs);
+  auto dcs = upload(cs);
+  auto h32 = poisoned_floats(rows * cols);
+  cuda::SwigluQuantParams sq;
+  sq.gate = dgu->view().data_as<float>();
+  sq.up = sq.gate + cols;
+  sq.ld = 2 * cols;
+  sq.row_weight = dpw->view().data_as<float>();
+  sq.rows = rows;
+  sq.cols = cols;
+  sq.limit = 10.0f;
+  sq.out = h32->view().data();
+  sq.out_type = cuda::ActivationType::kF32;
+  sq.ldo = cols;
+  sq.in_row_scale = drs->view().data_as<float>();
+  sq.gate_col_scale = dcs->view().data_as<float>();
+  sq.up_col_scale = sq.gate_col_scale + cols;
+  sq.ld_col_scale = 2 * cols;
+  sq.group_rows = G;
+  cuda::launch_swiglu_quant_mxfp8(sq, stream_);
+  const DeviceRowScaled two = quantise_rows(*h32, rows, cols);
+  auto codes = upload(std::vector<uint8_t>(static_cast<size_t>(rows * cols), 0xA5));
+  auto scale = poisoned_floats(rows);
+  cuda::ActQuantFp8RowsParams q;
+  q.x = sq.gate;
+  q.ldx = 2 * cols;
+  q.rows = rows;
+  q.cols = cols;
+  q.out = codes->view().data_as<uint8_t>();
+  q.ldo = cols;
+  q.row_scale = scale->view().data_as<float>();
+  q.swiglu.up = sq.up;
+  q.swiglu.row_weight = sq.row_weight;
+  q.swiglu.limit = sq.limit;
+  q.swiglu.row_scale = sq.in_row_scale;
+  q.swiglu.gate_col_scale = sq.gate_col_scale;
+  q.swiglu.up_col_scale = sq.up_col_scale;
+  q.swiglu.ld_col_scale = sq.ld_col_scale;
+  q.swiglu.group_rows = G;
+  cuda::launch_act_quant_fp8_rows(q, stream_);
+  EXPECT_EQ(download<uint8_t>(*codes), download<uint8_t>(*two.codes));
+  EXPECT_EQ(download<float>(*scale), download<float>(*two.scale));
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  q.x_type = cuda::ActivationType::kBF16;
+  EXPECT_DEATH(cuda::launch_act_quant_fp8_rows(q, stream_), "bad arguments");
+}
+
+// launch_act_quant_fp8_rows with row_index -1 (an empty slot row of the padded experts) writes a
+// row of zero codes; the other rows are the gathered rows' codes and scales, bit for bit.
+TEST_F(CudaFp8Rows, EmptyRowIndexGivesZeroRow) {
+  const int64_t rows = 3, k = 256;
+  std::mt19937 rng(95);
+  const auto x = spread_rows(rows, k, rng);
+  auto dx = upload(x);
+  const DeviceRowScaled plain = quantise_rows(*dx, rows, k);
+  auto didx = upload(std::vector<int32_t>{2, -1, 0});
+  auto dcodes = upload(std::vector<uint8_t>(static_cast<size_t>(rows * k), 0xA5));
+  auto dscale = poisoned_floats(rows);
+  cuda::ActQuantFp8RowsParams q;
+  q.x = dx->view().data();
+  q.ldx = k;
+  q.rows = rows;
+  q.cols = k;
+  q.row_index = didx->view().data_as<int32_t>();
+  q.out = dcodes->view().data_as<uint8_t>();
+  q.ldo = k;
+  q.row_scale = dscale->view().data_as<float>();
+  cuda::launch_act_quant_fp8_rows(q, stream_);
+  const auto want = download<uint8_t>(*plain.codes);
+  const auto want_s = download<float>(*plain.scale);
+  const auto got = download<uint8_t>(*dcodes);
+  const auto got_s = download<float>(*dscale);
+  for (int64_t c = 0; c < k; ++c) {
+    ASSERT_EQ(got[static_cast<size_t>(c)], want[static_cast<size_t>(2 * k + c)]) << c;
+    ASSERT_EQ(got[static_cast<size_t>(k + c)], 0) << c;
+    ASSERT_EQ(got[static_cast<size_t>(2 * k + c)], want[static_cast<size_t>(c)]) << c;
+  }
+  EXPECT_EQ(got_s[0], want_s[2]);
+  EXPECT_TRUE(std::isfinite(got_s[1]));
+  EXPECT_EQ(got_s[2], want_s[0]);
 }
 
 struct RowScaledCase {

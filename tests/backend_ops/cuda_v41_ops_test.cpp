@@ -12,6 +12,7 @@
 #include <numeric>
 #include <random>
 #include <span>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -282,6 +283,24 @@ class CudaV41 : public ::testing::Test {
     return host;
   }
   float* nans(size_t n) { return up(std::vector<float>(n, kNaN)); }
+  // launch_moe_group's parameters for ids / weights ([tokens, topk]) with outputs poisoned (-7,
+  // NaN) and sized for `reps` copies of every hit.
+  cuda::MoeGroupParams group_params(const std::vector<int32_t>& ids, const std::vector<float>& wts,
+                                    int64_t tokens, int topk, int local, int reps) {
+    const int64_t hits = tokens * topk;
+    cuda::MoeGroupParams gp;
+    gp.ids = up(ids);
+    gp.weights = up(wts);
+    gp.rows = tokens;
+    gp.k = topk;
+    gp.local = local;
+    gp.replicas = reps;
+    gp.offsets = up(std::vector<int32_t>(static_cast<size_t>(local) + 1, -7));
+    gp.perm_row = up(std::vector<int32_t>(static_cast<size_t>(hits * reps), -7));
+    gp.perm_weight = nans(static_cast<size_t>(hits * reps));
+    gp.inv = up(std::vector<int32_t>(static_cast<size_t>(hits), -7));
+    return gp;
+  }
 
   // The inputs of a sparse attention launch as device copies of the host arrays: q [rows, heads,
   // 512], the SWA ring records and (empty: the implicit window) its per-row indices, the global
@@ -2929,29 +2948,25 @@ struct GroupedCase {
 // Replicas (one DEP rank's bench): every local hit is grouped `replicas` times with the same
 // token and weight, its copies consecutive inside its expert; inv names the first copy; hits on
 // other experts stay -1. Checked against the hits counted on the host.
-TEST_F(CudaV41, MoeGroupReplicas) {
-  const int topk = 6, experts = 24, local = 5, tokens = 37, reps = 3;
-  std::mt19937 rng(77);
-  const int64_t hits = tokens * topk;
-  std::vector<int32_t> ids(static_cast<size_t>(hits));
+// tokens x topk distinct expert ids in [0, experts) per token.
+std::vector<int32_t> distinct_topk_ids(int64_t tokens, int topk, int experts, std::mt19937& rng) {
+  std::vector<int32_t> ids(static_cast<size_t>(tokens * topk));
   for (int64_t r = 0; r < tokens; ++r) {
-    std::vector<int32_t> perm(experts);
+    std::vector<int32_t> perm(static_cast<size_t>(experts));
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
     std::copy_n(perm.begin(), topk, ids.begin() + r * topk);
   }
+  return ids;
+}
+
+TEST_F(CudaV41, MoeGroupReplicas) {
+  const int topk = 6, experts = 24, local = 5, tokens = 37, reps = 3;
+  std::mt19937 rng(77);
+  const int64_t hits = tokens * topk;
+  const std::vector<int32_t> ids = distinct_topk_ids(tokens, topk, experts, rng);
   const auto wts = rnd(hits, rng, 0.05f, 1.5f);
-  cuda::MoeGroupParams gp;
-  gp.ids = up(ids);
-  gp.weights = up(wts);
-  gp.rows = tokens;
-  gp.k = topk;
-  gp.local = local;
-  gp.replicas = reps;
-  gp.offsets = up(std::vector<int32_t>(local + 1, -7));
-  gp.perm_row = up(std::vector<int32_t>(static_cast<size_t>(hits * reps), -7));
-  gp.perm_weight = nans(static_cast<size_t>(hits * reps));
-  gp.inv = up(std::vector<int32_t>(static_cast<size_t>(hits), -7));
+  cuda::MoeGroupParams gp = group_params(ids, wts, tokens, topk, local, reps);
   cuda::launch_moe_group(gp, stream_);
   const auto off = down(gp.offsets, local + 1);
   const auto perm = down(gp.perm_row, static_cast<size_t>(hits * reps));
@@ -2978,6 +2993,53 @@ TEST_F(CudaV41, MoeGroupReplicas) {
     }
   }
   for (const int32_t v : seen) EXPECT_EQ(v, 1);
+}
+
+// Rank-block replicas (experts_total > local, kernels.h MoeGroupParams): copy r of a hit on
+// expert id goes to local expert (id - r * local) mod experts_total when that is < local, with the
+// hit's token and weight; inv names copy 0 (the hit itself, -1 off the local block). Checked
+// against the host's multiset of (expert, token, weight) per expert, including a wrap past
+// experts_total (local 5 x reps 6 > 24 experts).
+TEST_F(CudaV41, MoeGroupRankBlockReplicas) {
+  const int topk = 6, experts = 24, local = 5, tokens = 37, reps = 6;
+  std::mt19937 rng(78);
+  const int64_t hits = tokens * topk;
+  const std::vector<int32_t> ids = distinct_topk_ids(tokens, topk, experts, rng);
+  const auto wts = rnd(hits, rng, 0.05f, 1.5f);
+  cuda::MoeGroupParams gp = group_params(ids, wts, tokens, topk, local, reps);
+  gp.experts_total = experts;
+  cuda::launch_moe_group(gp, stream_);
+  const auto off = down(gp.offsets, local + 1);
+  const auto perm = down(gp.perm_row, static_cast<size_t>(hits * reps));
+  const auto pw = down(gp.perm_weight, static_cast<size_t>(hits * reps));
+  const auto inv = down(gp.inv, static_cast<size_t>(hits));
+  std::vector<std::multiset<std::pair<int32_t, float>>> want(local), got(local);
+  for (int64_t i = 0; i < hits; ++i)
+    for (int r = 0; r < reps; ++r) {
+      const int m = ((ids[static_cast<size_t>(i)] - r * local) % experts + experts) % experts;
+      if (m < local)
+        want[static_cast<size_t>(m)].insert({static_cast<int32_t>(i / topk), wts[static_cast<size_t>(i)]});
+    }
+  ASSERT_EQ(off[0], 0);
+  int64_t total = 0;
+  for (int e = 0; e < local; ++e) {
+    ASSERT_EQ(off[e + 1] - off[e], static_cast<int32_t>(want[static_cast<size_t>(e)].size())) << e;
+    for (int32_t q = off[e]; q < off[e + 1]; ++q) got[static_cast<size_t>(e)].insert({perm[q], pw[q]});
+    EXPECT_EQ(got[static_cast<size_t>(e)], want[static_cast<size_t>(e)]) << e;
+    total += static_cast<int64_t>(want[static_cast<size_t>(e)].size());
+  }
+  EXPECT_GT(total, hits * local / experts * 2);  // more than the copy-0 hits: the blocks count
+  for (int64_t i = 0; i < hits; ++i) {
+    const int32_t id = ids[static_cast<size_t>(i)];
+    if (id >= local) {
+      EXPECT_EQ(inv[i], -1) << i;
+      continue;
+    }
+    ASSERT_GE(inv[i], off[id]);
+    ASSERT_LT(inv[i], off[id + 1]);
+    EXPECT_EQ(perm[inv[i]], i / topk);
+    EXPECT_EQ(pw[inv[i]], wts[static_cast<size_t>(i)]);
+  }
 }
 
 TEST_F(CudaV41, MoeGroupAndGroupedMxfp4Gemm) {

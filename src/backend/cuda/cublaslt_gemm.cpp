@@ -73,7 +73,7 @@ void CublasLtGemm::run(const LtGemmParams& p) {
   MS_CHECK(p.k > 0);
   const bool fp8 = p.precision == GemmPrecision::kFp8RowScaled;
   if (fp8) {
-    MS_CHECK_MSG(p.b_transposed && p.beta == 0.0f && (p.batch == 1 || p.stride_c == p.n) &&
+    MS_CHECK_MSG(p.b_transposed && p.beta == 0.0f && (p.batch == 1 || p.stride_c == p.n || p.unscaled) &&
                      p.lda % 16 == 0 &&
                      p.ldb % 16 == 0 && reinterpret_cast<uintptr_t>(p.a) % 16 == 0 &&
                      reinterpret_cast<uintptr_t>(p.b) % 16 == 0 && (p.unscaled || (p.a_scale != nullptr && p.b_scale != nullptr)),

@@ -16,10 +16,10 @@ enum class GemmPrecision : uint8_t {
   // e4m3 operands (row-scaled FP8, kernels.h), fp32 output: C = alpha * diag(a_scale) A B^T
   // diag(b_scale). b_transposed only, beta 0; lda, ldb % 16 == 0, a and b 16-byte aligned. The
   // outer scales go to cuBLASLt's OUTER_VEC_32F scale modes where it has an algorithm for them,
-  // else the GEMM runs unscaled and launch_scale_rows_cols applies them. Strided batches only
-  // with the batches' outputs side by side (stride_c == n) and the one a_scale [m] for all:
-  // unscaled, then one scaling pass over [m, batch * n] with b_scale [batch * n] (batch i's
-  // scales at i * n), or none with `unscaled`.
+  // else the GEMM runs unscaled and launch_scale_rows_cols applies them. Scaled strided
+  // batches only with the batches' outputs side by side (stride_c == n) and the one a_scale [m]
+  // for all: unscaled, then one scaling pass over [m, batch * n] with b_scale [batch * n] (batch
+  // i's scales at i * n); with `unscaled`, any strides (the caller applies the scales).
   kFp8RowScaled,
 };
 

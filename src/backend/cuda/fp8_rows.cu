@@ -9,6 +9,7 @@
 // even cvt (v41::e4m3_encode's), so the host oracle in the tests is float_to_e4m3(e4m3_to_float(q)
 // * 2^d) and the outputs are compared bit for bit.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -75,7 +76,16 @@ __global__ void __launch_bounds__(1024) act_quant_fp8_rows_kernel(ActQuantFp8Row
       const int64_t c = (static_cast<int64_t>(j) * blockDim.x + threadIdx.x) * 8;
       const bool live = c < p.cols;  // cols % 32 == 0: a block's 4 lanes are live together
       float v[8];
-      if (live && p.x_type == ActivationType::kBF16) {
+      if (live && src < 0) {  // an empty row (row_index -1): zeros
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+      } else if (live && p.swiglu.up != nullptr) {
+        const ActQuantFp8RowsParams::SwigluInput& sw = p.swiglu;
+        const v41::SwigluScales sc{sw.row_scale, sw.gate_col_scale, sw.up_col_scale,
+                                   sw.ld_col_scale, sw.group_rows};
+        v41::swiglu8(static_cast<const float*>(p.x) + src * p.ldx + c, sw.up + src * p.ldx + c,
+                     r, c, sw.row_weight, sw.limit, sc, v);
+      } else if (live && p.x_type == ActivationType::kBF16) {
         const uint4 raw = *reinterpret_cast<const uint4*>(
             static_cast<const __nv_bfloat16*>(p.x) + src * p.ldx + c);
         const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -179,6 +189,40 @@ __global__ void __launch_bounds__(kThreads) fold_fp8_block_rows_kernel(const uin
   }
 }
 
+// One CTA per weight row (grid-stride): R over the row's scale codes, then 8 elements (4 packed
+// bytes, one 32-wide block) per thread and step: code = e4m3(e2m1 * 2^(s_b - R + 6)), the
+// product exact in fp32 and the conversion round-to-nearest-even (exact where representable).
+__global__ void __launch_bounds__(kThreads) fold_mxfp4_rows_kernel(const uint8_t* w,
+                                                                   const uint8_t* w_scale,
+                                                                   int64_t n, int64_t k,
+                                                                   uint8_t* out,
+                                                                   float* row_scale) {
+  pdl_wait();
+  __shared__ uint32_t red[kThreads / 32];
+  const int64_t kb = k / 32;
+  for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
+    const uint8_t* s = w_scale + r * kb;
+    uint32_t m = 0;
+    for (int64_t b = threadIdx.x; b < kb; b += kThreads) m = max(m, static_cast<uint32_t>(s[b]));
+    const int R = static_cast<int>(block_max_u32(m, red));
+    for (int64_t c = threadIdx.x * 8; c < k; c += kThreads * 8) {
+      const float f = pow2(max(static_cast<int>(s[c / 32]) - R + 6, -40));
+      uint32_t packed;
+      memcpy(&packed, w + r * (k / 2) + c / 2, 4);
+      uint32_t q[2] = {0, 0};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float v = v41::e2m1_decode((packed >> (4 * e)) & 0xFu) * f;
+        const uint32_t code = __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+        q[e / 4] |= code << (8 * (e % 4));
+      }
+      memcpy(out + r * k + c, q, 8);
+    }
+    if (threadIdx.x == 0) row_scale[r] = ldexpf(1.0f, R - 133);
+    __syncthreads();
+  }
+}
+
 __global__ void scale_rows_cols_kernel(float* y, int64_t ldy, int64_t m, int64_t n,
                                        const float* row_scale, const float* col_scale) {
   pdl_wait();
@@ -206,6 +250,12 @@ void launch_act_quant_fp8_rows(const ActQuantFp8RowsParams& p, Stream stream) {
   if (p.cols <= 0 || p.cols % 32 != 0 || p.cols > kMaxCols || p.ldx < p.cols || p.ldo < p.cols ||
       p.rows < 0 || p.x == nullptr || p.out == nullptr || p.row_scale == nullptr ||
       (p.in_row_scale == nullptr) != (p.in_col_scale == nullptr) ||
+      (p.swiglu.up != nullptr &&
+       (p.x_type != ActivationType::kF32 || p.in_row_scale != nullptr ||
+        reinterpret_cast<uintptr_t>(p.swiglu.up) % 16 != 0 ||
+        (p.swiglu.row_scale != nullptr &&
+         (p.swiglu.gate_col_scale == nullptr || p.swiglu.up_col_scale == nullptr ||
+          p.swiglu.group_rows < 1 || p.swiglu.ld_col_scale < p.cols)))) ||
       (p.kperm_fp8 && (p.cols % 64 != 0 || p.ldo % 4 != 0)) ||
       (p.x_type != ActivationType::kF32 && p.x_type != ActivationType::kBF16) ||
       (p.ldx * esize) % 16 != 0 || reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || p.ldo % 8 != 0 ||
@@ -213,7 +263,9 @@ void launch_act_quant_fp8_rows(const ActQuantFp8RowsParams& p, Stream stream) {
     bad_args("launch_act_quant_fp8_rows",
              "0 < cols <= 65536, cols % 32 == 0, ldx >= cols, ldo >= cols; x fp32 or bf16, "
              "16-byte aligned rows; out 8-byte aligned rows; out, row_scale set; in_row_scale and "
-             "in_col_scale both set or both null; kperm_fp8: cols % 64 == 0");
+             "in_col_scale both set or both null; kperm_fp8: cols % 64 == 0; swiglu: fp32 x, "
+             "no in_row_scale, up 16-byte aligned, with row_scale both column scales, "
+             "group_rows >= 1, ld_col_scale >= cols");
   // CPT chunks of 8 per thread with at most 1024 threads: 1 up to 8192 columns, else 2, 4, 8.
   const int64_t chunks = p.cols / 8;
   const int cpt = chunks <= 1024 ? 1 : chunks <= 2048 ? 2 : chunks <= 4096 ? 4 : 8;
@@ -228,6 +280,18 @@ void launch_act_quant_fp8_rows(const ActQuantFp8RowsParams& p, Stream stream) {
                             ? static_cast<unsigned>(std::min<int64_t>(p.rows, 8 * device_sm_count()))
                             : row_grid(p.rows);
   MS_CUDA_CHECK(launch_kernel(kernel, grid, threads, 0, as_cuda_stream(stream), p));
+}
+
+void launch_fold_mxfp4_rows(const uint8_t* w, const uint8_t* w_scale, int64_t n, int64_t k,
+                            uint8_t* out, float* row_scale, Stream stream) {
+  if (n == 0) return;
+  if (n < 0 || k <= 0 || k % 32 != 0 || w == nullptr || w_scale == nullptr || out == nullptr ||
+      row_scale == nullptr || reinterpret_cast<uintptr_t>(w) % 4 != 0 ||
+      reinterpret_cast<uintptr_t>(out) % 8 != 0)
+    bad_args("launch_fold_mxfp4_rows",
+             "k % 32 == 0, k > 0; w (4-byte aligned), w_scale, out (8-byte aligned), row_scale set");
+  MS_CUDA_CHECK(launch_kernel(fold_mxfp4_rows_kernel, row_grid(n), kThreads, 0,
+                              as_cuda_stream(stream), w, w_scale, n, k, out, row_scale));
 }
 
 void launch_fold_fp8_block_rows(const uint8_t* w, const uint8_t* w_scale, int64_t n, int64_t k,

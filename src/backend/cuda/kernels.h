@@ -188,8 +188,8 @@ struct ActQuantFp8RowsParams {
   float* row_scale = nullptr;  // [rows]
   const float* in_row_scale = nullptr;  // [rows] (output rows)
   const float* in_col_scale = nullptr;  // [cols]
-  // Optional, as ActQuantParams: output row r reads x's row row_index[r]; the row count is read on
-  // the device (rows: its upper bound, the grid).
+  // Optional, as ActQuantParams: output row r reads x's row row_index[r] (< 0: a row of zeros);
+  // the row count is read on the device (rows: its upper bound, the grid).
   const int32_t* row_index = nullptr;
   const int32_t* device_rows = nullptr;
   // The codes stored K-permuted within each 64-wide block for an FP8 grouped GEMM whose threads
@@ -197,6 +197,23 @@ struct ActQuantFp8RowsParams {
   // column 32 s + 16 j + 4 t + e (s, j < 2; t, e < 4) holds k = 16 t + 8 s + 4 j + e. The same
   // codes and row scales as without it. cols % 64 == 0.
   bool kperm_fp8 = false;
+  // Optional SwiGLU input (the padded FP8 experts' w2 input in one pass): with up set, x is the
+  // gate (fp32, pitch ldx; up the same pitch) and the value quantised at (r, c) is
+  // swiglu_clamped(g', u', limit) * row_weight[r] (launch_swiglu_quant_mxfp8's order), where
+  // g' = gate * row_scale[r] * gate_col_scale[(r / group_rows) * ld_col_scale + c] and u' the
+  // same with up_col_scale when row_scale is set, else the values as stored. The same codes and
+  // row scales as launch_swiglu_quant_mxfp8 (fp32 output) followed by this launch on its output.
+  // Not with in_row_scale / in_col_scale.
+  struct SwigluInput {
+    const float* up = nullptr;
+    const float* row_weight = nullptr;
+    float limit = 10.0f;
+    const float* row_scale = nullptr;
+    const float* gate_col_scale = nullptr;
+    const float* up_col_scale = nullptr;
+    int64_t ld_col_scale = 0;
+    int64_t group_rows = 0;
+  } swiglu;
 };
 void launch_act_quant_fp8_rows(const ActQuantFp8RowsParams& p, Stream stream);
 
@@ -260,6 +277,15 @@ struct SwigluQuantParams {
   uint8_t* out_scale = nullptr;  // kMxfp8 only
   int64_t ldo_scale = 0;
   bool kperm64 = false;  // kBF16 only: k-permuted columns (ActQuantParams::kperm64)
+  // Optional (the padded FP8 experts: gate and up from an unscaled FP8 GEMM): before the SwiGLU,
+  // gate[r, c] *= in_row_scale[r] * gate_col_scale[g * ld_col_scale + c] and up[r, c] *=
+  // in_row_scale[r] * up_col_scale[g * ld_col_scale + c], g = r / group_rows. All three set or
+  // none; then group_rows >= 1.
+  const float* in_row_scale = nullptr;
+  const float* gate_col_scale = nullptr;
+  const float* up_col_scale = nullptr;
+  int64_t ld_col_scale = 0;
+  int64_t group_rows = 0;
 };
 void launch_swiglu_quant_mxfp8(const SwigluQuantParams& p, Stream stream);
 
@@ -269,10 +295,16 @@ void launch_swiglu_quant_mxfp8(const SwigluQuantParams& p, Stream stream);
 // per-expert counts; offsets[local] = kept hits), perm_row[p] = token of grouped hit p,
 // perm_weight[p] its routing weight, inv[r * k + j] = grouped position of hit (r, j) or -1.
 // The order inside one expert is unspecified (each row's GEMM result does not depend on it).
-// replicas > 1 (a bench of one expert-parallel rank): every hit is grouped `replicas` times, the
-// copies standing in for the tokens the other ranks would send (same perm_row and weight); inv
-// points at copy 0, so a combine over inv adds this rank's own hits once. offsets and perm_row /
-// perm_weight then hold replicas * rows * k entries at most. local <= 4096.
+// replicas > 1 (a bench of one expert-parallel rank): copies stand in for the tokens the other
+// ranks would send (same perm_row and weight); inv points at copy 0 (the hit itself), so a combine
+// over inv adds this rank's own hits once. With experts_total > local (the layer's routed
+// experts), copy r of a hit on expert id goes to local expert m = (id - r * local) mod
+// experts_total when m < local: replica r stands for another rank's tokens by this rank's hits on
+// expert block r, so an expert's count is a sum of `replicas` different experts' counts (about
+// rows * k * replicas / experts_total with the spread of independent ranks), not one count times
+// `replicas`. Otherwise (experts_total <= local) every hit on a local expert is grouped
+// `replicas` times. offsets and perm_row / perm_weight hold replicas * rows * k entries at most.
+// local <= 4096.
 struct MoeGroupParams {
   const int32_t* ids = nullptr;  // [rows, k]
   const float* weights = nullptr;
@@ -287,6 +319,7 @@ struct MoeGroupParams {
   float* perm_weight = nullptr;
   int32_t* inv = nullptr;
   int replicas = 1;
+  int experts_total = 0;
 };
 void launch_moe_group(const MoeGroupParams& p, Stream stream);
 
@@ -417,6 +450,48 @@ void launch_grouped_fp8_gemm(const GroupedFp8GemmParams& p, Stream stream);
 // each MXFP4 weight row for launch_grouped_fp8_gemm. k % 32 == 0.
 void launch_mxfp4_row_ref(const uint8_t* w_scale, int64_t n, int64_t k, uint8_t* ref,
                           Stream stream);
+
+// ---- Padded batched FP8 experts (GpuModelOptions::moe_padded_fp8) ---------------------------
+// The routed experts as strided-batched cuBLASLt FP8 GEMMs: each local expert's hits in a slot of
+// `group_rows` (C) rows, the weights refolded to e4m3 once, the GEMMs unscaled and their outer
+// scales applied by the consumers (launch_swiglu_quant_mxfp8's in_row_scale / *_col_scale, and
+// launch_moe_combine_padded). Hits past an expert's C rows ("overflow") keep the grouped layout
+// for the grouped MXFP4 kernel, so no hit is ever dropped.
+
+// An MXFP4 weight (packed e2m1 [n, k / 2], element 2i in the low nibble; ue8m0 [n, k / 32])
+// refolded per row onto e4m3 [n, k] (natural k order): code = e2m1 * 2^(s_b - R + 6), with R the
+// row's largest scale code, and row_scale[r] = 2^(R - 133), so that code * row_scale is the MXFP4
+// value. Exact for blocks with s_b >= R - 14 (e2m1's 0.5 step lands on e4m3's 2^-9 subnormal step
+// at the edge); blocks further below round to nearest even on that step, an error of at most
+// 2^-10 * row_scale = 2^-16 of the largest block's scale 2^(R - 127). k % 32 == 0.
+void launch_fold_mxfp4_rows(const uint8_t* w, const uint8_t* w_scale, int64_t n, int64_t k,
+                            uint8_t* out, float* row_scale, Stream stream);
+
+// The slot layout of the grouped hits (launch_moe_group's offsets, perm_row, perm_weight, inv).
+// Expert e's grouped hit i (position offsets[e] + i) goes to slot row e * C + i when i < C, else
+// to overflow row ov_offsets[e] + i - C, where ov_offsets[e] = Σ_{e' < e} max(count_e' - C, 0)
+// (ov_offsets[local] = the overflow total). Outputs: pad_row [local * C] (the token row, -1 for
+// an empty slot row), pad_weight (0 there), ov_row / ov_weight [grouped_bound], ov_offsets
+// [local + 1], pad_inv [hits] (inv's positions mapped: slot row, or local * C + overflow row;
+// -1 stays -1). grouped_bound: the grouped hits' upper bound (the count is offsets[local], read
+// on the device). local <= 4096, C >= 1.
+struct MoePadPlanParams {
+  const int32_t* offsets = nullptr;
+  const int32_t* perm_row = nullptr;
+  const float* perm_weight = nullptr;
+  const int32_t* inv = nullptr;
+  int64_t hits = 0;
+  int local = 0;
+  int64_t group_rows = 0;
+  int64_t grouped_bound = 0;
+  int32_t* pad_row = nullptr;
+  float* pad_weight = nullptr;
+  int32_t* pad_inv = nullptr;
+  int32_t* ov_offsets = nullptr;
+  int32_t* ov_row = nullptr;
+  float* ov_weight = nullptr;
+};
+void launch_moe_pad_plan(const MoePadPlanParams& p, Stream stream);
 
 // Which kernel a launch took (the last one when a second weight set ran as a second launch).
 enum class GroupedMxfp4Kernel { kNone, kTable, kSkinny, kWgmma, kWgmmaRs, kWgmmaRsStreamK };

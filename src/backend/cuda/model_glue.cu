@@ -34,6 +34,71 @@ __global__ void moe_combine_kernel(const float* src, const int32_t* inv, int k, 
   }
 }
 
+// Token t's hits (slot or overflow rows, -1 none) and their row scales (1 off the slots) into
+// shared memory, for the whole block.
+__device__ __forceinline__ void load_padded_hits(const MoeCombinePaddedParams& p, int64_t t,
+                                                 int32_t* hit, float* rs) {
+  if (threadIdx.x < p.k) {
+    const int32_t r = p.inv[t * p.k + threadIdx.x];
+    hit[threadIdx.x] = r;
+    rs[threadIdx.x] = r >= 0 && r < p.slot_rows ? p.row_scale[r] : 1.0f;
+  }
+  __syncthreads();
+}
+
+// launch_moe_combine_padded: one block per token, the token's hits added in j order per column.
+__global__ void moe_combine_padded_kernel(MoeCombinePaddedParams p) {
+  pdl_wait();
+  const int64_t t = blockIdx.x;
+  __shared__ int32_t hit[16];
+  __shared__ float rs[16];
+  load_padded_hits(p, t, hit, rs);
+  for (int64_t c = threadIdx.x; c < p.cols; c += blockDim.x) {
+    float acc = p.y[t * p.cols + c];
+    for (int j = 0; j < p.k; ++j) {
+      const int64_t r = hit[j];
+      if (r < 0) continue;
+      if (r < p.slot_rows)
+        acc += p.src[r * p.cols + c] * rs[j] * p.col_scale[(r / p.group_rows) * p.cols + c];
+      else
+        acc += p.overflow[(r - p.slot_rows) * p.cols + c];
+    }
+    p.y[t * p.cols + c] = acc;
+  }
+}
+
+// The same sums, 4 columns per thread (cols % 4 == 0, 16-byte aligned rows): bit-identical.
+__global__ void moe_combine_padded_vec_kernel(MoeCombinePaddedParams p) {
+  pdl_wait();
+  const int64_t t = blockIdx.x;
+  __shared__ int32_t hit[16];
+  __shared__ float rs[16];
+  load_padded_hits(p, t, hit, rs);
+  auto* yt = reinterpret_cast<float4*>(p.y + t * p.cols);
+  for (int64_t c = threadIdx.x; c < p.cols / 4; c += blockDim.x) {
+    float4 acc = yt[c];
+    for (int j = 0; j < p.k; ++j) {
+      const int64_t r = hit[j];
+      if (r < 0) continue;
+      float4 v;
+      if (r < p.slot_rows) {
+        const float4 x = reinterpret_cast<const float4*>(p.src + r * p.cols)[c];
+        const float4 s =
+            reinterpret_cast<const float4*>(p.col_scale + (r / p.group_rows) * p.cols)[c];
+        v = make_float4(x.x * rs[j] * s.x, x.y * rs[j] * s.y, x.z * rs[j] * s.z,
+                        x.w * rs[j] * s.w);
+      } else {
+        v = reinterpret_cast<const float4*>(p.overflow + (r - p.slot_rows) * p.cols)[c];
+      }
+      acc.x += v.x;
+      acc.y += v.y;
+      acc.z += v.z;
+      acc.w += v.w;
+    }
+    yt[c] = acc;
+  }
+}
+
 // The same sums, 4 columns per thread (cols % 4 == 0, 16-byte aligned rows): the hits of a token
 // are added in the same order, so the result is bit-identical to moe_combine_kernel.
 __global__ void moe_combine_vec_kernel(const float* src, const int32_t* inv, int k, int64_t cols,
@@ -175,6 +240,22 @@ void launch_moe_combine(const float* src, const int32_t* inv, int64_t rows, int 
   MS_CUDA_CHECK(launch_kernel(vec ? moe_combine_vec_kernel : moe_combine_kernel,
                               static_cast<unsigned>(rows), kThreads, 0, as_cuda_stream(stream), src,
                               inv, k, cols, y));
+}
+
+void launch_moe_combine_padded(const MoeCombinePaddedParams& p, Stream stream) {
+  if (p.rows == 0) return;
+  if (p.k <= 0 || p.k > 16 || p.cols <= 0 || p.group_rows <= 0 || p.slot_rows < 0 ||
+      p.src == nullptr || p.row_scale == nullptr || p.col_scale == nullptr || p.inv == nullptr ||
+      p.y == nullptr)
+    detail::cuda_call_failed(__FILE__, __LINE__, "launch_moe_combine_padded", "bad arguments",
+                             "0 < k <= 16, cols > 0, group_rows > 0; src, row_scale, col_scale, "
+                             "inv, y set");
+  const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  const bool vec = p.cols % 4 == 0 && aligned(p.src) && aligned(p.col_scale) && aligned(p.y) &&
+                   (p.overflow == nullptr || aligned(p.overflow));
+  MS_CUDA_CHECK(launch_kernel(vec ? moe_combine_padded_vec_kernel : moe_combine_padded_kernel,
+                              static_cast<unsigned>(p.rows), kThreads, 0, as_cuda_stream(stream),
+                              p));
 }
 
 void launch_resolve_selection(const int32_t* idx_in, const int32_t* cand, int64_t n_cand,

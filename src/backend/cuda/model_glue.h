@@ -18,6 +18,25 @@ void launch_gather_rows(const float* src, int64_t ld_src, const int32_t* idx, in
 void launch_moe_combine(const float* src, const int32_t* inv, int64_t rows, int k, int64_t cols,
                         float* y, Stream stream);
 
+// The combine of the padded FP8 experts (kernels.h launch_moe_pad_plan): y[t, :] += Σ_{j<k} v(p)
+// over p = pad_inv[t, j] >= 0 in j order, where v(p) = src[p, c] * row_scale[p] *
+// col_scale[(p / group_rows) * cols + c] for a slot row p < slot_rows (the unscaled FP8 GEMM's
+// outer scales), else v(p) = overflow[p - slot_rows, c] (already scaled). k <= 16.
+struct MoeCombinePaddedParams {
+  const float* src = nullptr;        // [slot_rows, cols]
+  const float* row_scale = nullptr;  // [slot_rows]
+  const float* col_scale = nullptr;  // [slot_rows / group_rows, cols]
+  int64_t slot_rows = 0;
+  int64_t group_rows = 0;
+  const float* overflow = nullptr;  // [overflow rows, cols]
+  const int32_t* inv = nullptr;     // [rows, k]
+  int64_t rows = 0;
+  int k = 0;
+  int64_t cols = 0;
+  float* y = nullptr;
+};
+void launch_moe_combine_padded(const MoeCombinePaddedParams& p, Stream stream);
+
 // out[r, i] = e < 0 ? -1 : e + row_slot[r] * slot_stride, e = cand ? (idx < 0 ? -1 :
 // cand[r, idx]) : idx, idx = idx_in[r, i] (top-k slot -> entry of the sequence's cache slot).
 void launch_resolve_selection(const int32_t* idx_in, const int32_t* cand, int64_t n_cand,

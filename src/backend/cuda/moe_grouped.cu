@@ -200,30 +200,17 @@ __global__ void __launch_bounds__(kQuantThreads) act_quant_vec_kernel(ActQuantPa
   });
 }
 
-// The routed expert's clamped SwiGLU before its routing weight, in the order of
-// launch_swiglu_clamped and the CPU expert: every SwiGLU quantiser here (the two kernels below and
-// the grouped GEMM's fused epilogue) computes it through this, so they agree bit for bit.
-__device__ __forceinline__ float swiglu_clamped(float g, float u, float limit) {
-  g = fminf(g, limit);
-  u = fminf(fmaxf(u, -limit), limit);
-  return g / (1.0f + expf(-g)) * u;
-}
+// The clamped SwiGLU (v41_device.cuh): the two kernels below and the grouped GEMM's fused
+// epilogue.
+using v41::swiglu_clamped;
 
 __global__ void __launch_bounds__(kQuantThreads) swiglu_quant_vec_kernel(SwigluQuantParams p) {
   pdl_wait();
   const int64_t rows = p.device_rows != nullptr ? *p.device_rows : p.rows;
+  const v41::SwigluScales sc{p.in_row_scale, p.gate_col_scale, p.up_col_scale, p.ld_col_scale,
+                             p.group_rows};
   quant_items(p, rows, [&](int64_t r, int64_t c, float(&v)[8]) {
-    const auto* g4 = reinterpret_cast<const float4*>(p.gate + r * p.ld + c);
-    const auto* u4 = reinterpret_cast<const float4*>(p.up + r * p.ld + c);
-    const float4 ga = g4[0], gb = g4[1], ua = u4[0], ub = u4[1];
-    const float gs[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
-    const float us[8] = {ua.x, ua.y, ua.z, ua.w, ub.x, ub.y, ub.z, ub.w};
-    const float w = p.row_weight != nullptr ? p.row_weight[r] : 1.0f;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      v[e] = swiglu_clamped(gs[e], us[e], p.limit);
-      if (p.row_weight != nullptr) v[e] *= w;
-    }
+    v41::swiglu8(p.gate + r * p.ld + c, p.up + r * p.ld + c, r, c, p.row_weight, p.limit, sc, v);
   });
 }
 
@@ -235,7 +222,14 @@ __global__ void __launch_bounds__(kQuantThreads) swiglu_quant_kernel(SwigluQuant
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     for (int64_t b = warp; b < blocks; b += kQuantThreads / 32) {
       const int64_t c = b * 32 + lane;
-      float v = swiglu_clamped(p.gate[r * p.ld + c], p.up[r * p.ld + c], p.limit);
+      float g = p.gate[r * p.ld + c], u = p.up[r * p.ld + c];
+      if (p.in_row_scale != nullptr) {
+        const float rs = p.in_row_scale[r];
+        const int64_t o = (r / p.group_rows) * p.ld_col_scale + c;
+        g = g * rs * p.gate_col_scale[o];
+        u = u * rs * p.up_col_scale[o];
+      }
+      float v = swiglu_clamped(g, u, p.limit);
       if (p.row_weight != nullptr) v *= p.row_weight[r];
       quant_store_lane(p, r, c, v);
     }
@@ -257,11 +251,28 @@ __global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeGroupParams
     *id = vl ? p.ids_vl[i] : p.ids[i];
     *w = vl ? p.weights_vl[i] : p.weights[i];
   };
+  // Rank-block replicas (experts_total > local, see kernels.h): copy r of a hit on expert id
+  // goes to local expert m_r = (id - r * local) mod experts_total when m_r < local; m_r is
+  // stepped from m_0 = id (id < experts_total), not divided, per replica.
+  const bool blocks = p.replicas > 1 && p.experts_total > p.local;
+  const auto for_each_copy = [&](int32_t id, auto&& fn) {
+    int32_t m = id;
+    for (int r = 0; r < p.replicas; ++r) {
+      if (m < p.local) fn(r, m);
+      m -= p.local;
+      if (m < 0) m += p.experts_total;
+    }
+  };
   for (int64_t i = threadIdx.x; i < hits; i += blockDim.x) {
     int32_t id;
     float w;
     pick(i, &id, &w);
-    if (id >= 0 && id < p.local) atomicAdd(&count[id], p.replicas);
+    if (id < 0) continue;
+    if (blocks) {
+      if (id < p.experts_total) for_each_copy(id, [&](int, int32_t m) { atomicAdd(&count[m], 1); });
+    } else if (id < p.local) {
+      atomicAdd(&count[id], p.replicas);
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -278,6 +289,18 @@ __global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeGroupParams
     int32_t id;
     float w;
     pick(i, &id, &w);
+    if (blocks) {
+      p.inv[i] = -1;
+      if (id < 0 || id >= p.experts_total) continue;
+      const int32_t row = static_cast<int32_t>(i / p.k);
+      for_each_copy(id, [&](int r, int32_t m) {
+        const int32_t pos = atomicAdd(&cursor[m], 1);
+        p.perm_row[pos] = row;
+        p.perm_weight[pos] = w;
+        if (r == 0) p.inv[i] = pos;
+      });
+      continue;
+    }
     if (id >= 0 && id < p.local) {
       // The hit's replicas take consecutive positions; inv names the first (this rank's own).
       const int32_t pos = atomicAdd(&cursor[id], p.replicas);
@@ -2343,10 +2366,14 @@ void launch_act_quant_mxfp8(const ActQuantParams& p, Stream stream) {
 
 void launch_swiglu_quant_mxfp8(const SwigluQuantParams& p, Stream stream) {
   if (p.rows == 0 || p.cols == 0) return;
-  if (p.cols % 32 != 0 || p.ld < p.cols || p.ldo < p.cols || !mxfp8_scales_ok(p) || !kperm64_ok(p))
+  const bool scales = p.in_row_scale != nullptr;
+  if (p.cols % 32 != 0 || p.ld < p.cols || p.ldo < p.cols || !mxfp8_scales_ok(p) || !kperm64_ok(p) ||
+      scales != (p.gate_col_scale != nullptr) || scales != (p.up_col_scale != nullptr) ||
+      (scales && (p.group_rows < 1 || p.ld_col_scale < p.cols)))
     bad_args("launch_swiglu_quant_mxfp8",
              "cols % 32 == 0, ld >= cols, ldo >= cols; kMxfp8: out_scale, ldo_scale >= cols/32; "
-             "kperm64: kBF16, cols % 64 == 0");
+             "kperm64: kBF16, cols % 64 == 0; in_row_scale, gate_col_scale, up_col_scale all set "
+             "or none, then group_rows >= 1 and ld_col_scale >= cols");
   const bool vec = p.ld % 4 == 0 && reinterpret_cast<uintptr_t>(p.gate) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(p.up) % 16 == 0 && p.ldo % 8 == 0 &&
                    reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
@@ -2354,7 +2381,7 @@ void launch_swiglu_quant_mxfp8(const SwigluQuantParams& p, Stream stream) {
 }
 
 void launch_moe_group(const MoeGroupParams& p, Stream stream) {
-  if (p.local <= 0 || p.local > 4096 || p.k <= 0 || p.replicas < 1 ||
+  if (p.local <= 0 || p.local > 4096 || p.k <= 0 || p.replicas < 1 || p.experts_total < 0 ||
       p.rows * p.k * p.replicas > int64_t{1} << 30)
     bad_args("launch_moe_group", "0 < local <= 4096, k > 0, 1 <= replicas, rows * k * replicas <= 2^30");
   const size_t smem = sizeof(int32_t) * 2 * static_cast<size_t>(p.local);

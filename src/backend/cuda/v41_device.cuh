@@ -161,4 +161,50 @@ __device__ __forceinline__ float sample_uniform(uint64_t seed) {
   return static_cast<float>(z >> 40) * 0x1p-24f;
 }
 
+// The routed expert's clamped SwiGLU before its routing weight, in the order of
+// launch_swiglu_clamped and the CPU expert: every SwiGLU quantiser (moe_grouped.cu's kernels and
+// its fused epilogue, fp8_rows.cu's SwiGLU input) computes it through this, so they agree bit for
+// bit.
+__device__ __forceinline__ float swiglu_clamped(float g, float u, float limit) {
+  g = fminf(g, limit);
+  u = fminf(fmaxf(u, -limit), limit);
+  return g / (1.0f + expf(-g)) * u;
+}
+
+// Eight SwiGLU inputs' values (row r, columns c .. c + 7 of fp32 gate g and up u, 16-byte
+// aligned): with row_scale, the outer scales of an unscaled FP8 GEMM first (g * row_scale[r] *
+// gate_col_scale[o + e], u likewise with up_col_scale, o = (r / group_rows) * ld_col_scale + c),
+// then swiglu_clamped, then the routing weight row_weight[r] when set. launch_swiglu_quant_mxfp8
+// and launch_act_quant_fp8_rows's SwiGLU input both take it, so they agree bit for bit.
+struct SwigluScales {
+  const float* row_scale;
+  const float* gate_col_scale;
+  const float* up_col_scale;
+  int64_t ld_col_scale;
+  int64_t group_rows;
+};
+__device__ __forceinline__ void swiglu8(const float* g, const float* u, int64_t r, int64_t c,
+                                        const float* row_weight, float limit,
+                                        const SwigluScales& sc, float (&v)[8]) {
+  const float4 ga = reinterpret_cast<const float4*>(g)[0], gb = reinterpret_cast<const float4*>(g)[1];
+  const float4 ua = reinterpret_cast<const float4*>(u)[0], ub = reinterpret_cast<const float4*>(u)[1];
+  float gs[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
+  float us[8] = {ua.x, ua.y, ua.z, ua.w, ub.x, ub.y, ub.z, ub.w};
+  if (sc.row_scale != nullptr) {
+    const float rs = sc.row_scale[r];
+    const int64_t o = (r / sc.group_rows) * sc.ld_col_scale + c;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      gs[e] = gs[e] * rs * sc.gate_col_scale[o + e];
+      us[e] = us[e] * rs * sc.up_col_scale[o + e];
+    }
+  }
+  const float w = row_weight != nullptr ? row_weight[r] : 1.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    v[e] = swiglu_clamped(gs[e], us[e], limit);
+    if (row_weight != nullptr) v[e] *= w;
+  }
+}
+
 }  // namespace moeserve::cuda::v41

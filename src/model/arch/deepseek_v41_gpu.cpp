@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 #include <random>
 #include <tuple>
 #include <utility>
@@ -76,6 +77,13 @@ struct Layer {
   // GpuModelOptions::moe_fp8: each local expert's w1, w3, w2 row references
   // (launch_mxfp4_row_ref) and the device array of pointers to them [w1 x local, w3, w2].
   DeviceMemory expert_refs, expert_ref_ptrs;
+  // GpuModelOptions::moe_padded_fp8: the local experts' refolded e4m3 weights (launch_fold_mxfp4_
+  // rows) and their row scales: w13 [local][2 inter][hidden] (w1's rows, then w3's), w2
+  // [local][hidden][inter]; built at the first forward that takes the path.
+  DeviceMemory pf8_w13, pf8_s13, pf8_w2, pf8_s2;
+  // The last forward's overflow offsets [local + 1] and slot rows C (0: the path not taken).
+  DeviceMemory moe_ov_offsets;
+  int64_t moe_slot_rows = 0;
   // Engram
   Linear engram_wkv;
   DeviceMemory engram_qk;
@@ -262,6 +270,14 @@ struct DeepseekV41Gpu::Impl {
       std::vector<int32_t> off(L.experts.size() + 1);
       cu::copy_d2h(off.data(), L.moe_offsets.as<int32_t>(), off.size() * 4, stream);
       cu::stream_synchronize(stream);
+      cost.moe_rows += off.back();
+      if (L.moe_slot_rows > 0) {
+        int32_t ov = 0;
+        cu::copy_d2h(&ov, L.moe_ov_offsets.as<int32_t>() + L.experts.size(), 4, stream);
+        cu::stream_synchronize(stream);
+        cost.moe_overflow_rows += ov;
+        cost.moe_slot_rows += static_cast<double>(L.moe_slot_rows) * static_cast<double>(L.experts.size());
+      }
       for (size_t ex = 0; ex < L.experts.size(); ++ex) {
         const int32_t cnt = off[ex + 1] - off[ex];
         if (cnt == 0) continue;
@@ -2076,6 +2092,168 @@ struct DeepseekV41Gpu::Impl {
     gemm(h8, hs, inter, 2, ye, d);
   }
 
+  // The slot rows C of the padded FP8 experts for rows_hint expected hits per local expert
+  // (GpuModelOptions::moe_padded_fp8), or 0 where the path does not apply.
+  [[nodiscard]] int64_t padded_group_rows(int64_t rows_hint) const {
+    const int64_t d = c.hidden_size, inter = c.moe_intermediate_size;
+    if (!opt.moe_padded_fp8 || opt.moe_fp8 || rows_hint < std::max<int64_t>(opt.moe_padded_min_rows, 1) ||
+        d % 32 != 0 || inter % 32 != 0)
+      return 0;
+    if (opt.moe_padded_group_rows > 0) return opt.moe_padded_group_rows;
+    const int64_t want = rows_hint + std::max<int64_t>(rows_hint / 4, 32);
+    return (want + 63) / 64 * 64;
+  }
+
+  // The routed experts of layer L as padded strided-batched FP8 GEMMs (moe_padded_fp8, C slot
+  // rows per expert): the slot plan from the grouped hits, the e4m3 inputs, w1 + w3 unscaled into
+  // gu [local][C][2 inter], the SwiGLU (with the GEMM's outer scales and the routing weight) to its
+  // MXFP8 values, those row-scaled again, w2 unscaled into "moe_ye_pad" [local][C][hidden]. The
+  // overflow hits' grouped lists (ov_row, ov_weight, ov_offsets) for the grouped path, and the
+  // combine's parameters, come back in the result.
+  struct PaddedMoe {
+    int32_t* ov_row = nullptr;
+    float* ov_weight = nullptr;
+    int32_t* ov_offsets = nullptr;
+    cu::MoeCombinePaddedParams combine;
+  };
+  PaddedMoe moe_padded_experts(Layer& L, int32_t local, int64_t C, int64_t cap, int64_t n, int k,
+                               const float* f, const int32_t* perm, const float* pw,
+                               const int32_t* offsets, const int32_t* inv) {
+    const int64_t d = c.hidden_size, inter = c.moe_intermediate_size;
+    if (L.pf8_w13.bytes() == 0) {
+      L.pf8_w13 = DeviceMemory(static_cast<size_t>(local * 2 * inter * d));
+      L.pf8_s13 = DeviceMemory(static_cast<size_t>(local * 2 * inter) * sizeof(float));
+      L.pf8_w2 = DeviceMemory(static_cast<size_t>(local * d * inter));
+      L.pf8_s2 = DeviceMemory(static_cast<size_t>(local * d) * sizeof(float));
+      for (int32_t ex = 0; ex < local; ++ex) {
+        const Ffn& w = L.experts[static_cast<size_t>(ex)];
+        const auto fold = [&](const Linear& lin, uint8_t* out, float* scale) {
+          MS_CHECK(lin.kind == Linear::Kind::kMxfp4);
+          cu::launch_fold_mxfp4_rows(lin.w.as<uint8_t>(), lin.scale.as<uint8_t>(), lin.out, lin.in,
+                                     out, scale, stream);
+        };
+        uint8_t* w13 = L.pf8_w13.as<uint8_t>() + ex * 2 * inter * d;
+        float* s13 = L.pf8_s13.as<float>() + ex * 2 * inter;
+        fold(w.w1, w13, s13);
+        fold(w.w3, w13 + inter * d, s13 + inter);
+        fold(w.w2, L.pf8_w2.as<uint8_t>() + ex * d * inter, L.pf8_s2.as<float>() + ex * d);
+      }
+      cu::stream_synchronize(stream);
+    }
+    const int64_t slots = local * C;
+    PaddedMoe r;
+    mark(GpuComponent::kMoe, "group");
+    cu::MoePadPlanParams pp;
+    pp.offsets = offsets;
+    pp.perm_row = perm;
+    pp.perm_weight = pw;
+    pp.inv = inv;
+    pp.hits = n * k;
+    pp.local = local;
+    pp.group_rows = C;
+    pp.grouped_bound = cap;
+    pp.pad_row = buf<int32_t>("moe_pad_row", slots);
+    pp.pad_weight = buf<float>("moe_pad_w", slots);
+    pp.pad_inv = buf<int32_t>("moe_pad_inv", n * k);
+    if (L.moe_ov_offsets.bytes() == 0)
+      L.moe_ov_offsets = DeviceMemory(static_cast<size_t>(local + 1) * sizeof(int32_t));
+    pp.ov_offsets = r.ov_offsets = L.moe_ov_offsets.as<int32_t>();
+    pp.ov_row = r.ov_row = buf<int32_t>("moe_ov_row", cap);
+    pp.ov_weight = r.ov_weight = buf<float>("moe_ov_w", cap);
+    cu::launch_moe_pad_plan(pp, stream);
+    uint8_t* x8 = buf<uint8_t>("moe_pad_x8", slots * d);
+    float* xs = buf<float>("moe_pad_xs", slots);
+    float* gu = buf<float>("moe_pad_gu", slots * 2 * inter);
+    uint8_t* h8 = buf<uint8_t>("moe_pad_h8", slots * inter);
+    float* hs = buf<float>("moe_pad_hs", slots);
+    float* ye = buf<float>("moe_ye_pad", slots * d);
+    const auto quant = [&](const float* x, const int32_t* rows_of, int64_t cols, uint8_t* out,
+                           float* rs) {
+      cu::ActQuantFp8RowsParams q;
+      q.x = x;
+      q.ldx = cols;
+      q.rows = slots;
+      q.row_index = rows_of;
+      q.cols = cols;
+      q.out = out;
+      q.ldo = cols;
+      q.row_scale = rs;
+      cu::launch_act_quant_fp8_rows(q, stream);
+    };
+    const auto gemm = [&](const uint8_t* a, int64_t kdim, const uint8_t* w, float* out,
+                          int64_t ndim) {
+      cu::LtGemmParams g;
+      g.precision = cu::GemmPrecision::kFp8RowScaled;
+      g.unscaled = true;
+      g.a = a;
+      g.lda = kdim;
+      g.b = w;
+      g.ldb = kdim;
+      g.c = out;
+      g.ldc = ndim;
+      g.m = C;
+      g.n = ndim;
+      g.k = kdim;
+      g.batch = local;
+      g.stride_a = C * kdim;
+      g.stride_b = ndim * kdim;
+      g.stride_c = C * ndim;
+      lt->run(g);
+    };
+    mark(GpuComponent::kMoe, "act_quant");
+    quant(f, pp.pad_row, d, x8, xs);
+    mark(GpuComponent::kMoe, "w13");
+    gemm(x8, d, L.pf8_w13.as<uint8_t>(), gu, 2 * inter);
+    mark(GpuComponent::kMoe, "swiglu_quant");
+    if (opt.moe_padded_two_pass_swiglu) {
+      // The same codes in two launches (the test of the one-pass form).
+      float* h32 = buf<float>("moe_pad_h32", slots * inter);
+      cu::SwigluQuantParams sq =
+          routed_swiglu(pp.pad_weight, slots, nullptr, h32, cu::ActivationType::kF32);
+      sq.gate = gu;
+      sq.up = gu + inter;
+      sq.ld = 2 * inter;
+      sq.in_row_scale = xs;
+      sq.gate_col_scale = L.pf8_s13.as<float>();
+      sq.up_col_scale = L.pf8_s13.as<float>() + inter;
+      sq.ld_col_scale = 2 * inter;
+      sq.group_rows = C;
+      cu::launch_swiglu_quant_mxfp8(sq, stream);
+      quant(h32, nullptr, inter, h8, hs);
+    } else {
+      // The SwiGLU (outer scales, clamp, routing weight) as the quantiser's input: one pass.
+      cu::ActQuantFp8RowsParams q;
+      q.x = gu;
+      q.ldx = 2 * inter;
+      q.rows = slots;
+      q.cols = inter;
+      q.out = h8;
+      q.ldo = inter;
+      q.row_scale = hs;
+      q.swiglu.up = gu + inter;
+      q.swiglu.row_weight = pp.pad_weight;
+      q.swiglu.limit = static_cast<float>(c.swiglu_limit);
+      q.swiglu.row_scale = xs;
+      q.swiglu.gate_col_scale = L.pf8_s13.as<float>();
+      q.swiglu.up_col_scale = L.pf8_s13.as<float>() + inter;
+      q.swiglu.ld_col_scale = 2 * inter;
+      q.swiglu.group_rows = C;
+      cu::launch_act_quant_fp8_rows(q, stream);
+    }
+    mark(GpuComponent::kMoe, "w2");
+    gemm(h8, inter, L.pf8_w2.as<uint8_t>(), ye, d);
+    r.combine.src = ye;
+    r.combine.row_scale = hs;
+    r.combine.col_scale = L.pf8_s2.as<float>();
+    r.combine.slot_rows = slots;
+    r.combine.group_rows = C;
+    r.combine.inv = pp.pad_inv;
+    r.combine.rows = n;
+    r.combine.k = k;
+    r.combine.cols = d;
+    return r;
+  }
+
   void moe(const RowSet& s, int32_t l, const float* f, float* y) {
     Layer& L = *layers[static_cast<size_t>(l)];
     const int64_t n = s.n, d = c.hidden_size, inter = c.moe_intermediate_size;
@@ -2228,6 +2406,7 @@ struct DeepseekV41Gpu::Impl {
     gp.k = k;
     gp.local = local;
     gp.replicas = static_cast<int>(reps);
+    gp.experts_total = opt.moe_rank_block_replicas ? static_cast<int>(e) : 0;
     gp.offsets = offsets;
     gp.perm_row = perm;
     gp.perm_weight = pw;
@@ -2236,6 +2415,20 @@ struct DeepseekV41Gpu::Impl {
     moe_layers_run.push_back(l);
     const int64_t cap = n * k * reps;  // grouped rows, upper bound
     const bool exact = L.experts.front().w1.kind == Linear::Kind::kF32;
+    // moe_padded_fp8: the padded FP8 GEMMs take each expert's first C hits; the grouped path
+    // below then runs on the overflow hits only (usually none), as stream-K launches where it
+    // can (a grid of one CTA per SM, not one per possible pass).
+    const int64_t slot_rows = exact ? 0 : padded_group_rows((n * k * reps + e - 1) / e);
+    if (opt.trace) trace.moe_padded[l] = slot_rows;
+    L.moe_slot_rows = slot_rows;
+    std::optional<PaddedMoe> padded;
+    if (slot_rows > 0) {
+      padded = moe_padded_experts(L, local, slot_rows, cap, n, k, f, perm, pw, offsets, inv);
+      perm = padded->ov_row;
+      pw = padded->ov_weight;
+      offsets = padded->ov_offsets;
+      mark(GpuComponent::kMoe, "overflow");
+    }
     const cu::ActivationType qt = exact ? cu::ActivationType::kF32 : cu::ActivationType::kBF16;
     const size_t qsize = exact ? 4 : 2;
     void* xe = buf<uint8_t>("moe_xe", cap * d * static_cast<int64_t>(qsize));
@@ -2361,10 +2554,13 @@ struct DeepseekV41Gpu::Impl {
       gf.swiglu.row_weight = pw;
       gf.swiglu.limit = sq.limit;
       gf.swiglu.kperm64 = sq.kperm64;
-      const bool fuse = opt.moe_fuse_swiglu && cu::grouped_mxfp4_rs_applies(gf);
+      const bool fuse = opt.moe_fuse_swiglu && cu::grouped_mxfp4_rs_applies(gf) && !padded;
       if (opt.trace) trace.moe_fuse_swiglu[l] = fuse;
-      // moe_stream_k: the unfused launches (192-row passes only; the launch refuses others).
-      if (opt.moe_stream_k && (opt.moe_rs_max_pass == 0 || opt.moe_rs_max_pass == 192)) {
+      // moe_stream_k (and the padded path's overflow): the unfused launches (192-row passes only;
+      // the launch refuses others).
+      if ((opt.moe_stream_k || (padded && cu::grouped_mxfp4_rs_applies(gg) &&
+                                cu::grouped_mxfp4_rs_applies(g2))) &&
+          (opt.moe_rs_max_pass == 0 || opt.moe_rs_max_pass == 192)) {
         use_stream_k(gg);
         use_stream_k(g2);
       }
@@ -2373,24 +2569,30 @@ struct DeepseekV41Gpu::Impl {
         stream_k_launches +=
             cu::launch_grouped_mxfp4_gemm(g, stream) == cu::GroupedMxfp4Kernel::kWgmmaRsStreamK;
       };
-      mark(GpuComponent::kMoe, "act_quant");
+      mark(GpuComponent::kMoe, padded ? "overflow" : "act_quant");
       cu::launch_act_quant_mxfp8(aq, stream);
       if (fuse) {
-        mark(GpuComponent::kMoe, "w13_swiglu");
+        mark(GpuComponent::kMoe, padded ? "overflow" : "w13_swiglu");
         grouped(gf);
       } else {
         std::tie(gg.y, gg.y_b) = gate_up();
-        mark(GpuComponent::kMoe, "w13");
+        mark(GpuComponent::kMoe, padded ? "overflow" : "w13");
         grouped(gg);
-        mark(GpuComponent::kMoe, "swiglu_quant");
+        mark(GpuComponent::kMoe, padded ? "overflow" : "swiglu_quant");
         cu::launch_swiglu_quant_mxfp8(sq, stream);
       }
-      mark(GpuComponent::kMoe, "w2");
+      mark(GpuComponent::kMoe, padded ? "overflow" : "w2");
       grouped(g2);
       if (opt.trace) trace.moe_stream_k[l] = stream_k_launches;
     }
     mark(GpuComponent::kMoe, "combine");
     if (overlap) cu::stream_wait_event(stream, ev_join);  // y holds the shared expert
+    if (padded) {
+      padded->combine.overflow = ye;
+      padded->combine.y = y;
+      cu::launch_moe_combine_padded(padded->combine, stream);
+      return;
+    }
     cu::launch_moe_combine(ye, inv, n, k, d, y, stream);
   }
 

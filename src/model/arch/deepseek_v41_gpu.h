@@ -51,6 +51,13 @@ struct GpuModelOptions {
   // 32 ranks -> ~192 rows per expert); only this rank's own copy is combined into the output.
   // The all-to-all dispatch and combine themselves are not modelled. Scratch grows with it.
   int32_t moe_ep_ranks = 1;
+  // With moe_ep_ranks > 1: true, copy r of a hit stands for rank r's tokens through this rank's
+  // hits on expert block r (MoeGroupParams::experts_total: an expert's rows are the sum of
+  // moe_ep_ranks different experts' counts, mean 192 and spread ~14 at the DEP32 decode share,
+  // as independent ranks would send under uniform routing); false: every local hit copied
+  // moe_ep_ranks times (rows per expert 32 x Binomial(2304, 1/384): mean 192, spread ~78, the
+  // rounds before r14).
+  bool moe_rank_block_replicas = true;
   // Random-weight models: rows of each Engram table kept in pinned host memory (hash ids are
   // drawn uniformly over them).
   int64_t random_engram_rows = int64_t{1} << 20;
@@ -145,6 +152,26 @@ struct GpuModelOptions {
   // CudaFp8Rows.GroupedGemmMatchesCpu are its first checks; tools/device/moe_fp8_probe.cu times
   // its K loop). Trace: moe_fp8.
   bool moe_fp8 = false;
+  // true: where a MoE layer's expected hits per local expert (rows_hint) reach
+  // moe_padded_min_rows, the routed experts run as strided-batched cuBLASLt FP8 GEMMs (kernels.h
+  // "Padded batched FP8 experts"): each expert's hits in a slot of C = round_up(rows_hint +
+  // max(rows_hint / 4, 32), 64) rows (launch_moe_pad_plan), the MXFP4 weights refolded once per
+  // row to e4m3 (launch_fold_mxfp4_rows: w1 and w3 as one [2 inter, hidden] matrix per expert;
+  // +1 byte per weight of device memory, the MXFP4 copy stays), the inputs row-scaled e4m3
+  // (launch_act_quant_fp8_rows), w1 + w3 as one unscaled GEMM, the SwiGLU quantiser applying the
+  // outer scales (its MXFP8 values row-scaled again for w2), w2 unscaled, the combine applying
+  // w2's scales. Hits past an expert's C rows take the grouped MXFP4 path (no hit is dropped).
+  // Not bit-exact with MXFP8 (the refolds, kernels.h; cuBLASLt's FP8 sums, as fp8_row_scaled).
+  // Trace: moe_padded.
+  bool moe_padded_fp8 = true;
+  // With moe_padded_fp8: the least rows_hint that takes the path (fewer expected hits per expert
+  // leave too many empty slot rows), and C itself when > 0 (tests: a small C sends hits to the
+  // overflow path).
+  int64_t moe_padded_min_rows = 16;
+  int64_t moe_padded_group_rows = 0;
+  // With moe_padded_fp8: the SwiGLU and w2's input quantiser as two launches (the SwiGLU's MXFP8
+  // values in fp32 between them) instead of one; the same codes (a test of the one-pass form).
+  bool moe_padded_two_pass_swiglu = false;
   // With moe_grouped_wgmma_rs: the most grouped rows of one expert that one pass of that kernel
   // takes (GroupedMxfp4GemmParams::rs_max_pass): 0 (192) or 224. Each pass decodes the expert's
   // weight tile again; under uniform DEP32 decode routing (32 x Binomial(2304, 1/384) rows per
@@ -308,6 +335,7 @@ struct GpuForwardTrace {
   std::map<int32_t, std::vector<float>> router_logits;  // z = f · Wg^T [rows, routed experts]
   std::map<int32_t, bool> moe_kperm;  // grouped GEMMs on k-permuted inputs (options.moe_kperm)
   std::map<int32_t, bool> moe_fp8;    // routed experts on the FP8 grouped GEMM (options.moe_fp8)
+  std::map<int32_t, int64_t> moe_padded;  // slot rows C of the padded FP8 experts (0: not taken)
   std::map<int32_t, bool> moe_fuse_swiglu;  // SwiGLU in the w1 + w3 epilogue (moe_fuse_swiglu)
   // grouped GEMM launches (w1 + w3, w2) that took the stream-K form (moe_stream_k): 0 to 2
   std::map<int32_t, int> moe_stream_k;
@@ -394,6 +422,12 @@ struct GpuForwardCost {
   // The part of `flops` whose operands are both FP8-representable (MXFP8 activations times
   // FP8/MXFP4 weights): an FP8 tensor-core GEMM can run it (the roofline's FP8 rate).
   double fp8_flops = 0;
+  // The routed experts' grouped rows (every local hit, bench replicas included) and, with
+  // moe_padded_fp8, those past their expert's slot rows (the grouped path's share) and the slot
+  // rows the padded GEMMs ran (local experts x C per layer). Not part of the roofline.
+  double moe_rows = 0;
+  double moe_overflow_rows = 0;
+  double moe_slot_rows = 0;
 };
 
 class DeepseekV41Gpu {

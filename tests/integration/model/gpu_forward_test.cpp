@@ -951,13 +951,80 @@ TEST(GpuForward, GreedyDecodeMoeFp8MatchesCpu) {
   ASSERT_EQ(ta.ffn_in.at(l), tb.ffn_in.at(l));  // nothing before the first MoE changed
   const auto& b = tb.ffn_out.at(l);
   for (const float x : b) ASSERT_TRUE(std::isfinite(x));
-  const int differing = rows_differing(ta.ffn_out.at(l), b, 20, 1e-2);
-  fmt::print("moe_fp8 vs bf16 grouped GEMM: {} of 20 rows of layer {} over 1e-2\n", differing, l);
+  // 1e-2 held for 18 of 20 rows on the H200 (r14): the kernel's wgmma sums K in the tensor core's
+  // FP8 accumulator (no promotion to fp32 per K tile), which keeps fewer bits than cuBLASLt's.
+  // Layout, scale or row errors move a row by O(1); the bound is 5e-2.
+  const int differing = rows_differing(ta.ffn_out.at(l), b, 20, 5e-2);
+  fmt::print("moe_fp8 vs bf16 grouped GEMM: {} of 20 rows of layer {} over 5e-2 ({} over 1e-2)\n",
+             differing, l, rows_differing(ta.ffn_out.at(l), b, 20, 1e-2));
   EXPECT_EQ(differing, 0);
   const auto r = greedy_prompts(false, 16, 9, 0, 8, false, false, gpu_wide_config(),
                                 [](arch::GpuModelOptions& o) { o.moe_fp8 = true; });
   fmt::print("moe_fp8, wide model, short: {} of 16 prompts never flipped, {:.3f} of greedy tokens "
              "identical\n",
+             never_flipped(r), same_fraction(r));
+  EXPECT_GE(same_fraction(r), kMinSameFraction);
+  std::filesystem::remove_all(dir);
+}
+
+// GpuModelOptions::moe_padded_fp8 (the routed experts as padded strided-batched cuBLASLt FP8
+// GEMMs) on the wide model, taken at any row count (moe_padded_min_rows 1): with the automatic
+// slot rows and with C = 2 (most hits then take the overflow path, the grouped MXFP4 kernel). A
+// traced oracle prefill takes it in every MoE layer, and the first MoE layer's output stays within
+// 5e-2 of each row's largest value of the bf16 grouped GEMM's (the same input; a wrong slot, scale
+// or row moves it by O(1)); the one-pass SwiGLU quantiser gives the two-pass form's bits. Then
+// greedy decoding against the CPU with the option on (automatic C), at the wide model's floor.
+TEST(GpuForward, MoePaddedFp8MatchesGroupedAndCpu) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_moe_padded");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  const auto run = [&](bool on, int64_t group_rows) {
+    return traced_prefill(dir, 9, [&](arch::GpuModelOptions& o) {
+      o.moe_padded_fp8 = on;
+      o.moe_padded_min_rows = 1;
+      o.moe_padded_group_rows = group_rows;
+    });
+  };
+  const auto ta = run(false, 0);
+  for (const auto& [layer, slots] : ta.moe_padded) EXPECT_EQ(slots, 0) << "layer " << layer;
+  const int32_t l = ta.ffn_out.begin()->first;
+  for (const int64_t group_rows : {int64_t{0}, int64_t{2}}) {
+    const auto tb = run(true, group_rows);
+    ASSERT_FALSE(tb.moe_padded.empty());
+    for (const auto& [layer, slots] : tb.moe_padded) {
+      EXPECT_GT(slots, 0) << "layer " << layer;
+      if (group_rows > 0) {
+        EXPECT_EQ(slots, group_rows) << "layer " << layer;
+      }
+    }
+    ASSERT_EQ(ta.ffn_in.at(l), tb.ffn_in.at(l));  // nothing before the first MoE changed
+    const auto& b = tb.ffn_out.at(l);
+    for (const float x : b) ASSERT_TRUE(std::isfinite(x));
+    // r14 (H200): 1 of the 20 rows over 1e-2 with either C, as with moe_fp8 (FP8 sums against
+    // the bf16 kernel's fp32 ones on the tiny model's rows); the bound is that test's 5e-2.
+    const int differing = rows_differing(ta.ffn_out.at(l), b, 20, 5e-2);
+    fmt::print("moe_padded_fp8 (C {}) vs bf16 grouped GEMM: {} of 20 rows of layer {} over 5e-2 "
+               "({} over 1e-2)\n",
+               tb.moe_padded.at(l), differing, l, rows_differing(ta.ffn_out.at(l), b, 20, 1e-2));
+    EXPECT_EQ(differing, 0);
+    if (group_rows == 0) {
+      // The one-pass SwiGLU quantiser against the two launches it replaces: the same bits.
+      const auto tc = traced_prefill(dir, 9, [&](arch::GpuModelOptions& o) {
+        o.moe_padded_fp8 = true;
+        o.moe_padded_min_rows = 1;
+        o.moe_padded_two_pass_swiglu = true;
+      });
+      EXPECT_EQ(tc.ffn_out.at(l), b);
+      EXPECT_EQ(tc.layer_out, tb.layer_out);
+    }
+  }
+  const auto r = greedy_prompts(false, 16, 9, 0, 8, false, false, gpu_wide_config(),
+                                [](arch::GpuModelOptions& o) {
+                                  o.moe_padded_fp8 = true;
+                                  o.moe_padded_min_rows = 1;
+                                });
+  fmt::print("moe_padded_fp8, wide model, short: {} of 16 prompts never flipped, {:.3f} of greedy "
+             "tokens identical\n",
              never_flipped(r), same_fraction(r));
   EXPECT_GE(same_fraction(r), kMinSameFraction);
   std::filesystem::remove_all(dir);
