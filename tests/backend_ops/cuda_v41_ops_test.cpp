@@ -299,6 +299,7 @@ class CudaV41 : public ::testing::Test {
     gp.perm_row = up(std::vector<int32_t>(static_cast<size_t>(hits * reps), -7));
     gp.perm_weight = nans(static_cast<size_t>(hits * reps));
     gp.inv = up(std::vector<int32_t>(static_cast<size_t>(hits), -7));
+    gp.scratch = up(std::vector<int32_t>(static_cast<size_t>(cuda::moe_group_scratch_ints(local)), -7));
     return gp;
   }
 
@@ -2998,7 +2999,8 @@ TEST_F(CudaV41, MoeGroupReplicas) {
 // Rank-block replicas (experts_total > local, kernels.h MoeGroupParams): copy r of a hit on
 // expert id goes to local expert (id - r * local) mod experts_total when that is < local, with the
 // hit's token and weight; inv names copy 0 (the hit itself, -1 off the local block). Checked
-// against the host's multiset of (expert, token, weight) per expert, including a wrap past
+// against the host's (token, weight) sequence per expert in hit order (the grouping is
+// deterministic), including a wrap past
 // experts_total (local 5 x reps 6 > 24 experts).
 TEST_F(CudaV41, MoeGroupRankBlockReplicas) {
   const int topk = 6, experts = 24, local = 5, tokens = 37, reps = 6;
@@ -3013,18 +3015,19 @@ TEST_F(CudaV41, MoeGroupRankBlockReplicas) {
   const auto perm = down(gp.perm_row, static_cast<size_t>(hits * reps));
   const auto pw = down(gp.perm_weight, static_cast<size_t>(hits * reps));
   const auto inv = down(gp.inv, static_cast<size_t>(hits));
-  std::vector<std::multiset<std::pair<int32_t, float>>> want(local), got(local);
+  // The grouping is deterministic: each expert's rows in hit order, copies in replica order.
+  std::vector<std::vector<std::pair<int32_t, float>>> want(local), got(local);
   for (int64_t i = 0; i < hits; ++i)
     for (int r = 0; r < reps; ++r) {
       const int m = ((ids[static_cast<size_t>(i)] - r * local) % experts + experts) % experts;
       if (m < local)
-        want[static_cast<size_t>(m)].insert({static_cast<int32_t>(i / topk), wts[static_cast<size_t>(i)]});
+        want[static_cast<size_t>(m)].push_back({static_cast<int32_t>(i / topk), wts[static_cast<size_t>(i)]});
     }
   ASSERT_EQ(off[0], 0);
   int64_t total = 0;
   for (int e = 0; e < local; ++e) {
     ASSERT_EQ(off[e + 1] - off[e], static_cast<int32_t>(want[static_cast<size_t>(e)].size())) << e;
-    for (int32_t q = off[e]; q < off[e + 1]; ++q) got[static_cast<size_t>(e)].insert({perm[q], pw[q]});
+    for (int32_t q = off[e]; q < off[e + 1]; ++q) got[static_cast<size_t>(e)].push_back({perm[q], pw[q]});
     EXPECT_EQ(got[static_cast<size_t>(e)], want[static_cast<size_t>(e)]) << e;
     total += static_cast<int64_t>(want[static_cast<size_t>(e)].size());
   }
@@ -3106,6 +3109,7 @@ TEST_F(CudaV41, MoeGroupAndGroupedMxfp4Gemm) {
     gp.perm_row = up(std::vector<int32_t>(static_cast<size_t>(hits), -7));
     gp.perm_weight = nans(static_cast<size_t>(hits));
     gp.inv = up(std::vector<int32_t>(static_cast<size_t>(hits), -7));
+    gp.scratch = up(std::vector<int32_t>(static_cast<size_t>(cuda::moe_group_scratch_ints(local)), -7));
     cuda::launch_moe_group(gp, stream_);
     const auto off = down(gp.offsets, local + 1);
     const auto perm = down(gp.perm_row, static_cast<size_t>(hits));

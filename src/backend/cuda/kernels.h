@@ -294,7 +294,9 @@ void launch_swiglu_quant_mxfp8(const SwigluQuantParams& p, Stream stream);
 // bias_vl routing (ids_vl, weights_vl). Outputs: offsets[local + 1] (exclusive prefix of the
 // per-expert counts; offsets[local] = kept hits), perm_row[p] = token of grouped hit p,
 // perm_weight[p] its routing weight, inv[r * k + j] = grouped position of hit (r, j) or -1.
-// The order inside one expert is unspecified (each row's GEMM result does not depend on it).
+// Deterministic: inside one expert the grouped hits are in hit order (token-major, a hit's
+// copies in replica order), so the same routing gives the same layout on every run (the padded
+// FP8 experts' slots depend on it). scratch: moe_group_scratch_ints(local) ints of device memory.
 // replicas > 1 (a bench of one expert-parallel rank): copies stand in for the tokens the other
 // ranks would send (same perm_row and weight); inv points at copy 0 (the hit itself), so a combine
 // over inv adds this rank's own hits once. With experts_total > local (the layer's routed
@@ -320,8 +322,10 @@ struct MoeGroupParams {
   int32_t* inv = nullptr;
   int replicas = 1;
   int experts_total = 0;
+  int32_t* scratch = nullptr;
 };
 void launch_moe_group(const MoeGroupParams& p, Stream stream);
+int64_t moe_group_scratch_ints(int local);
 
 // The SwiGLU + MXFP8 epilogue of a grouped GEMM with two weight sets (GroupedMxfp4GemmParams::
 // swiglu): out = what launch_swiglu_quant_mxfp8 writes (bf16 output) from gate = y and up = y_b.

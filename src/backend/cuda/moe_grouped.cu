@@ -238,14 +238,17 @@ __global__ void __launch_bounds__(kQuantThreads) swiglu_quant_kernel(SwigluQuant
 
 constexpr int kGroupThreads = 1024;
 
-__global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeGroupParams p) {
+// One CTA. Deterministic: a local expert's grouped rows are in hit order (token-major; a hit's
+// copies in replica order). Range thread t (of T, a few hits each) takes hits [t H, (t + 1) H):
+// it counts its copies per expert into scratch [local][T] (phase 1), each warp turns one expert's
+// row of counts into exclusive prefixes over t (phase 2, shuffle scans), thread 0 the experts'
+// offsets, then each range thread places its copies at offsets[m] + its prefix, in order
+// (phase 3). No atomics decide a position.
+__global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeGroupParams p, int T,
+                                                                  int64_t H) {
   pdl_wait();
-  extern __shared__ int32_t group_smem[];
-  int32_t* count = group_smem;
-  int32_t* cursor = group_smem + p.local;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int64_t hits = p.rows * p.k;
-  for (int e = threadIdx.x; e < p.local; e += blockDim.x) count[e] = 0;
-  __syncthreads();
   const auto pick = [&](int64_t i, int32_t* id, float* w) {
     const bool vl = p.ids_vl != nullptr && p.image[i / p.k] != 0;
     *id = vl ? p.ids_vl[i] : p.ids[i];
@@ -253,64 +256,81 @@ __global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeGroupParams
   };
   // Rank-block replicas (experts_total > local, see kernels.h): copy r of a hit on expert id
   // goes to local expert m_r = (id - r * local) mod experts_total when m_r < local; m_r is
-  // stepped from m_0 = id (id < experts_total), not divided, per replica.
+  // stepped from m_0 = id (id < experts_total), not divided, per replica. Otherwise copies of a
+  // hit on a local expert are `replicas` consecutive rows of it. fn(r, m, n): n rows at expert m.
   const bool blocks = p.replicas > 1 && p.experts_total > p.local;
   const auto for_each_copy = [&](int32_t id, auto&& fn) {
+    if (id < 0) return;
+    if (!blocks) {
+      if (id < p.local) fn(0, id, p.replicas);
+      return;
+    }
+    if (id >= p.experts_total) return;
     int32_t m = id;
     for (int r = 0; r < p.replicas; ++r) {
-      if (m < p.local) fn(r, m);
+      if (m < p.local) fn(r, m, 1);
       m -= p.local;
       if (m < 0) m += p.experts_total;
     }
   };
-  for (int64_t i = threadIdx.x; i < hits; i += blockDim.x) {
-    int32_t id;
-    float w;
-    pick(i, &id, &w);
-    if (id < 0) continue;
-    if (blocks) {
-      if (id < p.experts_total) for_each_copy(id, [&](int, int32_t m) { atomicAdd(&count[m], 1); });
-    } else if (id < p.local) {
-      atomicAdd(&count[id], p.replicas);
+  int32_t* mine = p.scratch + tid;  // scratch[m * T + tid]
+  const int64_t h0 = static_cast<int64_t>(tid) * H, h1 = min(h0 + H, hits);
+  if (tid < T) {
+    for (int e = 0; e < p.local; ++e) mine[static_cast<int64_t>(e) * T] = 0;
+    for (int64_t i = h0; i < h1; ++i) {
+      int32_t id;
+      float w;
+      pick(i, &id, &w);
+      for_each_copy(id, [&](int, int32_t m, int n) { mine[static_cast<int64_t>(m) * T] += n; });
     }
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  // Phase 2: warp w scans experts w, w + 32, ...: exclusive prefixes over t, 32 at a time.
+  for (int e = warp; e < p.local; e += kGroupThreads / 32) {
+    int32_t* row = p.scratch + static_cast<int64_t>(e) * T;
+    int32_t run = 0;
+    for (int t0 = 0; t0 < T; t0 += 32) {
+      const int t = t0 + lane;
+      const int32_t c = t < T ? row[t] : 0;
+      int32_t x = c;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int32_t y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+      }
+      if (t < T) row[t] = run + x - c;
+      run += __shfl_sync(0xffffffffu, x, 31);
+    }
+    if (lane == 0) p.offsets[e] = run;  // the expert's count for now
+  }
+  __syncthreads();
+  if (tid == 0) {
     int32_t off = 0;
     for (int e = 0; e < p.local; ++e) {
+      const int32_t cnt = p.offsets[e];
       p.offsets[e] = off;
-      cursor[e] = off;
-      off += count[e];
+      off += cnt;
     }
     p.offsets[p.local] = off;
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < hits; i += blockDim.x) {
-    int32_t id;
-    float w;
-    pick(i, &id, &w);
-    if (blocks) {
+  if (tid < T) {
+    for (int64_t i = h0; i < h1; ++i) {
+      int32_t id;
+      float w;
+      pick(i, &id, &w);
       p.inv[i] = -1;
-      if (id < 0 || id >= p.experts_total) continue;
       const int32_t row = static_cast<int32_t>(i / p.k);
-      for_each_copy(id, [&](int r, int32_t m) {
-        const int32_t pos = atomicAdd(&cursor[m], 1);
-        p.perm_row[pos] = row;
-        p.perm_weight[pos] = w;
-        if (r == 0) p.inv[i] = pos;
+      for_each_copy(id, [&](int r, int32_t m, int n) {
+        int32_t& cur = mine[static_cast<int64_t>(m) * T];
+        const int32_t pos = p.offsets[m] + cur;
+        cur += n;
+        for (int c = 0; c < n; ++c) {
+          p.perm_row[pos + c] = row;
+          p.perm_weight[pos + c] = w;
+        }
+        if (r == 0) p.inv[i] = pos;  // copy 0: the hit itself (a local expert)
       });
-      continue;
-    }
-    if (id >= 0 && id < p.local) {
-      // The hit's replicas take consecutive positions; inv names the first (this rank's own).
-      const int32_t pos = atomicAdd(&cursor[id], p.replicas);
-      for (int c = 0; c < p.replicas; ++c) {
-        p.perm_row[pos + c] = static_cast<int32_t>(i / p.k);
-        p.perm_weight[pos + c] = w;
-      }
-      p.inv[i] = pos;
-    } else {
-      p.inv[i] = -1;
     }
   }
 }
@@ -2384,9 +2404,16 @@ void launch_moe_group(const MoeGroupParams& p, Stream stream) {
   if (p.local <= 0 || p.local > 4096 || p.k <= 0 || p.replicas < 1 || p.experts_total < 0 ||
       p.rows * p.k * p.replicas > int64_t{1} << 30)
     bad_args("launch_moe_group", "0 < local <= 4096, k > 0, 1 <= replicas, rows * k * replicas <= 2^30");
-  const size_t smem = sizeof(int32_t) * 2 * static_cast<size_t>(p.local);
-  MS_CUDA_CHECK(launch_kernel(moe_group_kernel, 1, kGroupThreads, smem, as_cuda_stream(stream), p));
+  if (p.scratch == nullptr)
+    bad_args("launch_moe_group", "scratch set (moe_group_scratch_ints(local))");
+  // Range threads of at least 4 hits each, at most kGroupThreads.
+  const int64_t hits = p.rows * p.k;
+  const int T = static_cast<int>(std::clamp<int64_t>(ceil_div(hits, 4), 1, kGroupThreads));
+  const int64_t H = std::max<int64_t>(ceil_div(hits, T), 1);
+  MS_CUDA_CHECK(launch_kernel(moe_group_kernel, 1, kGroupThreads, 0, as_cuda_stream(stream), p, T, H));
 }
+
+int64_t moe_group_scratch_ints(int local) { return int64_t{local} * kGroupThreads; }
 
 GroupedMxfp4Kernel launch_grouped_mxfp4_gemm(const GroupedMxfp4GemmParams& p, Stream stream) {
   if (p.num_experts == 0 || p.max_rows == 0 || p.n == 0) return GroupedMxfp4Kernel::kNone;

@@ -268,13 +268,13 @@ struct DeepseekV41Gpu::Impl {
       const Layer& L = *layers[static_cast<size_t>(l)];
       if (L.experts.empty() || L.experts.front().w1.kind == Linear::Kind::kF32) continue;
       std::vector<int32_t> off(L.experts.size() + 1);
+      int32_t ov = 0;
       cu::copy_d2h(off.data(), L.moe_offsets.as<int32_t>(), off.size() * 4, stream);
+      if (L.moe_slot_rows > 0)
+        cu::copy_d2h(&ov, L.moe_ov_offsets.as<int32_t>() + L.experts.size(), 4, stream);
       cu::stream_synchronize(stream);
       cost.moe_rows += off.back();
       if (L.moe_slot_rows > 0) {
-        int32_t ov = 0;
-        cu::copy_d2h(&ov, L.moe_ov_offsets.as<int32_t>() + L.experts.size(), 4, stream);
-        cu::stream_synchronize(stream);
         cost.moe_overflow_rows += ov;
         cost.moe_slot_rows += static_cast<double>(L.moe_slot_rows) * static_cast<double>(L.experts.size());
       }
@@ -2407,6 +2407,7 @@ struct DeepseekV41Gpu::Impl {
     gp.local = local;
     gp.replicas = static_cast<int>(reps);
     gp.experts_total = opt.moe_rank_block_replicas ? static_cast<int>(e) : 0;
+    gp.scratch = buf<int32_t>("moe_group_scratch", cu::moe_group_scratch_ints(local));
     gp.offsets = offsets;
     gp.perm_row = perm;
     gp.perm_weight = pw;

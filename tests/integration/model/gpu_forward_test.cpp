@@ -1179,6 +1179,7 @@ TEST(GpuForward, MoeFusedSwigluIsBitIdenticalInTheForward) {
       o.moe_ep_ranks = 8;
       o.moe_kperm = kperm;
       o.moe_fuse_swiglu = fuse;
+      o.moe_padded_fp8 = false;  // the grouped kernel's epilogue under test
     });
   };
   for (const bool kperm : {false, true}) {
@@ -2151,6 +2152,7 @@ TEST(GpuForward, MoeStreamKGraphIsBitIdenticalToEager) {
   opt.max_rows = 512;
   opt.moe_ep_ranks = 40;
   opt.moe_stream_k = true;
+  opt.moe_padded_fp8 = false;  // stream-K on every grouped launch, not only the overflow's
   auto eager = DeepseekV41Gpu::load(dir, opt);
   ASSERT_TRUE(eager) << eager.error().to_string();
   opt.cuda_graphs = true;
@@ -2160,6 +2162,39 @@ TEST(GpuForward, MoeStreamKGraphIsBitIdenticalToEager) {
   if (testing::Test::HasFatalFailure()) return;
   EXPECT_GE(graph->get()->graph_replays(), 2);
   EXPECT_EQ(eager->get()->graph_replays(), 0);
+  std::filesystem::remove_all(dir);
+}
+
+// GpuModelOptions::moe_padded_fp8 with many hits past the slots (moe_ep_ranks 40, C = 64): which
+// hits take the slots and which the overflow path follows the grouping's order, which is
+// deterministic (launch_moe_group), so eager forwards, a second eager model and CUDA-graph
+// replays give the same logits bit for bit.
+TEST(GpuForward, MoePaddedFp8IsDeterministicAndGraphIsBitIdentical) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_moe_padded_graph");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  arch::GpuModelOptions opt;
+  opt.max_seqs = 4;
+  opt.max_context = 256;
+  opt.max_rows = 512;
+  opt.moe_ep_ranks = 40;
+  opt.moe_padded_fp8 = true;
+  opt.moe_padded_min_rows = 1;
+  opt.moe_padded_group_rows = 64;
+  auto eager = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(eager) << eager.error().to_string();
+  auto eager2 = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(eager2) << eager2.error().to_string();
+  opt.cuda_graphs = true;
+  auto graph = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(graph) << graph.error().to_string();
+  expect_bit_identical_forwards({eager->get(), eager2->get(), graph->get()});
+  if (testing::Test::HasFatalFailure()) return;
+  EXPECT_GE(graph->get()->graph_replays(), 2);
+  const arch::GpuForwardCost cost = eager->get()->last_cost();
+  fmt::print("moe_padded_fp8 determinism: {} grouped rows, {} past the slots\n", cost.moe_rows,
+             cost.moe_overflow_rows);
+  EXPECT_GT(cost.moe_overflow_rows, 0);  // the overflow path was exercised
   std::filesystem::remove_all(dir);
 }
 
