@@ -71,7 +71,8 @@ struct BenchForwardOptions {
   bool moe_kperm = true;
   bool moe_fp8 = false;
   bool rank_block_replicas = true;
-  bool moe_padded_fp8 = true;
+  bool moe_padded_fp8 = false;
+  bool moe_group_ordered = false;
   int64_t moe_padded_min_rows = 16;
   int64_t moe_padded_group_rows = 0;
   int32_t moe_rs_max_pass = 192;
@@ -246,6 +247,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_kperm = opt.moe_kperm;
   go.moe_fp8 = opt.moe_fp8;
   go.moe_padded_fp8 = opt.moe_padded_fp8;
+  go.moe_group_ordered = opt.moe_group_ordered;
   go.moe_padded_min_rows = opt.moe_padded_min_rows;
   go.moe_padded_group_rows = opt.moe_padded_group_rows;
   go.moe_rs_max_pass = opt.moe_rs_max_pass;
@@ -497,6 +499,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"moe_fp8", opt.moe_fp8},
               {"rank_block_replicas", opt.rank_block_replicas},
               {"moe_padded_fp8", opt.moe_padded_fp8},
+              {"moe_group_ordered", opt.moe_group_ordered},
               {"moe_padded_min_rows", opt.moe_padded_min_rows},
               {"moe_padded_group_rows", opt.moe_padded_group_rows},
               {"moe_rs_max_pass", opt.moe_rs_max_pass},
@@ -723,6 +726,10 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--moe-padded-fp8", opt->moe_padded_fp8,
                   "cuda: the routed experts as strided-batched cuBLASLt FP8 GEMMs over C slot rows "
                   "per expert (weights refolded to e4m3 once; hits past C on the grouped path)")
+      ->capture_default_str();
+  cmd->add_option("--moe-group-ordered", opt->moe_group_ordered,
+                  "cuda: group each expert's hits in hit order (deterministic layout; written "
+                  "without a device run)")
       ->capture_default_str();
   cmd->add_option("--moe-padded-min-rows", opt->moe_padded_min_rows,
                   "cuda: with --moe-padded-fp8, the least expected hits per local expert that "

@@ -2999,8 +2999,8 @@ TEST_F(CudaV41, MoeGroupReplicas) {
 // Rank-block replicas (experts_total > local, kernels.h MoeGroupParams): copy r of a hit on
 // expert id goes to local expert (id - r * local) mod experts_total when that is < local, with the
 // hit's token and weight; inv names copy 0 (the hit itself, -1 off the local block). Checked
-// against the host's (token, weight) sequence per expert in hit order (the grouping is
-// deterministic), including a wrap past
+// against the host's (token, weight) entries per expert: as a multiset in the atomic order, entry
+// by entry in hit order with `ordered` (written in r14 without a device run), including a wrap past
 // experts_total (local 5 x reps 6 > 24 experts).
 TEST_F(CudaV41, MoeGroupRankBlockReplicas) {
   const int topk = 6, experts = 24, local = 5, tokens = 37, reps = 6;
@@ -3008,41 +3008,92 @@ TEST_F(CudaV41, MoeGroupRankBlockReplicas) {
   const int64_t hits = tokens * topk;
   const std::vector<int32_t> ids = distinct_topk_ids(tokens, topk, experts, rng);
   const auto wts = rnd(hits, rng, 0.05f, 1.5f);
-  cuda::MoeGroupParams gp = group_params(ids, wts, tokens, topk, local, reps);
-  gp.experts_total = experts;
-  cuda::launch_moe_group(gp, stream_);
-  const auto off = down(gp.offsets, local + 1);
-  const auto perm = down(gp.perm_row, static_cast<size_t>(hits * reps));
-  const auto pw = down(gp.perm_weight, static_cast<size_t>(hits * reps));
-  const auto inv = down(gp.inv, static_cast<size_t>(hits));
-  // The grouping is deterministic: each expert's rows in hit order, copies in replica order.
-  std::vector<std::vector<std::pair<int32_t, float>>> want(local), got(local);
+  // The host's (token, weight) sequence per expert in hit order, copies in replica order.
+  std::vector<std::vector<std::pair<int32_t, float>>> want(local);
   for (int64_t i = 0; i < hits; ++i)
     for (int r = 0; r < reps; ++r) {
       const int m = ((ids[static_cast<size_t>(i)] - r * local) % experts + experts) % experts;
       if (m < local)
         want[static_cast<size_t>(m)].push_back({static_cast<int32_t>(i / topk), wts[static_cast<size_t>(i)]});
     }
-  ASSERT_EQ(off[0], 0);
-  int64_t total = 0;
-  for (int e = 0; e < local; ++e) {
-    ASSERT_EQ(off[e + 1] - off[e], static_cast<int32_t>(want[static_cast<size_t>(e)].size())) << e;
-    for (int32_t q = off[e]; q < off[e + 1]; ++q) got[static_cast<size_t>(e)].push_back({perm[q], pw[q]});
-    EXPECT_EQ(got[static_cast<size_t>(e)], want[static_cast<size_t>(e)]) << e;
-    total += static_cast<int64_t>(want[static_cast<size_t>(e)].size());
+  for (const bool ordered : {false, true}) {
+    SCOPED_TRACE(ordered ? "ordered" : "atomic order");
+    cuda::MoeGroupParams gp = group_params(ids, wts, tokens, topk, local, reps);
+    gp.experts_total = experts;
+    gp.ordered = ordered;
+    cuda::launch_moe_group(gp, stream_);
+    const auto off = down(gp.offsets, local + 1);
+    const auto perm = down(gp.perm_row, static_cast<size_t>(hits * reps));
+    const auto pw = down(gp.perm_weight, static_cast<size_t>(hits * reps));
+    const auto inv = down(gp.inv, static_cast<size_t>(hits));
+    ASSERT_EQ(off[0], 0);
+    int64_t total = 0;
+    for (int e = 0; e < local; ++e) {
+      auto w = want[static_cast<size_t>(e)];
+      ASSERT_EQ(off[e + 1] - off[e], static_cast<int32_t>(w.size())) << e;
+      std::vector<std::pair<int32_t, float>> got;
+      for (int32_t q = off[e]; q < off[e + 1]; ++q) got.push_back({perm[q], pw[q]});
+      if (!ordered) {  // the same entries in some order
+        std::sort(got.begin(), got.end());
+        std::sort(w.begin(), w.end());
+      }
+      EXPECT_EQ(got, w) << e;
+      total += static_cast<int64_t>(w.size());
+    }
+    EXPECT_GT(total, hits * local / experts * 2);  // more than the copy-0 hits: the blocks count
+    for (int64_t i = 0; i < hits; ++i) {
+      const int32_t id = ids[static_cast<size_t>(i)];
+      if (id >= local) {
+        EXPECT_EQ(inv[i], -1) << i;
+        continue;
+      }
+      ASSERT_GE(inv[i], off[id]);
+      ASSERT_LT(inv[i], off[id + 1]);
+      EXPECT_EQ(perm[inv[i]], i / topk);
+      EXPECT_EQ(pw[inv[i]], wts[static_cast<size_t>(i)]);
+    }
   }
-  EXPECT_GT(total, hits * local / experts * 2);  // more than the copy-0 hits: the blocks count
+}
+
+// MoeGroupParams::ordered with copies (experts_total 0): each expert's rows are its hits in hit
+// order, each hit's `replicas` copies consecutive, inv naming the first; checked entry by entry
+// (the layout is deterministic), on 300 tokens (more hits than one range thread per 4 hits of
+// 1024 threads would need: 1800 hits, several hits per range thread).
+TEST_F(CudaV41, MoeGroupOrderedCopies) {
+  const int topk = 6, experts = 24, local = 7, tokens = 300, reps = 3;
+  std::mt19937 rng(79);
+  const int64_t hits = tokens * topk;
+  const std::vector<int32_t> ids = distinct_topk_ids(tokens, topk, experts, rng);
+  const auto wts = rnd(hits, rng, 0.05f, 1.5f);
+  cuda::MoeGroupParams gp = group_params(ids, wts, tokens, topk, local, reps);
+  gp.ordered = true;
+  cuda::launch_moe_group(gp, stream_);
+  const auto off = down(gp.offsets, local + 1);
+  const auto perm = down(gp.perm_row, static_cast<size_t>(hits * reps));
+  const auto pw = down(gp.perm_weight, static_cast<size_t>(hits * reps));
+  const auto inv = down(gp.inv, static_cast<size_t>(hits));
+  std::vector<int32_t> want_off(local + 1, 0), cursor(local, 0);
+  for (const int32_t id : ids)
+    if (id < local) want_off[static_cast<size_t>(id) + 1] += reps;
+  for (int e = 0; e < local; ++e) want_off[e + 1] += want_off[e];
+  ASSERT_EQ(off, want_off);
   for (int64_t i = 0; i < hits; ++i) {
     const int32_t id = ids[static_cast<size_t>(i)];
     if (id >= local) {
       EXPECT_EQ(inv[i], -1) << i;
       continue;
     }
-    ASSERT_GE(inv[i], off[id]);
-    ASSERT_LT(inv[i], off[id + 1]);
-    EXPECT_EQ(perm[inv[i]], i / topk);
-    EXPECT_EQ(pw[inv[i]], wts[static_cast<size_t>(i)]);
+    const int32_t pos = want_off[id] + cursor[id];
+    cursor[id] += reps;
+    ASSERT_EQ(inv[i], pos) << i;
+    for (int c = 0; c < reps; ++c) {
+      EXPECT_EQ(perm[pos + c], i / topk);
+      EXPECT_EQ(pw[pos + c], wts[static_cast<size_t>(i)]);
+    }
   }
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  gp.scratch = nullptr;
+  EXPECT_DEATH(cuda::launch_moe_group(gp, stream_), "bad arguments");
 }
 
 TEST_F(CudaV41, MoeGroupAndGroupedMxfp4Gemm) {

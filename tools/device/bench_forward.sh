@@ -176,19 +176,17 @@ args_prefill8k_prod_nof8r="$args_prefill8k_prod --fp8-row-scaled false"
 args_decode_s6_mfp8="$args_decode_s6 --moe-fp8 true"
 args_decode_s1_mfp8="$args_decode_s1 --moe-fp8 true"
 args_prefill8k_prod_mfp8="$args_prefill8k_prod --moe-fp8 true"
-# DEP rank replicas as copies of the local hits (rounds before r14; GpuModelOptions::
-# moe_rank_block_replicas false).
-args_decode_s6_copies="$args_decode_s6 --rank-block-replicas false"
-args_decode_s1_copies="$args_decode_s1 --rank-block-replicas false"
-# The routed experts on the grouped MXFP4 kernel instead of the padded batched cuBLASLt FP8 GEMMs
-# (GpuModelOptions::moe_padded_fp8 off), and that with the old replicas (round 13's setup).
-args_decode_s6_nopad="$args_decode_s6 --moe-padded-fp8 false"
-args_decode_s1_nopad="$args_decode_s1 --moe-padded-fp8 false"
-args_decode_s6_dspark_nopad="$args_decode_s6_dspark --moe-padded-fp8 false"
-args_prefill8k_prod_nopad="$args_prefill8k_prod --moe-padded-fp8 false"
-args_prefill32k_prod_nopad="$args_prefill32k_prod --moe-padded-fp8 false"
-args_decode_s6_r13="$args_decode_s6 --moe-padded-fp8 false --rank-block-replicas false"
-args_decode_s1_r13="$args_decode_s1 --moe-padded-fp8 false --rank-block-replicas false"
+# The routed experts as padded batched cuBLASLt FP8 GEMMs (GpuModelOptions::moe_padded_fp8), and
+# that with the ordered grouping (moe_group_ordered); round 13's setup (copies as DEP replicas).
+args_decode_s6_pad="$args_decode_s6 --moe-padded-fp8 true"
+args_decode_s1_pad="$args_decode_s1 --moe-padded-fp8 true"
+args_decode_s6_dspark_pad="$args_decode_s6_dspark --moe-padded-fp8 true"
+args_prefill8k_prod_pad="$args_prefill8k_prod --moe-padded-fp8 true"
+args_prefill32k_prod_pad="$args_prefill32k_prod --moe-padded-fp8 true"
+args_decode_s6_padord="$args_decode_s6_pad --moe-group-ordered true"
+args_prefill8k_prod_padord="$args_prefill8k_prod_pad --moe-group-ordered true"
+args_decode_s6_r13="$args_decode_s6 --rank-block-replicas false"
+args_decode_s1_r13="$args_decode_s1 --rank-block-replicas false"
 
 status=0
 for name in $runs; do

@@ -294,9 +294,12 @@ void launch_swiglu_quant_mxfp8(const SwigluQuantParams& p, Stream stream);
 // bias_vl routing (ids_vl, weights_vl). Outputs: offsets[local + 1] (exclusive prefix of the
 // per-expert counts; offsets[local] = kept hits), perm_row[p] = token of grouped hit p,
 // perm_weight[p] its routing weight, inv[r * k + j] = grouped position of hit (r, j) or -1.
-// Deterministic: inside one expert the grouped hits are in hit order (token-major, a hit's
-// copies in replica order), so the same routing gives the same layout on every run (the padded
-// FP8 experts' slots depend on it). scratch: moe_group_scratch_ints(local) ints of device memory.
+// The order inside one expert follows the kernel's atomics (each row's grouped-GEMM result does
+// not depend on it), unless `ordered`: then inside one expert the grouped hits are in hit order
+// (token-major, a hit's copies in replica order), so the same routing gives the same layout on
+// every run (the padded FP8 experts' slots depend on it); scratch: moe_group_scratch_ints(local)
+// ints of device memory. `ordered` was written in r14 without a device run
+// (CudaV41.MoeGroupOrdered* and GpuForward.MoePaddedFp8IsDeterministic... are its first checks).
 // replicas > 1 (a bench of one expert-parallel rank): copies stand in for the tokens the other
 // ranks would send (same perm_row and weight); inv points at copy 0 (the hit itself), so a combine
 // over inv adds this rank's own hits once. With experts_total > local (the layer's routed
@@ -322,6 +325,7 @@ struct MoeGroupParams {
   int32_t* inv = nullptr;
   int replicas = 1;
   int experts_total = 0;
+  bool ordered = false;
   int32_t* scratch = nullptr;
 };
 void launch_moe_group(const MoeGroupParams& p, Stream stream);

@@ -238,13 +238,92 @@ __global__ void __launch_bounds__(kQuantThreads) swiglu_quant_kernel(SwigluQuant
 
 constexpr int kGroupThreads = 1024;
 
-// One CTA. Deterministic: a local expert's grouped rows are in hit order (token-major; a hit's
+// One CTA: counts by shared-memory atomics, positions by atomic cursors (the order inside an
+// expert follows the atomics).
+__global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeGroupParams p) {
+  pdl_wait();
+  extern __shared__ int32_t group_smem[];
+  int32_t* count = group_smem;
+  int32_t* cursor = group_smem + p.local;
+  const int64_t hits = p.rows * p.k;
+  for (int e = threadIdx.x; e < p.local; e += blockDim.x) count[e] = 0;
+  __syncthreads();
+  const auto pick = [&](int64_t i, int32_t* id, float* w) {
+    const bool vl = p.ids_vl != nullptr && p.image[i / p.k] != 0;
+    *id = vl ? p.ids_vl[i] : p.ids[i];
+    *w = vl ? p.weights_vl[i] : p.weights[i];
+  };
+  // Rank-block replicas (experts_total > local, see kernels.h): copy r of a hit on expert id
+  // goes to local expert m_r = (id - r * local) mod experts_total when m_r < local; m_r is
+  // stepped from m_0 = id (id < experts_total), not divided, per replica.
+  const bool blocks = p.replicas > 1 && p.experts_total > p.local;
+  const auto for_each_copy = [&](int32_t id, auto&& fn) {
+    int32_t m = id;
+    for (int r = 0; r < p.replicas; ++r) {
+      if (m < p.local) fn(r, m);
+      m -= p.local;
+      if (m < 0) m += p.experts_total;
+    }
+  };
+  for (int64_t i = threadIdx.x; i < hits; i += blockDim.x) {
+    int32_t id;
+    float w;
+    pick(i, &id, &w);
+    if (id < 0) continue;
+    if (blocks) {
+      if (id < p.experts_total) for_each_copy(id, [&](int, int32_t m) { atomicAdd(&count[m], 1); });
+    } else if (id < p.local) {
+      atomicAdd(&count[id], p.replicas);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t off = 0;
+    for (int e = 0; e < p.local; ++e) {
+      p.offsets[e] = off;
+      cursor[e] = off;
+      off += count[e];
+    }
+    p.offsets[p.local] = off;
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < hits; i += blockDim.x) {
+    int32_t id;
+    float w;
+    pick(i, &id, &w);
+    if (blocks) {
+      p.inv[i] = -1;
+      if (id < 0 || id >= p.experts_total) continue;
+      const int32_t row = static_cast<int32_t>(i / p.k);
+      for_each_copy(id, [&](int r, int32_t m) {
+        const int32_t pos = atomicAdd(&cursor[m], 1);
+        p.perm_row[pos] = row;
+        p.perm_weight[pos] = w;
+        if (r == 0) p.inv[i] = pos;
+      });
+      continue;
+    }
+    if (id >= 0 && id < p.local) {
+      // The hit's replicas take consecutive positions; inv names the first (this rank's own).
+      const int32_t pos = atomicAdd(&cursor[id], p.replicas);
+      for (int c = 0; c < p.replicas; ++c) {
+        p.perm_row[pos + c] = static_cast<int32_t>(i / p.k);
+        p.perm_weight[pos + c] = w;
+      }
+      p.inv[i] = pos;
+    } else {
+      p.inv[i] = -1;
+    }
+  }
+}
+
+// MoeGroupParams::ordered. One CTA. Deterministic: a local expert's grouped rows are in hit order (token-major; a hit's
 // copies in replica order). Range thread t (of T, a few hits each) takes hits [t H, (t + 1) H):
 // it counts its copies per expert into scratch [local][T] (phase 1), each warp turns one expert's
 // row of counts into exclusive prefixes over t (phase 2, shuffle scans), thread 0 the experts'
 // offsets, then each range thread places its copies at offsets[m] + its prefix, in order
 // (phase 3). No atomics decide a position.
-__global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeGroupParams p, int T,
+__global__ void __launch_bounds__(kGroupThreads) moe_group_ordered_kernel(MoeGroupParams p, int T,
                                                                   int64_t H) {
   pdl_wait();
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
@@ -2404,13 +2483,20 @@ void launch_moe_group(const MoeGroupParams& p, Stream stream) {
   if (p.local <= 0 || p.local > 4096 || p.k <= 0 || p.replicas < 1 || p.experts_total < 0 ||
       p.rows * p.k * p.replicas > int64_t{1} << 30)
     bad_args("launch_moe_group", "0 < local <= 4096, k > 0, 1 <= replicas, rows * k * replicas <= 2^30");
+  if (!p.ordered) {
+    const size_t smem = sizeof(int32_t) * 2 * static_cast<size_t>(p.local);
+    MS_CUDA_CHECK(
+        launch_kernel(moe_group_kernel, 1, kGroupThreads, smem, as_cuda_stream(stream), p));
+    return;
+  }
   if (p.scratch == nullptr)
-    bad_args("launch_moe_group", "scratch set (moe_group_scratch_ints(local))");
+    bad_args("launch_moe_group", "ordered: scratch set (moe_group_scratch_ints(local))");
   // Range threads of at least 4 hits each, at most kGroupThreads.
   const int64_t hits = p.rows * p.k;
   const int T = static_cast<int>(std::clamp<int64_t>(ceil_div(hits, 4), 1, kGroupThreads));
   const int64_t H = std::max<int64_t>(ceil_div(hits, T), 1);
-  MS_CUDA_CHECK(launch_kernel(moe_group_kernel, 1, kGroupThreads, 0, as_cuda_stream(stream), p, T, H));
+  MS_CUDA_CHECK(launch_kernel(moe_group_ordered_kernel, 1, kGroupThreads, 0,
+                              as_cuda_stream(stream), p, T, H));
 }
 
 int64_t moe_group_scratch_ints(int local) { return int64_t{local} * kGroupThreads; }

@@ -2407,7 +2407,8 @@ struct DeepseekV41Gpu::Impl {
     gp.local = local;
     gp.replicas = static_cast<int>(reps);
     gp.experts_total = opt.moe_rank_block_replicas ? static_cast<int>(e) : 0;
-    gp.scratch = buf<int32_t>("moe_group_scratch", cu::moe_group_scratch_ints(local));
+    gp.ordered = opt.moe_group_ordered;
+    if (gp.ordered) gp.scratch = buf<int32_t>("moe_group_scratch", cu::moe_group_scratch_ints(local));
     gp.offsets = offsets;
     gp.perm_row = perm;
     gp.perm_weight = pw;

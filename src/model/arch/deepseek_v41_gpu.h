@@ -58,6 +58,12 @@ struct GpuModelOptions {
   // moe_ep_ranks times (rows per expert 32 x Binomial(2304, 1/384): mean 192, spread ~78, the
   // rounds before r14).
   bool moe_rank_block_replicas = true;
+  // true: launch_moe_group places each expert's hits in hit order (MoeGroupParams::ordered), so
+  // the layout is the same on every run; false: in the order of its atomics. Each grouped row's
+  // result is independent of its place except with moe_padded_fp8 where hits pass the slots (which
+  // hits take the overflow path follows the order): there only `ordered` is deterministic. Off:
+  // written in r14 without a device run.
+  bool moe_group_ordered = false;
   // Random-weight models: rows of each Engram table kept in pinned host memory (hash ids are
   // drawn uniformly over them).
   int64_t random_engram_rows = int64_t{1} << 20;
@@ -162,8 +168,12 @@ struct GpuModelOptions {
   // outer scales (its MXFP8 values row-scaled again for w2), w2 unscaled, the combine applying
   // w2's scales. Hits past an expert's C rows take the grouped MXFP4 path (no hit is dropped).
   // Not bit-exact with MXFP8 (the refolds, kernels.h; cuBLASLt's FP8 sums, as fp8_row_scaled).
-  // Trace: moe_padded.
-  bool moe_padded_fp8 = true;
+  // Measured (H200, r14, DEP32 rank share): decode 64x6 47.38 -> 41.38 ms, 64x1 24.38 -> 21.63 ms,
+  // prefill 8K the same (docs/perf/forward-gpu-2026-11-30-r14.md). Off by default: with hits past
+  // the slots, the grouping's atomic order decides which hits overflow, so runs differ in the
+  // last bits (GpuForward.MoeStreamKGraphIsBitIdenticalToEager failed with it on, r14);
+  // moe_group_ordered (compile-only) is the fix. Trace: moe_padded.
+  bool moe_padded_fp8 = false;
   // With moe_padded_fp8: the least rows_hint that takes the path (fewer expected hits per expert
   // leave too many empty slot rows), and C itself when > 0 (tests: a small C sends hits to the
   // overflow path).

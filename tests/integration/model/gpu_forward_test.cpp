@@ -2166,9 +2166,9 @@ TEST(GpuForward, MoeStreamKGraphIsBitIdenticalToEager) {
 }
 
 // GpuModelOptions::moe_padded_fp8 with many hits past the slots (moe_ep_ranks 40, C = 64): which
-// hits take the slots and which the overflow path follows the grouping's order, which is
-// deterministic (launch_moe_group), so eager forwards, a second eager model and CUDA-graph
-// replays give the same logits bit for bit.
+// hits take the slots and which the overflow path follows the grouping's order, deterministic
+// with moe_group_ordered, so eager forwards, a second eager model and CUDA-graph replays give the
+// same logits bit for bit. Written in r14 without a device run (the device time was spent).
 TEST(GpuForward, MoePaddedFp8IsDeterministicAndGraphIsBitIdentical) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   const std::filesystem::path dir = make_temp_dir("gpu_moe_padded_graph");
@@ -2181,6 +2181,7 @@ TEST(GpuForward, MoePaddedFp8IsDeterministicAndGraphIsBitIdentical) {
   opt.moe_padded_fp8 = true;
   opt.moe_padded_min_rows = 1;
   opt.moe_padded_group_rows = 64;
+  opt.moe_group_ordered = true;
   auto eager = DeepseekV41Gpu::load(dir, opt);
   ASSERT_TRUE(eager) << eager.error().to_string();
   auto eager2 = DeepseekV41Gpu::load(dir, opt);
