@@ -266,6 +266,18 @@ double same_fraction(const std::vector<PromptResult>& r) {
 constexpr double kMinSameFraction = 0.25;
 constexpr double kMinSameFractionShort = 0.45;
 
+// The wide model's short greedy check against the CPU (16 prompts of 9 tokens + 8 steps) with
+// the GPU options `tweak`: prints the agreement as "<what>, wide model, short: ..." and expects
+// at least kMinSameFraction of identical greedy tokens.
+void expect_wide_short_greedy(const std::string& what,
+                              const std::function<void(arch::GpuModelOptions&)>& tweak = {}) {
+  const auto r = greedy_prompts(false, 16, 9, 0, 8, false, false, gpu_wide_config(), tweak);
+  fmt::print("{}, wide model, short: {} of 16 prompts never flipped, {:.3f} of greedy tokens "
+             "identical\n",
+             what, never_flipped(r), same_fraction(r));
+  EXPECT_GE(same_fraction(r), kMinSameFraction);
+}
+
 void greedy_case(bool exact_linears) {
   const auto long_run = greedy_prompts(exact_linears, 8, 23, 6, 64);
   fmt::print("long: {} of 8 prompts never flipped, {:.3f} of greedy tokens identical\n",
@@ -307,11 +319,7 @@ TEST(GpuForward, GreedyDecodeFastAttention) {
 // the tiny model's long-run floor, 100x chance (1/256).
 TEST(GpuForward, GreedyDecodeWideModelMatchesCpu) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
-  const auto r = greedy_prompts(false, 16, 9, 0, 8, false, false, gpu_wide_config());
-  fmt::print("wide model, short: {} of 16 prompts never flipped, {:.3f} of greedy tokens "
-             "identical\n",
-             never_flipped(r), same_fraction(r));
-  EXPECT_GE(same_fraction(r), kMinSameFraction);
+  expect_wide_short_greedy("plain");
 }
 
 // GpuModelOptions::fp8_row_scaled: every FP8 linear as a row-scaled FP8 cuBLASLt GEMM (the bf16
@@ -958,12 +966,7 @@ TEST(GpuForward, GreedyDecodeMoeFp8MatchesCpu) {
   fmt::print("moe_fp8 vs bf16 grouped GEMM: {} of 20 rows of layer {} over 5e-2 ({} over 1e-2)\n",
              differing, l, rows_differing(ta.ffn_out.at(l), b, 20, 1e-2));
   EXPECT_EQ(differing, 0);
-  const auto r = greedy_prompts(false, 16, 9, 0, 8, false, false, gpu_wide_config(),
-                                [](arch::GpuModelOptions& o) { o.moe_fp8 = true; });
-  fmt::print("moe_fp8, wide model, short: {} of 16 prompts never flipped, {:.3f} of greedy tokens "
-             "identical\n",
-             never_flipped(r), same_fraction(r));
-  EXPECT_GE(same_fraction(r), kMinSameFraction);
+  expect_wide_short_greedy("moe_fp8", [](arch::GpuModelOptions& o) { o.moe_fp8 = true; });
   std::filesystem::remove_all(dir);
 }
 
@@ -1018,15 +1021,10 @@ TEST(GpuForward, MoePaddedFp8MatchesGroupedAndCpu) {
       EXPECT_EQ(tc.layer_out, tb.layer_out);
     }
   }
-  const auto r = greedy_prompts(false, 16, 9, 0, 8, false, false, gpu_wide_config(),
-                                [](arch::GpuModelOptions& o) {
-                                  o.moe_padded_fp8 = true;
-                                  o.moe_padded_min_rows = 1;
-                                });
-  fmt::print("moe_padded_fp8, wide model, short: {} of 16 prompts never flipped, {:.3f} of greedy "
-             "tokens identical\n",
-             never_flipped(r), same_fraction(r));
-  EXPECT_GE(same_fraction(r), kMinSameFraction);
+  expect_wide_short_greedy("moe_padded_fp8", [](arch::GpuModelOptions& o) {
+    o.moe_padded_fp8 = true;
+    o.moe_padded_min_rows = 1;
+  });
   std::filesystem::remove_all(dir);
 }
 
@@ -1304,17 +1302,11 @@ TEST(GpuForward, MhcFusedExpandMixesAgreesInTheForward) {
         "compared\n");
   }
   std::filesystem::remove_all(dir);
-  const auto r = greedy_prompts(false, 16, 9, 0, 8, false, false, gpu_wide_config(),
-                                [](arch::GpuModelOptions& o) {
-                                  o.mhc_fuse_expand_mixes = true;
-                                  o.mhc_fuse_min_rows = 0;
-                                  o.mhc_fuse_norm = false;
-                                });
-  fmt::print(
-      "mhc_fuse_expand_mixes, wide model, short: {} of 16 prompts never flipped, {:.3f} of "
-      "greedy tokens identical\n",
-      never_flipped(r), same_fraction(r));
-  EXPECT_GE(same_fraction(r), kMinSameFraction);
+  expect_wide_short_greedy("mhc_fuse_expand_mixes", [](arch::GpuModelOptions& o) {
+    o.mhc_fuse_expand_mixes = true;
+    o.mhc_fuse_min_rows = 0;
+    o.mhc_fuse_norm = false;
+  });
 }
 
 // GpuModelOptions::mhc_fuse_norm (the fused expand + mixes launch also applies the RMSNorm of the
