@@ -185,6 +185,8 @@ args_prefill8k_prod_pad="$args_prefill8k_prod --moe-padded-fp8 true"
 args_prefill32k_prod_pad="$args_prefill32k_prod --moe-padded-fp8 true"
 args_decode_s6_padord="$args_decode_s6_pad --moe-group-ordered true"
 args_prefill8k_prod_padord="$args_prefill8k_prod_pad --moe-group-ordered true"
+args_decode_s6_ord="$args_decode_s6 --moe-group-ordered true"
+args_decode_s1_padord="$args_decode_s1_pad --moe-group-ordered true"
 args_decode_s6_r13="$args_decode_s6 --rank-block-replicas false"
 args_decode_s1_r13="$args_decode_s1 --rank-block-replicas false"
 
