@@ -71,10 +71,12 @@ struct BenchForwardOptions {
   bool moe_kperm = true;
   bool moe_fp8 = false;
   bool rank_block_replicas = true;
-  bool moe_padded_fp8 = false;
-  bool moe_group_ordered = false;
+  bool moe_padded_fp8 = true;
+  bool moe_group_ordered = true;
   int64_t moe_padded_min_rows = 16;
   int64_t moe_padded_group_rows = 0;
+  bool moe_padded_gather_quant = true;
+  bool moe_padded_bf16 = true;
   int32_t moe_rs_max_pass = 192;
   bool moe_fuse_swiglu = false;
   bool moe_stream_k = false;
@@ -248,6 +250,8 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_fp8 = opt.moe_fp8;
   go.moe_padded_fp8 = opt.moe_padded_fp8;
   go.moe_group_ordered = opt.moe_group_ordered;
+  go.moe_padded_gather_quant = opt.moe_padded_gather_quant;
+  go.moe_padded_bf16 = opt.moe_padded_bf16;
   go.moe_padded_min_rows = opt.moe_padded_min_rows;
   go.moe_padded_group_rows = opt.moe_padded_group_rows;
   go.moe_rs_max_pass = opt.moe_rs_max_pass;
@@ -500,6 +504,8 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"rank_block_replicas", opt.rank_block_replicas},
               {"moe_padded_fp8", opt.moe_padded_fp8},
               {"moe_group_ordered", opt.moe_group_ordered},
+              {"moe_padded_gather_quant", opt.moe_padded_gather_quant},
+              {"moe_padded_bf16", opt.moe_padded_bf16},
               {"moe_padded_min_rows", opt.moe_padded_min_rows},
               {"moe_padded_group_rows", opt.moe_padded_group_rows},
               {"moe_rs_max_pass", opt.moe_rs_max_pass},
@@ -728,8 +734,15 @@ void register_bench_forward(CLI::App& bench) {
                   "per expert (weights refolded to e4m3 once; hits past C on the grouped path)")
       ->capture_default_str();
   cmd->add_option("--moe-group-ordered", opt->moe_group_ordered,
-                  "cuda: group each expert's hits in hit order (deterministic layout; written "
-                  "without a device run)")
+                  "cuda: group each expert's hits in hit order (deterministic layout; false: "
+                  "in the order of the grouping's atomics)")
+      ->capture_default_str();
+  cmd->add_option("--moe-padded-gather-quant", opt->moe_padded_gather_quant,
+                  "cuda: with --moe-padded-fp8, quantise each token row once and gather the codes "
+                  "into the slot rows (false: one quantiser pass per slot row)")
+      ->capture_default_str();
+  cmd->add_option("--moe-padded-bf16", opt->moe_padded_bf16,
+                  "cuda: with --moe-padded-fp8, the GEMMs' unscaled sums in bf16 (false: fp32)")
       ->capture_default_str();
   cmd->add_option("--moe-padded-min-rows", opt->moe_padded_min_rows,
                   "cuda: with --moe-padded-fp8, the least expected hits per local expert that "

@@ -964,13 +964,18 @@ TEST_F(CudaOps, MoePadPlanMatchesHost) {
 
 // launch_moe_combine_padded against the host's sums in the kernel's order (y + Σ_j, each slot
 // row's value (src * row_scale) * col_scale, each overflow row's as is): 3 experts x C = 4 slot
-// rows, 5 overflow rows, 7 tokens x k = 3 hits with misses. Bit for bit.
+// rows, 5 overflow rows, 7 tokens x k = 3 hits with misses. Bit for bit, with fp32 and with bf16
+// slot rows (src_bf16: the host sums the bf16 values).
 TEST_F(CudaOps, MoeCombinePaddedMatchesHost) {
+  for (const bool bf16 : {false, true})
   for (const int64_t cols : {int64_t{40}, int64_t{42}}) {  // the float4 kernel, the scalar one
   const int64_t C = 4, slots = 12, ov = 5, rows = 7;
   const int k = 3;
   std::mt19937 rng(81);
-  const auto src = random_floats(slots * cols, rng, -2.0f, 2.0f);
+  auto src = random_floats(slots * cols, rng, -2.0f, 2.0f);
+  std::vector<uint16_t> src_b(src.size());
+  float_to_bf16(src, src_b);
+  if (bf16) bf16_to_float(src_b, src);
   const auto ovf = random_floats(ov * cols, rng, -2.0f, 2.0f);
   std::vector<float> rs(static_cast<size_t>(slots)), cs(static_cast<size_t>(slots / C * cols));
   for (auto& v : rs) v = std::ldexp(1.0f, static_cast<int>(rng() % 9) - 4);
@@ -991,14 +996,15 @@ TEST_F(CudaOps, MoeCombinePaddedMatchesHost) {
       }
       want[static_cast<size_t>(t * cols + c)] = acc;
     }
-  auto dsrc = upload(src);
+  auto dsrc = bf16 ? upload(src_b) : upload(src);
   auto dov = upload(ovf);
   auto drs = upload(rs);
   auto dcs = upload(cs);
   auto dinv = upload(inv);
   auto dy = upload(y0);
   cuda::MoeCombinePaddedParams p;
-  p.src = dsrc->view().data_as<float>();
+  p.src = dsrc->view().data();
+  p.src_bf16 = bf16;
   p.row_scale = drs->view().data_as<float>();
   p.col_scale = dcs->view().data_as<float>();
   p.slot_rows = slots;
@@ -1010,7 +1016,7 @@ TEST_F(CudaOps, MoeCombinePaddedMatchesHost) {
   p.cols = cols;
   p.y = dy->view().data_as<float>();
   cuda::launch_moe_combine_padded(p, stream_);
-  EXPECT_EQ(download<float>(*dy), want) << "cols " << cols;
+  EXPECT_EQ(download<float>(*dy), want) << "cols " << cols << " bf16 " << bf16;
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   p.k = 17;
   EXPECT_DEATH(cuda::launch_moe_combine_padded(p, stream_), "bad arguments");
@@ -1078,11 +1084,18 @@ TEST_F(CudaOps, SwigluQuantOuterScalesMatchPrescaledInputs) {
 // clamp, routing weight) gives the codes and row scales of the two launches it replaces:
 // launch_swiglu_quant_mxfp8 (fp32 MXFP8 values, the same scales) then launch_act_quant_fp8_rows
 // on them. Bit for bit, on 12 rows in 3 groups with gates and ups over [-12, 12] (the clamp at
-// 10 taken) and 1024 columns (two chunks per thread). A SwiGLU with bf16 x is refused.
+// 10 taken) and 1024 columns (two chunks per thread); from fp32 gate / up and from bf16 ones (the
+// two passes then see the bf16 values widened). A SwiGLU with an input scale is refused.
 TEST_F(CudaFp8Rows, SwigluInputMatchesTwoPasses) {
+  for (const bool bf16 : {false, true}) {
+  SCOPED_TRACE(bf16 ? "bf16 gate / up" : "fp32 gate / up");
   const int64_t rows = 12, cols = 1024, G = 4;
   std::mt19937 rng(97);
-  const auto gu = random_floats(rows * 2 * cols, rng, -12.0f, 12.0f);
+  auto gu = random_floats(rows * 2 * cols, rng, -12.0f, 12.0f);
+  std::vector<uint16_t> gu_b(gu.size());
+  float_to_bf16(gu, gu_b);
+  if (bf16) bf16_to_float(gu_b, gu);
+  auto dgu_b = upload(gu_b);
   const auto pw = random_floats(rows, rng, 0.1f, 1.0f);
   std::vector<float> rs(static_cast<size_t>(rows)), cs(static_cast<size_t>(rows / G * 2 * cols));
   for (auto& v : rs) v = std::ldexp(1.0f, static_cast<int>(rng() % 7) - 3);
@@ -1113,14 +1126,17 @@ TEST_F(CudaFp8Rows, SwigluInputMatchesTwoPasses) {
   auto codes = upload(std::vector<uint8_t>(static_cast<size_t>(rows * cols), 0xA5));
   auto scale = poisoned_floats(rows);
   cuda::ActQuantFp8RowsParams q;
-  q.x = sq.gate;
+  q.x = bf16 ? static_cast<const void*>(dgu_b->view().data_as<uint16_t>())
+             : static_cast<const void*>(sq.gate);
+  q.x_type = bf16 ? cuda::ActivationType::kBF16 : cuda::ActivationType::kF32;
   q.ldx = 2 * cols;
   q.rows = rows;
   q.cols = cols;
   q.out = codes->view().data_as<uint8_t>();
   q.ldo = cols;
   q.row_scale = scale->view().data_as<float>();
-  q.swiglu.up = sq.up;
+  q.swiglu.up = bf16 ? static_cast<const void*>(dgu_b->view().data_as<uint16_t>() + cols)
+                     : static_cast<const void*>(sq.up);
   q.swiglu.row_weight = sq.row_weight;
   q.swiglu.limit = sq.limit;
   q.swiglu.row_scale = sq.in_row_scale;
@@ -1132,8 +1148,10 @@ TEST_F(CudaFp8Rows, SwigluInputMatchesTwoPasses) {
   EXPECT_EQ(download<uint8_t>(*codes), download<uint8_t>(*two.codes));
   EXPECT_EQ(download<float>(*scale), download<float>(*two.scale));
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  q.x_type = cuda::ActivationType::kBF16;
+  q.in_row_scale = sq.in_row_scale;
+  q.in_col_scale = sq.gate_col_scale;
   EXPECT_DEATH(cuda::launch_act_quant_fp8_rows(q, stream_), "bad arguments");
+  }
 }
 
 // launch_act_quant_fp8_rows with row_index -1 (an empty slot row of the padded experts) writes a
@@ -1169,6 +1187,77 @@ TEST_F(CudaFp8Rows, EmptyRowIndexGivesZeroRow) {
   EXPECT_EQ(got_s[0], want_s[2]);
   EXPECT_TRUE(std::isfinite(got_s[1]));
   EXPECT_EQ(got_s[2], want_s[0]);
+}
+
+// launch_gather_fp8_rows after launch_act_quant_fp8_rows over the source rows gives the bits of
+// launch_act_quant_fp8_rows with the same row_index (the padded experts' two forms): codes and
+// scales of repeated rows, of empty rows (-1: zero codes, the kernel's zero-row scale), into a
+// pitched output whose padding stays untouched; bad arguments are refused.
+TEST_F(CudaFp8Rows, GatherAfterQuantMatchesQuantWithRowIndex) {
+  const int64_t src_rows = 23, m = 61, k = 5120, ldo = k + 32;
+  std::mt19937 rng(96);
+  const auto x = spread_rows(src_rows, k, rng);
+  auto dx = upload(x);
+  std::vector<int32_t> idx(static_cast<size_t>(m));
+  std::uniform_int_distribution<int32_t> pick(-4, static_cast<int32_t>(src_rows - 1));
+  for (auto& i : idx) i = std::max(pick(rng), -1);  // ~1 in 7 empty, repeats
+  ASSERT_GT(std::count(idx.begin(), idx.end(), -1), 0);
+  auto didx = upload(idx);
+  // The direct form: one quantiser row per output row.
+  auto want_codes = upload(std::vector<uint8_t>(static_cast<size_t>(m * k), 0x5A));
+  auto want_scale = poisoned_floats(m);
+  cuda::ActQuantFp8RowsParams q;
+  q.x = dx->view().data();
+  q.ldx = k;
+  q.rows = m;
+  q.cols = k;
+  q.row_index = didx->view().data_as<int32_t>();
+  q.out = want_codes->view().data_as<uint8_t>();
+  q.ldo = k;
+  q.row_scale = want_scale->view().data_as<float>();
+  cuda::launch_act_quant_fp8_rows(q, stream_);
+  // Each source row once, then the gather.
+  const DeviceRowScaled once = quantise_rows(*dx, src_rows, k);
+  auto got_codes = upload(std::vector<uint8_t>(static_cast<size_t>(m * ldo), 0xA5));
+  auto got_scale = poisoned_floats(m);
+  cuda::GatherFp8RowsParams g;
+  g.src = once.codes->view().data_as<uint8_t>();
+  g.ld_src = k;
+  g.src_scale = once.scale->view().data_as<float>();
+  g.row_index = didx->view().data_as<int32_t>();
+  g.rows = m;
+  g.cols = k;
+  g.out = got_codes->view().data_as<uint8_t>();
+  g.ldo = ldo;
+  g.out_scale = got_scale->view().data_as<float>();
+  cuda::launch_gather_fp8_rows(g, stream_);
+  const auto want = download<uint8_t>(*want_codes);
+  const auto want_s = download<float>(*want_scale);
+  const auto got = download<uint8_t>(*got_codes);
+  const auto got_s = download<float>(*got_scale);
+  size_t diff = 0, pad = 0, nonzero = 0;
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t c = 0; c < ldo; ++c) {
+      const uint8_t v = got[static_cast<size_t>(r * ldo + c)];
+      if (c >= k) {
+        pad += v != 0xA5;
+        continue;
+      }
+      diff += v != want[static_cast<size_t>(r * k + c)];
+      nonzero += v != 0;
+    }
+    EXPECT_EQ(got_s[static_cast<size_t>(r)], want_s[static_cast<size_t>(r)]) << r;
+    EXPECT_TRUE(std::isfinite(got_s[static_cast<size_t>(r)])) << r;
+  }
+  EXPECT_EQ(diff, 0u);
+  EXPECT_EQ(pad, 0u);
+  EXPECT_GT(nonzero, static_cast<size_t>(m * k / 2));  // live rows, not an all-zero output
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  g.cols = k - 8;
+  EXPECT_DEATH(cuda::launch_gather_fp8_rows(g, stream_), "bad arguments");
+  g.cols = k;
+  g.ldo = k + 8;
+  EXPECT_DEATH(cuda::launch_gather_fp8_rows(g, stream_), "bad arguments");
 }
 
 struct RowScaledCase {

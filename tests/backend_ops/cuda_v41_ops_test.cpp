@@ -3000,11 +3000,20 @@ TEST_F(CudaV41, MoeGroupReplicas) {
 // expert id goes to local expert (id - r * local) mod experts_total when that is < local, with the
 // hit's token and weight; inv names copy 0 (the hit itself, -1 off the local block). Checked
 // against the host's (token, weight) entries per expert: as a multiset in the atomic order, entry
-// by entry in hit order with `ordered` (written in r14 without a device run), including a wrap past
-// experts_total (local 5 x reps 6 > 24 experts).
-TEST_F(CudaV41, MoeGroupRankBlockReplicas) {
-  const int topk = 6, experts = 24, local = 5, tokens = 37, reps = 6;
-  std::mt19937 rng(78);
+// by entry in hit order with `ordered`: with a wrap past experts_total (local 5 x reps 6 > 24
+// experts: the kernels' loop over the replicas), and with blocks that tile the experts (local 4 x
+// reps 6 = 24, and x reps 5 < 24: the kernels' one-copy form, rank_blocks_clean).
+struct RankBlockCase {
+  int local, reps;
+};
+class CudaV41RankBlocks : public CudaV41, public ::testing::WithParamInterface<RankBlockCase> {};
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaV41RankBlocks,
+                         ::testing::Values(RankBlockCase{5, 6}, RankBlockCase{4, 6},
+                                           RankBlockCase{4, 5}));
+TEST_P(CudaV41RankBlocks, MoeGroupRankBlockReplicas) {
+  const int topk = 6, experts = 24, tokens = 37;
+  const int local = GetParam().local, reps = GetParam().reps;
+  std::mt19937 rng(78 + local * 10 + reps);
   const int64_t hits = tokens * topk;
   const std::vector<int32_t> ids = distinct_topk_ids(tokens, topk, experts, rng);
   const auto wts = rnd(hits, rng, 0.05f, 1.5f);

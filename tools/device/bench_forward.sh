@@ -187,6 +187,14 @@ args_decode_s6_padord="$args_decode_s6_pad --moe-group-ordered true"
 args_prefill8k_prod_padord="$args_prefill8k_prod_pad --moe-group-ordered true"
 args_decode_s6_ord="$args_decode_s6 --moe-group-ordered true"
 args_decode_s1_padord="$args_decode_s1_pad --moe-group-ordered true"
+# r15: the padded path and the ordered grouping are the defaults; rows without them, and without
+# the padded path's gathered input quantiser / bf16 GEMM sums.
+args_decode_s6_nopad="$args_decode_s6 --moe-padded-fp8 false --moe-group-ordered false"
+args_decode_s1_nopad="$args_decode_s1 --moe-padded-fp8 false --moe-group-ordered false"
+args_prefill8k_prod_nopad="$args_prefill8k_prod --moe-padded-fp8 false --moe-group-ordered false"
+args_decode_s6_nogather="$args_decode_s6 --moe-padded-gather-quant false"
+args_decode_s6_nobf16="$args_decode_s6 --moe-padded-bf16 false"
+args_decode_s6_r14pad="$args_decode_s6 --moe-padded-gather-quant false --moe-padded-bf16 false"
 args_decode_s6_r13="$args_decode_s6 --rank-block-replicas false"
 args_decode_s1_r13="$args_decode_s1 --rank-block-replicas false"
 

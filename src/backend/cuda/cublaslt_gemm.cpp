@@ -81,13 +81,15 @@ void CublasLtGemm::run(const LtGemmParams& p) {
                  "16-byte aligned operands, both scale vectors (M={} N={} K={})",
                  p.m, p.n, p.k);
   }
+  MS_CHECK_MSG(!p.c_bf16 || (fp8 && p.unscaled), "cuBLASLt c_bf16: kFp8RowScaled unscaled only");
   const bool bf16_in = p.precision == GemmPrecision::kBf16 || p.precision == GemmPrecision::kBf16F32;
   const cudaDataType_t data_type = fp8 ? CUDA_R_8F_E4M3 : bf16_in ? CUDA_R_16BF : CUDA_R_32F;
-  const cudaDataType_t out_type = p.precision == GemmPrecision::kBf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t out_type =
+      p.precision == GemmPrecision::kBf16 || p.c_bf16 ? CUDA_R_16BF : CUDA_R_32F;
   const cublasComputeType_t compute =
       p.precision == GemmPrecision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
 
-  const ShapeKey key{static_cast<int>(p.precision),
+  const ShapeKey key{static_cast<int>(p.precision) + (p.c_bf16 ? 256 : 0),
                      p.m,
                      p.n,
                      p.k,

@@ -48,6 +48,9 @@ struct LtGemmParams {
   // kFp8RowScaled: leave C unscaled (A B^T of the codes times alpha); the caller applies
   // a_scale and b_scale itself (e.g. ActQuantFp8RowsParams::in_row_scale / in_col_scale).
   bool unscaled = false;
+  // kFp8RowScaled with unscaled: C in bf16 (the fp32 sums rounded once; half the bytes for the
+  // consumer that applies the scales).
+  bool c_bf16 = false;
   // kFp8RowScaled: skip the OUTER_VEC_32F modes (the unscaled GEMM + launch_scale_rows_cols),
   // for the test of that path.
   bool force_post_scale = false;

@@ -83,8 +83,15 @@ __global__ void __launch_bounds__(1024) act_quant_fp8_rows_kernel(ActQuantFp8Row
         const ActQuantFp8RowsParams::SwigluInput& sw = p.swiglu;
         const v41::SwigluScales sc{sw.row_scale, sw.gate_col_scale, sw.up_col_scale,
                                    sw.ld_col_scale, sw.group_rows};
-        v41::swiglu8(static_cast<const float*>(p.x) + src * p.ldx + c, sw.up + src * p.ldx + c,
-                     r, c, sw.row_weight, sw.limit, sc, v);
+        if (p.x_type == ActivationType::kBF16) {
+          v41::swiglu8(static_cast<const uint16_t*>(p.x) + src * p.ldx + c,
+                       static_cast<const uint16_t*>(sw.up) + src * p.ldx + c, r, c,
+                       sw.row_weight, sw.limit, sc, v);
+        } else {
+          v41::swiglu8(static_cast<const float*>(p.x) + src * p.ldx + c,
+                       static_cast<const float*>(sw.up) + src * p.ldx + c, r, c, sw.row_weight,
+                       sw.limit, sc, v);
+        }
       } else if (live && p.x_type == ActivationType::kBF16) {
         const uint4 raw = *reinterpret_cast<const uint4*>(
             static_cast<const __nv_bfloat16*>(p.x) + src * p.ldx + c);
@@ -223,6 +230,28 @@ __global__ void __launch_bounds__(kThreads) fold_mxfp4_rows_kernel(const uint8_t
   }
 }
 
+// 16 bytes per item, grid-stride over rows x cols / 16 items; the item at column 0 writes the
+// row's scale.
+__global__ void gather_fp8_rows_kernel(GatherFp8RowsParams p) {
+  pdl_wait();
+  const int64_t per_row = p.cols / 16, items = p.rows * per_row;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < items;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / per_row, j = i - r * per_row;
+    const int64_t src = p.row_index[r];
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (src >= 0) v = *reinterpret_cast<const uint4*>(p.src + src * p.ld_src + j * 16);
+    *reinterpret_cast<uint4*>(p.out + r * p.ldo + j * 16) = v;
+    if (j == 0) {
+      // A zero row's scale as act_quant_fp8_rows_kernel computes it: every block's reference
+      // code is the MXFP8 rule's at amax 0.
+      p.out_scale[r] = src >= 0 ? p.src_scale[src]
+                                : v41::ue8m0_decode(v41::mxfp8_scale(
+                                      v41::e4m3_decode(0u) * v41::mxfp8_scale(0.0f).s).code);
+    }
+  }
+}
+
 __global__ void scale_rows_cols_kernel(float* y, int64_t ldy, int64_t m, int64_t n,
                                        const float* row_scale, const float* col_scale) {
   pdl_wait();
@@ -251,7 +280,7 @@ void launch_act_quant_fp8_rows(const ActQuantFp8RowsParams& p, Stream stream) {
       p.rows < 0 || p.x == nullptr || p.out == nullptr || p.row_scale == nullptr ||
       (p.in_row_scale == nullptr) != (p.in_col_scale == nullptr) ||
       (p.swiglu.up != nullptr &&
-       (p.x_type != ActivationType::kF32 || p.in_row_scale != nullptr ||
+       (p.in_row_scale != nullptr ||
         reinterpret_cast<uintptr_t>(p.swiglu.up) % 16 != 0 ||
         (p.swiglu.row_scale != nullptr &&
          (p.swiglu.gate_col_scale == nullptr || p.swiglu.up_col_scale == nullptr ||
@@ -263,7 +292,7 @@ void launch_act_quant_fp8_rows(const ActQuantFp8RowsParams& p, Stream stream) {
     bad_args("launch_act_quant_fp8_rows",
              "0 < cols <= 65536, cols % 32 == 0, ldx >= cols, ldo >= cols; x fp32 or bf16, "
              "16-byte aligned rows; out 8-byte aligned rows; out, row_scale set; in_row_scale and "
-             "in_col_scale both set or both null; kperm_fp8: cols % 64 == 0; swiglu: fp32 x, "
+             "in_col_scale both set or both null; kperm_fp8: cols % 64 == 0; swiglu: "
              "no in_row_scale, up 16-byte aligned, with row_scale both column scales, "
              "group_rows >= 1, ld_col_scale >= cols");
   // CPT chunks of 8 per thread with at most 1024 threads: 1 up to 8192 columns, else 2, 4, 8.
@@ -280,6 +309,21 @@ void launch_act_quant_fp8_rows(const ActQuantFp8RowsParams& p, Stream stream) {
                             ? static_cast<unsigned>(std::min<int64_t>(p.rows, 8 * device_sm_count()))
                             : row_grid(p.rows);
   MS_CUDA_CHECK(launch_kernel(kernel, grid, threads, 0, as_cuda_stream(stream), p));
+}
+
+void launch_gather_fp8_rows(const GatherFp8RowsParams& p, Stream stream) {
+  if (p.rows == 0) return;
+  if (p.rows < 0 || p.cols <= 0 || p.cols % 16 != 0 || p.ld_src < p.cols || p.ldo < p.cols ||
+      p.ld_src % 16 != 0 || p.ldo % 16 != 0 || p.src == nullptr || p.src_scale == nullptr ||
+      p.row_index == nullptr || p.out == nullptr || p.out_scale == nullptr ||
+      reinterpret_cast<uintptr_t>(p.src) % 16 != 0 || reinterpret_cast<uintptr_t>(p.out) % 16 != 0)
+    bad_args("launch_gather_fp8_rows",
+             "cols % 16 == 0, cols > 0; ld_src, ldo >= cols and % 16 == 0; src, out 16-byte "
+             "aligned; src_scale, row_index, out_scale set");
+  const int64_t items = p.rows * (p.cols / 16);
+  const unsigned grid = static_cast<unsigned>(
+      std::min<int64_t>((items + kThreads - 1) / kThreads, int64_t{16} * device_sm_count()));
+  MS_CUDA_CHECK(launch_kernel(gather_fp8_rows_kernel, grid, kThreads, 0, as_cuda_stream(stream), p));
 }
 
 void launch_fold_mxfp4_rows(const uint8_t* w, const uint8_t* w_scale, int64_t n, int64_t k,

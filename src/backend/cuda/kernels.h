@@ -198,14 +198,15 @@ struct ActQuantFp8RowsParams {
   // codes and row scales as without it. cols % 64 == 0.
   bool kperm_fp8 = false;
   // Optional SwiGLU input (the padded FP8 experts' w2 input in one pass): with up set, x is the
-  // gate (fp32, pitch ldx; up the same pitch) and the value quantised at (r, c) is
+  // gate (x_type: fp32 or bf16, pitch ldx; up the same type and pitch; bf16 values widened
+  // exactly first) and the value quantised at (r, c) is
   // swiglu_clamped(g', u', limit) * row_weight[r] (launch_swiglu_quant_mxfp8's order), where
   // g' = gate * row_scale[r] * gate_col_scale[(r / group_rows) * ld_col_scale + c] and u' the
   // same with up_col_scale when row_scale is set, else the values as stored. The same codes and
   // row scales as launch_swiglu_quant_mxfp8 (fp32 output) followed by this launch on its output.
   // Not with in_row_scale / in_col_scale.
   struct SwigluInput {
-    const float* up = nullptr;
+    const void* up = nullptr;
     const float* row_weight = nullptr;
     float limit = 10.0f;
     const float* row_scale = nullptr;
@@ -216,6 +217,26 @@ struct ActQuantFp8RowsParams {
   } swiglu;
 };
 void launch_act_quant_fp8_rows(const ActQuantFp8RowsParams& p, Stream stream);
+
+// The rows of a row-scaled FP8 operand gathered: out row r = src row row_index[r] (codes and row
+// scale), or for row_index[r] < 0 a row of zero codes with the scale launch_act_quant_fp8_rows
+// gives such a row. So launch_act_quant_fp8_rows over x's rows followed by this gather gives the
+// codes and scales of launch_act_quant_fp8_rows with row_index, bit for bit (each output row
+// depends on its source row only), quantising each source row once (the padded experts' inputs:
+// 384 token rows into 3072 slot rows at the DEP32 decode share). cols % 16 == 0; src, out and
+// their pitches 16-byte aligned.
+struct GatherFp8RowsParams {
+  const uint8_t* src = nullptr;
+  int64_t ld_src = 0;
+  const float* src_scale = nullptr;
+  const int32_t* row_index = nullptr;  // [rows]
+  int64_t rows = 0;
+  int64_t cols = 0;
+  uint8_t* out = nullptr;
+  int64_t ldo = 0;
+  float* out_scale = nullptr;  // [rows]
+};
+void launch_gather_fp8_rows(const GatherFp8RowsParams& p, Stream stream);
 
 // The checkpoint FP8 weight w (e4m3 [n, k], ue8m0 scales [ceil(n/32), k/32], one per 32x32
 // block) refolded per row: out [n, k] e4m3, row_scale[n] (the refold above, R per weight row

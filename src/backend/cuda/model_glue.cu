@@ -34,6 +34,13 @@ __global__ void moe_combine_kernel(const float* src, const int32_t* inv, int k, 
   }
 }
 
+// Element i of the padded combine's src, fp32 or widened from bf16.
+__device__ __forceinline__ float padded_src(const MoeCombinePaddedParams& p, int64_t i) {
+  return p.src_bf16 ? __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(p.src)[i])
+                                      << 16)
+                    : static_cast<const float*>(p.src)[i];
+}
+
 // Token t's hits (slot or overflow rows, -1 none) and their row scales (1 off the slots) into
 // shared memory, for the whole block.
 __device__ __forceinline__ void load_padded_hits(const MoeCombinePaddedParams& p, int64_t t,
@@ -59,7 +66,7 @@ __global__ void moe_combine_padded_kernel(MoeCombinePaddedParams p) {
       const int64_t r = hit[j];
       if (r < 0) continue;
       if (r < p.slot_rows)
-        acc += p.src[r * p.cols + c] * rs[j] * p.col_scale[(r / p.group_rows) * p.cols + c];
+        acc += padded_src(p, r * p.cols + c) * rs[j] * p.col_scale[(r / p.group_rows) * p.cols + c];
       else
         acc += p.overflow[(r - p.slot_rows) * p.cols + c];
     }
@@ -82,7 +89,15 @@ __global__ void moe_combine_padded_vec_kernel(MoeCombinePaddedParams p) {
       if (r < 0) continue;
       float4 v;
       if (r < p.slot_rows) {
-        const float4 x = reinterpret_cast<const float4*>(p.src + r * p.cols)[c];
+        float4 x;
+        if (p.src_bf16) {
+          const uint2 b = reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.src) +
+                                                         r * p.cols)[c];
+          x = make_float4(__uint_as_float(b.x << 16), __uint_as_float(b.x & 0xFFFF0000u),
+                          __uint_as_float(b.y << 16), __uint_as_float(b.y & 0xFFFF0000u));
+        } else {
+          x = reinterpret_cast<const float4*>(static_cast<const float*>(p.src) + r * p.cols)[c];
+        }
         const float4 s =
             reinterpret_cast<const float4*>(p.col_scale + (r / p.group_rows) * p.cols)[c];
         v = make_float4(x.x * rs[j] * s.x, x.y * rs[j] * s.y, x.z * rs[j] * s.z,
@@ -251,7 +266,9 @@ void launch_moe_combine_padded(const MoeCombinePaddedParams& p, Stream stream) {
                              "0 < k <= 16, cols > 0, group_rows > 0; src, row_scale, col_scale, "
                              "inv, y set");
   const auto aligned = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  const bool vec = p.cols % 4 == 0 && aligned(p.src) && aligned(p.col_scale) && aligned(p.y) &&
+  const bool vec = p.cols % 4 == 0 &&
+                   (p.src_bf16 ? reinterpret_cast<uintptr_t>(p.src) % 8 == 0 : aligned(p.src)) &&
+                   aligned(p.col_scale) && aligned(p.y) &&
                    (p.overflow == nullptr || aligned(p.overflow));
   MS_CUDA_CHECK(launch_kernel(vec ? moe_combine_padded_vec_kernel : moe_combine_padded_kernel,
                               static_cast<unsigned>(p.rows), kThreads, 0, as_cuda_stream(stream),

@@ -21,9 +21,11 @@ void launch_moe_combine(const float* src, const int32_t* inv, int64_t rows, int 
 // The combine of the padded FP8 experts (kernels.h launch_moe_pad_plan): y[t, :] += Σ_{j<k} v(p)
 // over p = pad_inv[t, j] >= 0 in j order, where v(p) = src[p, c] * row_scale[p] *
 // col_scale[(p / group_rows) * cols + c] for a slot row p < slot_rows (the unscaled FP8 GEMM's
-// outer scales), else v(p) = overflow[p - slot_rows, c] (already scaled). k <= 16.
+// outer scales), else v(p) = overflow[p - slot_rows, c] (already scaled). k <= 16. src is fp32,
+// or with src_bf16 bf16 (the values widened exactly, then the same sums).
 struct MoeCombinePaddedParams {
-  const float* src = nullptr;        // [slot_rows, cols]
+  const void* src = nullptr;         // [slot_rows, cols]
+  bool src_bf16 = false;
   const float* row_scale = nullptr;  // [slot_rows]
   const float* col_scale = nullptr;  // [slot_rows / group_rows, cols]
   int64_t slot_rows = 0;

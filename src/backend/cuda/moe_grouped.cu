@@ -238,6 +238,16 @@ __global__ void __launch_bounds__(kQuantThreads) swiglu_quant_kernel(SwigluQuant
 
 constexpr int kGroupThreads = 1024;
 
+// Rank-block replicas whose blocks tile the experts without a wrap (experts_total = q local,
+// replicas <= q, as the DEP bench's 384 = 32 x 12): the copies m_r = (id - r local) mod
+// experts_total that are < local reduce to r = id / local (when < replicas), m = id mod local, so
+// each hit is placed in O(1) instead of a loop over the replicas. The same copies in the same
+// order (one copy per hit).
+__device__ __forceinline__ bool rank_blocks_clean(const MoeGroupParams& p) {
+  return p.replicas > 1 && p.experts_total > p.local && p.experts_total % p.local == 0 &&
+         static_cast<int64_t>(p.replicas) * p.local <= p.experts_total;
+}
+
 // One CTA: counts by shared-memory atomics, positions by atomic cursors (the order inside an
 // expert follows the atomics).
 __global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeGroupParams p) {
@@ -257,7 +267,13 @@ __global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeGroupParams
   // goes to local expert m_r = (id - r * local) mod experts_total when m_r < local; m_r is
   // stepped from m_0 = id (id < experts_total), not divided, per replica.
   const bool blocks = p.replicas > 1 && p.experts_total > p.local;
+  const bool clean = rank_blocks_clean(p);
   const auto for_each_copy = [&](int32_t id, auto&& fn) {
+    if (clean) {  // the one copy, if any: r = id / local (see rank_blocks_clean)
+      const int32_t r = id / p.local;
+      if (r < p.replicas) fn(r, id - r * p.local);
+      return;
+    }
     int32_t m = id;
     for (int r = 0; r < p.replicas; ++r) {
       if (m < p.local) fn(r, m);
@@ -338,6 +354,7 @@ __global__ void __launch_bounds__(kGroupThreads) moe_group_ordered_kernel(MoeGro
   // stepped from m_0 = id (id < experts_total), not divided, per replica. Otherwise copies of a
   // hit on a local expert are `replicas` consecutive rows of it. fn(r, m, n): n rows at expert m.
   const bool blocks = p.replicas > 1 && p.experts_total > p.local;
+  const bool clean = rank_blocks_clean(p);
   const auto for_each_copy = [&](int32_t id, auto&& fn) {
     if (id < 0) return;
     if (!blocks) {
@@ -345,6 +362,11 @@ __global__ void __launch_bounds__(kGroupThreads) moe_group_ordered_kernel(MoeGro
       return;
     }
     if (id >= p.experts_total) return;
+    if (clean) {  // the one copy, if any: r = id / local (see rank_blocks_clean)
+      const int32_t r = id / p.local;
+      if (r < p.replicas) fn(r, id - r * p.local, 1);
+      return;
+    }
     int32_t m = id;
     for (int r = 0; r < p.replicas; ++r) {
       if (m < p.local) fn(r, m, 1);

@@ -183,6 +183,9 @@ struct SwigluScales {
   int64_t ld_col_scale;
   int64_t group_rows;
 };
+__device__ __forceinline__ void swiglu8_values(float (&gs)[8], float (&us)[8], int64_t r, int64_t c,
+                                               const float* row_weight, float limit,
+                                               const SwigluScales& sc, float (&v)[8]);
 __device__ __forceinline__ void swiglu8(const float* g, const float* u, int64_t r, int64_t c,
                                         const float* row_weight, float limit,
                                         const SwigluScales& sc, float (&v)[8]) {
@@ -190,6 +193,28 @@ __device__ __forceinline__ void swiglu8(const float* g, const float* u, int64_t 
   const float4 ua = reinterpret_cast<const float4*>(u)[0], ub = reinterpret_cast<const float4*>(u)[1];
   float gs[8] = {ga.x, ga.y, ga.z, ga.w, gb.x, gb.y, gb.z, gb.w};
   float us[8] = {ua.x, ua.y, ua.z, ua.w, ub.x, ub.y, ub.z, ub.w};
+  swiglu8_values(gs, us, r, c, row_weight, limit, sc, v);
+}
+// The same from bf16 gate and up (bf16 bits as uint16_t, 16-byte aligned): each value widened
+// exactly to fp32 first, so the result is swiglu8's on the widened values.
+__device__ __forceinline__ void swiglu8(const uint16_t* g, const uint16_t* u, int64_t r, int64_t c,
+                                        const float* row_weight, float limit,
+                                        const SwigluScales& sc, float (&v)[8]) {
+  const uint4 ga = *reinterpret_cast<const uint4*>(g), ua = *reinterpret_cast<const uint4*>(u);
+  const uint32_t gw[4] = {ga.x, ga.y, ga.z, ga.w}, uw[4] = {ua.x, ua.y, ua.z, ua.w};
+  float gs[8], us[8];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    gs[2 * e] = __uint_as_float(gw[e] << 16);
+    gs[2 * e + 1] = __uint_as_float(gw[e] & 0xFFFF0000u);
+    us[2 * e] = __uint_as_float(uw[e] << 16);
+    us[2 * e + 1] = __uint_as_float(uw[e] & 0xFFFF0000u);
+  }
+  swiglu8_values(gs, us, r, c, row_weight, limit, sc, v);
+}
+__device__ __forceinline__ void swiglu8_values(float (&gs)[8], float (&us)[8], int64_t r, int64_t c,
+                                               const float* row_weight, float limit,
+                                               const SwigluScales& sc, float (&v)[8]) {
   if (sc.row_scale != nullptr) {
     const float rs = sc.row_scale[r];
     const int64_t o = (r / sc.group_rows) * sc.ld_col_scale + c;

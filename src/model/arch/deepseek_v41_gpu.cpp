@@ -2163,10 +2163,14 @@ struct DeepseekV41Gpu::Impl {
     cu::launch_moe_pad_plan(pp, stream);
     uint8_t* x8 = buf<uint8_t>("moe_pad_x8", slots * d);
     float* xs = buf<float>("moe_pad_xs", slots);
-    float* gu = buf<float>("moe_pad_gu", slots * 2 * inter);
+    // moe_padded_bf16: the GEMMs' unscaled sums stored as bf16 (not with the two-pass SwiGLU
+    // test form, whose launch reads fp32).
+    const bool bf16 = opt.moe_padded_bf16 && !opt.moe_padded_two_pass_swiglu;
+    const size_t osize = bf16 ? 2 : 4;
+    void* gu = buf<uint8_t>("moe_pad_gu", slots * 2 * inter * static_cast<int64_t>(osize));
     uint8_t* h8 = buf<uint8_t>("moe_pad_h8", slots * inter);
     float* hs = buf<float>("moe_pad_hs", slots);
-    float* ye = buf<float>("moe_ye_pad", slots * d);
+    void* ye = buf<uint8_t>("moe_ye_pad", slots * d * static_cast<int64_t>(osize));
     const auto quant = [&](const float* x, const int32_t* rows_of, int64_t cols, uint8_t* out,
                            float* rs) {
       cu::ActQuantFp8RowsParams q;
@@ -2180,11 +2184,12 @@ struct DeepseekV41Gpu::Impl {
       q.row_scale = rs;
       cu::launch_act_quant_fp8_rows(q, stream);
     };
-    const auto gemm = [&](const uint8_t* a, int64_t kdim, const uint8_t* w, float* out,
+    const auto gemm = [&](const uint8_t* a, int64_t kdim, const uint8_t* w, void* out,
                           int64_t ndim) {
       cu::LtGemmParams g;
       g.precision = cu::GemmPrecision::kFp8RowScaled;
       g.unscaled = true;
+      g.c_bf16 = bf16;
       g.a = a;
       g.lda = kdim;
       g.b = w;
@@ -2201,7 +2206,34 @@ struct DeepseekV41Gpu::Impl {
       lt->run(g);
     };
     mark(GpuComponent::kMoe, "act_quant");
-    quant(f, pp.pad_row, d, x8, xs);
+    if (opt.moe_padded_gather_quant) {
+      // Each token row quantised once, then its codes and scale copied to its slot rows (the
+      // same bits as quantising per slot row: launch_gather_fp8_rows).
+      uint8_t* xt = buf<uint8_t>("moe_pad_xt8", n * d);
+      float* xts = buf<float>("moe_pad_xts", n);
+      cu::ActQuantFp8RowsParams q;
+      q.x = f;
+      q.ldx = d;
+      q.rows = n;
+      q.cols = d;
+      q.out = xt;
+      q.ldo = d;
+      q.row_scale = xts;
+      cu::launch_act_quant_fp8_rows(q, stream);
+      cu::GatherFp8RowsParams g;
+      g.src = xt;
+      g.ld_src = d;
+      g.src_scale = xts;
+      g.row_index = pp.pad_row;
+      g.rows = slots;
+      g.cols = d;
+      g.out = x8;
+      g.ldo = d;
+      g.out_scale = xs;
+      cu::launch_gather_fp8_rows(g, stream);
+    } else {
+      quant(f, pp.pad_row, d, x8, xs);
+    }
     mark(GpuComponent::kMoe, "w13");
     gemm(x8, d, L.pf8_w13.as<uint8_t>(), gu, 2 * inter);
     mark(GpuComponent::kMoe, "swiglu_quant");
@@ -2210,8 +2242,8 @@ struct DeepseekV41Gpu::Impl {
       float* h32 = buf<float>("moe_pad_h32", slots * inter);
       cu::SwigluQuantParams sq =
           routed_swiglu(pp.pad_weight, slots, nullptr, h32, cu::ActivationType::kF32);
-      sq.gate = gu;
-      sq.up = gu + inter;
+      sq.gate = static_cast<const float*>(gu);
+      sq.up = static_cast<const float*>(gu) + inter;
       sq.ld = 2 * inter;
       sq.in_row_scale = xs;
       sq.gate_col_scale = L.pf8_s13.as<float>();
@@ -2224,13 +2256,14 @@ struct DeepseekV41Gpu::Impl {
       // The SwiGLU (outer scales, clamp, routing weight) as the quantiser's input: one pass.
       cu::ActQuantFp8RowsParams q;
       q.x = gu;
+      q.x_type = bf16 ? cu::ActivationType::kBF16 : cu::ActivationType::kF32;
       q.ldx = 2 * inter;
       q.rows = slots;
       q.cols = inter;
       q.out = h8;
       q.ldo = inter;
       q.row_scale = hs;
-      q.swiglu.up = gu + inter;
+      q.swiglu.up = static_cast<const uint8_t*>(gu) + inter * static_cast<int64_t>(osize);
       q.swiglu.row_weight = pp.pad_weight;
       q.swiglu.limit = static_cast<float>(c.swiglu_limit);
       q.swiglu.row_scale = xs;
@@ -2243,6 +2276,7 @@ struct DeepseekV41Gpu::Impl {
     mark(GpuComponent::kMoe, "w2");
     gemm(h8, inter, L.pf8_w2.as<uint8_t>(), ye, d);
     r.combine.src = ye;
+    r.combine.src_bf16 = bf16;
     r.combine.row_scale = hs;
     r.combine.col_scale = L.pf8_s2.as<float>();
     r.combine.slot_rows = slots;

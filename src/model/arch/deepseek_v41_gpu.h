@@ -61,9 +61,10 @@ struct GpuModelOptions {
   // true: launch_moe_group places each expert's hits in hit order (MoeGroupParams::ordered), so
   // the layout is the same on every run; false: in the order of its atomics. Each grouped row's
   // result is independent of its place except with moe_padded_fp8 where hits pass the slots (which
-  // hits take the overflow path follows the order): there only `ordered` is deterministic. Off:
-  // written in r14 without a device run.
-  bool moe_group_ordered = false;
+  // hits take the overflow path follows the order): there only `ordered` is deterministic. On
+  // since r15 (H200: moe.group 1.15 -> 1.52 ms per decode 64x6 step; the op and determinism tests
+  // pass on the device).
+  bool moe_group_ordered = true;
   // Random-weight models: rows of each Engram table kept in pinned host memory (hash ids are
   // drawn uniformly over them).
   int64_t random_engram_rows = int64_t{1} << 20;
@@ -169,16 +170,25 @@ struct GpuModelOptions {
   // w2's scales. Hits past an expert's C rows take the grouped MXFP4 path (no hit is dropped).
   // Not bit-exact with MXFP8 (the refolds, kernels.h; cuBLASLt's FP8 sums, as fp8_row_scaled).
   // Measured (H200, r14, DEP32 rank share): decode 64x6 47.38 -> 41.38 ms, 64x1 24.38 -> 21.63 ms,
-  // prefill 8K the same (docs/perf/forward-gpu-2026-11-30-r14.md). Off by default: with hits past
-  // the slots, the grouping's atomic order decides which hits overflow, so runs differ in the
-  // last bits (GpuForward.MoeStreamKGraphIsBitIdenticalToEager failed with it on, r14);
-  // moe_group_ordered (compile-only) is the fix. Trace: moe_padded.
-  bool moe_padded_fp8 = false;
+  // prefill 8K the same (docs/perf/forward-gpu-2026-11-30-r14.md). With hits past the slots the
+  // grouping's order decides which hits overflow: deterministic with moe_group_ordered only (r14
+  // ran it off for that reason; on since r15 with the ordered grouping,
+  // GpuForward.MoePaddedFp8IsDeterministicAndGraphIsBitIdentical). Trace: moe_padded.
+  bool moe_padded_fp8 = true;
   // With moe_padded_fp8: the least rows_hint that takes the path (fewer expected hits per expert
   // leave too many empty slot rows), and C itself when > 0 (tests: a small C sends hits to the
   // overflow path).
   int64_t moe_padded_min_rows = 16;
   int64_t moe_padded_group_rows = 0;
+  // With moe_padded_fp8: the slot rows' e4m3 inputs as each token row quantised once and then
+  // gathered into its slots (launch_gather_fp8_rows: the same bits); false: one quantiser CTA per
+  // slot row (3,072 at the DEP32 decode share against 384 token rows; r14: 1.23 ms per step).
+  bool moe_padded_gather_quant = true;
+  // With moe_padded_fp8: the two GEMMs' unscaled sums stored as bf16 (cuBLASLt's D type; each sum
+  // rounded once, 2^-9 relative, before the outer scales, which are powers of two) instead of
+  // fp32: half the bytes the GEMMs write and the SwiGLU quantiser and the combine read. Not with
+  // moe_padded_two_pass_swiglu (its launch reads fp32).
+  bool moe_padded_bf16 = true;
   // With moe_padded_fp8: the SwiGLU and w2's input quantiser as two launches (the SwiGLU's MXFP8
   // values in fp32 between them) instead of one; the same codes (a test of the one-pass form).
   bool moe_padded_two_pass_swiglu = false;

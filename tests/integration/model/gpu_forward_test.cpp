@@ -975,7 +975,9 @@ TEST(GpuForward, GreedyDecodeMoeFp8MatchesCpu) {
 // slot rows and with C = 2 (most hits then take the overflow path, the grouped MXFP4 kernel). A
 // traced oracle prefill takes it in every MoE layer, and the first MoE layer's output stays within
 // 5e-2 of each row's largest value of the bf16 grouped GEMM's (the same input; a wrong slot, scale
-// or row moves it by O(1)); the one-pass SwiGLU quantiser gives the two-pass form's bits. Then
+// or row moves it by O(1)); the one-pass SwiGLU quantiser gives the two-pass form's bits (on fp32
+// GEMM sums; the bf16 sums of moe_padded_bf16 stay within the bound of them), and the
+// per-slot-row input quantiser the gathered form's (moe_padded_gather_quant). Then
 // greedy decoding against the CPU with the option on (automatic C), at the wide model's floor.
 TEST(GpuForward, MoePaddedFp8MatchesGroupedAndCpu) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
@@ -1011,14 +1013,31 @@ TEST(GpuForward, MoePaddedFp8MatchesGroupedAndCpu) {
                tb.moe_padded.at(l), differing, l, rows_differing(ta.ffn_out.at(l), b, 20, 1e-2));
     EXPECT_EQ(differing, 0);
     if (group_rows == 0) {
-      // The one-pass SwiGLU quantiser against the two launches it replaces: the same bits.
+      // The one-pass SwiGLU quantiser against the two launches it replaces: the same bits (both
+      // on fp32 GEMM sums: the two-pass form reads fp32, moe_padded_bf16).
+      const auto tf = traced_prefill(dir, 9, [&](arch::GpuModelOptions& o) {
+        o.moe_padded_fp8 = true;
+        o.moe_padded_min_rows = 1;
+        o.moe_padded_bf16 = false;
+      });
       const auto tc = traced_prefill(dir, 9, [&](arch::GpuModelOptions& o) {
         o.moe_padded_fp8 = true;
         o.moe_padded_min_rows = 1;
         o.moe_padded_two_pass_swiglu = true;
       });
-      EXPECT_EQ(tc.ffn_out.at(l), b);
-      EXPECT_EQ(tc.layer_out, tb.layer_out);
+      EXPECT_EQ(tc.ffn_out.at(l), tf.ffn_out.at(l));
+      EXPECT_EQ(tc.layer_out, tf.layer_out);
+      // bf16 GEMM sums (the default) against fp32 ones: each sum rounded once; the first MoE
+      // layer's rows agree within the bound above.
+      EXPECT_EQ(rows_differing(tf.ffn_out.at(l), b, 20, 5e-2), 0);
+      // The slot inputs quantised per slot row instead of per token row and gathered: the same
+      // bits (moe_padded_gather_quant).
+      const auto td = traced_prefill(dir, 9, [&](arch::GpuModelOptions& o) {
+        o.moe_padded_fp8 = true;
+        o.moe_padded_min_rows = 1;
+        o.moe_padded_gather_quant = false;
+      });
+      EXPECT_EQ(td.layer_out, tb.layer_out);
     }
   }
   expect_wide_short_greedy("moe_padded_fp8", [](arch::GpuModelOptions& o) {
