@@ -77,6 +77,7 @@ struct BenchForwardOptions {
   int64_t moe_padded_group_rows = 0;
   bool moe_padded_gather_quant = true;
   bool moe_padded_bf16 = true;
+  bool moe_padded_warp_quant = true;
   int32_t moe_rs_max_pass = 192;
   bool moe_fuse_swiglu = false;
   bool moe_stream_k = false;
@@ -252,6 +253,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_group_ordered = opt.moe_group_ordered;
   go.moe_padded_gather_quant = opt.moe_padded_gather_quant;
   go.moe_padded_bf16 = opt.moe_padded_bf16;
+  go.moe_padded_warp_quant = opt.moe_padded_warp_quant;
   go.moe_padded_min_rows = opt.moe_padded_min_rows;
   go.moe_padded_group_rows = opt.moe_padded_group_rows;
   go.moe_rs_max_pass = opt.moe_rs_max_pass;
@@ -506,6 +508,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"moe_group_ordered", opt.moe_group_ordered},
               {"moe_padded_gather_quant", opt.moe_padded_gather_quant},
               {"moe_padded_bf16", opt.moe_padded_bf16},
+              {"moe_padded_warp_quant", opt.moe_padded_warp_quant},
               {"moe_padded_min_rows", opt.moe_padded_min_rows},
               {"moe_padded_group_rows", opt.moe_padded_group_rows},
               {"moe_rs_max_pass", opt.moe_rs_max_pass},
@@ -743,6 +746,10 @@ void register_bench_forward(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--moe-padded-bf16", opt->moe_padded_bf16,
                   "cuda: with --moe-padded-fp8, the GEMMs' unscaled sums in bf16 (false: fp32)")
+      ->capture_default_str();
+  cmd->add_option("--moe-padded-warp-quant", opt->moe_padded_warp_quant,
+                  "cuda: with --moe-padded-fp8, the SwiGLU quantiser with a warp per slot row "
+                  "(false: a CTA per row)")
       ->capture_default_str();
   cmd->add_option("--moe-padded-min-rows", opt->moe_padded_min_rows,
                   "cuda: with --moe-padded-fp8, the least expected hits per local expert that "

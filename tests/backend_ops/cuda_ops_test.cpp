@@ -567,10 +567,15 @@ RowScaled host_row_scaled(const std::vector<float>& x, int64_t m, int64_t k) {
 // launch_act_quant_fp8_rows against the host oracle, bit for bit (codes and row scales), from
 // fp32, from bf16, and from fp32 with input scales (in_row_scale / in_col_scale, powers of two:
 // the host scales first, in the kernel's order), at widths of 1, 2 and 4 chunks per thread, with
-// pitched input and output rows whose padding stays untouched.
+// pitched input and output rows whose padding stays untouched; and the warp-per-row kernel
+// (warp_per_row) at 4, 12 (9 live) and 24 (21 live) chunks per lane.
 TEST_F(CudaOps, ActQuantFp8RowsMatchesHostRefold) {
+  for (const bool warp : {false, true})
   for (const int variant : {0, 1, 2}) {
-    for (const int64_t k : {int64_t{5216}, int64_t{12320}, int64_t{32768}}) {
+    const std::vector<int64_t> widths =
+        warp ? std::vector<int64_t>{1024, 2304, 5216} : std::vector<int64_t>{5216, 12320, 32768};
+    for (const int64_t k : widths) {
+      SCOPED_TRACE(warp ? "warp per row" : "CTA per row");
       const bool bf16 = variant == 1, prescale = variant == 2;
       const int64_t m = 37, ldx = k + 8, ldo = k + 16;
       std::mt19937 rng(static_cast<uint32_t>(11 + variant * 7 + k));
@@ -619,6 +624,7 @@ TEST_F(CudaOps, ActQuantFp8RowsMatchesHostRefold) {
         p.in_row_scale = drs_in->view().data_as<float>();
         p.in_col_scale = dcs_in->view().data_as<float>();
       }
+      p.warp_per_row = warp;
       cuda::launch_act_quant_fp8_rows(p, stream_);
       const auto got = download<uint8_t>(*dout);
       const auto got_rs = download<float>(*drs);
@@ -649,8 +655,11 @@ TEST_F(CudaOps, ActQuantFp8RowsMatchesHostRefold) {
 // The MoE forms of launch_act_quant_fp8_rows: output row r reads x's row row_index[r], the row
 // count comes from the device (rows past it stay untouched), and kperm_fp8 stores each 64-wide
 // block's codes K-permuted (column 32 s + 16 j + 4 t + e holds k = 16 t + 8 s + 4 j + e). Bit for
-// bit the host oracle's codes of the gathered rows, permuted; the same row scales.
+// bit the host oracle's codes of the gathered rows, permuted; the same row scales. With a CTA and
+// with a warp per row.
 TEST_F(CudaOps, ActQuantFp8RowsGathersAndPermutes) {
+  for (const bool warp : {false, true}) {
+  SCOPED_TRACE(warp ? "warp per row" : "CTA per row");
   const int64_t src_rows = 29, m = 24, live = 19, k = 2304;
   std::mt19937 rng(41);
   const std::vector<float> x = spread_rows(src_rows, k, rng);
@@ -674,6 +683,7 @@ TEST_F(CudaOps, ActQuantFp8RowsGathersAndPermutes) {
   p.row_index = didx->view().data_as<int32_t>();
   p.device_rows = dlive->view().data_as<int32_t>();
   p.kperm_fp8 = true;
+  p.warp_per_row = warp;
   cuda::launch_act_quant_fp8_rows(p, stream_);
   const auto got = download<uint8_t>(*dout);
   const auto got_rs = download<float>(*drs);
@@ -698,6 +708,7 @@ TEST_F(CudaOps, ActQuantFp8RowsGathersAndPermutes) {
   }
   EXPECT_EQ(diff, 0u);
   EXPECT_EQ(untouched, static_cast<size_t>((m - live) * k));
+  }
 }
 
 // launch_fold_fp8_block_rows against the host oracle, bit for bit: 32x32-block scales over 41
@@ -1087,8 +1098,10 @@ TEST_F(CudaOps, SwigluQuantOuterScalesMatchPrescaledInputs) {
 // 10 taken) and 1024 columns (two chunks per thread); from fp32 gate / up and from bf16 ones (the
 // two passes then see the bf16 values widened). A SwiGLU with an input scale is refused.
 TEST_F(CudaFp8Rows, SwigluInputMatchesTwoPasses) {
-  for (const bool bf16 : {false, true}) {
+  for (const bool bf16 : {false, true})
+  for (const bool warp : {false, true}) {
   SCOPED_TRACE(bf16 ? "bf16 gate / up" : "fp32 gate / up");
+  SCOPED_TRACE(warp ? "warp per row" : "CTA per row");
   const int64_t rows = 12, cols = 1024, G = 4;
   std::mt19937 rng(97);
   auto gu = random_floats(rows * 2 * cols, rng, -12.0f, 12.0f);
@@ -1144,6 +1157,7 @@ TEST_F(CudaFp8Rows, SwigluInputMatchesTwoPasses) {
   q.swiglu.up_col_scale = sq.up_col_scale;
   q.swiglu.ld_col_scale = sq.ld_col_scale;
   q.swiglu.group_rows = G;
+  q.warp_per_row = warp;
   cuda::launch_act_quant_fp8_rows(q, stream_);
   EXPECT_EQ(download<uint8_t>(*codes), download<uint8_t>(*two.codes));
   EXPECT_EQ(download<float>(*scale), download<float>(*two.scale));

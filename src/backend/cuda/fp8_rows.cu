@@ -55,11 +55,106 @@ __device__ __forceinline__ uint32_t block_max_u32(uint32_t v, uint32_t* red) {
   return m;
 }
 
+// One 8-column chunk of output row r (source row src, column c; `live`: c < cols, a 32-wide
+// block's 4 lanes live together): the MXFP8 rule's scale (v41::mxfp8_scale, as
+// launch_act_quant_mxfp8) and codes into q / code, and the block's reference code folded into m.
+// The 4 lanes of a block are consecutive lanes of one warp (xor shuffles 1 and 2), so every lane
+// of the warp calls it together.
+__device__ __forceinline__ void quant_chunk(const ActQuantFp8RowsParams& p, int64_t r, int64_t src,
+                                            float rs, int64_t c, bool live, uint2& q,
+                                            uint32_t& code, uint32_t& m) {
+  float v[8];
+  if (live && src < 0) {  // an empty row (row_index -1): zeros
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+  } else if (live && p.swiglu.up != nullptr) {
+    const ActQuantFp8RowsParams::SwigluInput& sw = p.swiglu;
+    const v41::SwigluScales sc{sw.row_scale, sw.gate_col_scale, sw.up_col_scale,
+                               sw.ld_col_scale, sw.group_rows};
+    if (p.x_type == ActivationType::kBF16) {
+      v41::swiglu8(static_cast<const uint16_t*>(p.x) + src * p.ldx + c,
+                   static_cast<const uint16_t*>(sw.up) + src * p.ldx + c, r, c, sw.row_weight,
+                   sw.limit, sc, v);
+    } else {
+      v41::swiglu8(static_cast<const float*>(p.x) + src * p.ldx + c,
+                   static_cast<const float*>(sw.up) + src * p.ldx + c, r, c, sw.row_weight,
+                   sw.limit, sc, v);
+    }
+  } else if (live && p.x_type == ActivationType::kBF16) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(
+        static_cast<const __nv_bfloat16*>(p.x) + src * p.ldx + c);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      v[2 * e] = __uint_as_float(w[e] << 16);
+      v[2 * e + 1] = __uint_as_float(w[e] & 0xFFFF0000u);
+    }
+  } else if (live) {
+    const float4* x =
+        reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + src * p.ldx + c);
+    const float4 x0 = x[0], x1 = x[1];
+    v[0] = x0.x, v[1] = x0.y, v[2] = x0.z, v[3] = x0.w;
+    v[4] = x1.x, v[5] = x1.y, v[6] = x1.z, v[7] = x1.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+  }
+  if (live && p.in_row_scale != nullptr) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] *= rs * p.in_col_scale[c + e];
+  }
+  float a = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) a = fmaxf(a, fabsf(v[e]));
+  a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
+  a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
+  const v41::Mxfp8Scale sc = v41::mxfp8_scale(a);
+  uint32_t lo = 0, hi = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    lo |= v41::mxfp8_code(v[e], sc) << (8 * e);
+    hi |= v41::mxfp8_code(v[4 + e], sc) << (8 * e);
+  }
+  q = make_uint2(lo, hi);
+  code = sc.code;
+  // The block's reference code: the MXFP8 rule on its own output's amax (sc.code, or one less
+  // where rounding brought the amax down to 224 * s), so that R depends on the MXFP8 values only,
+  // not on which of their two encodings the input gave.
+  uint32_t mag = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) mag = max(mag, max((lo >> (8 * e)) & 0x7Fu, (hi >> (8 * e)) & 0x7Fu));
+  mag = max(mag, __shfl_xor_sync(0xFFFFFFFFu, mag, 1));
+  mag = max(mag, __shfl_xor_sync(0xFFFFFFFFu, mag, 2));
+  const uint32_t ref = v41::mxfp8_scale(v41::e4m3_decode(mag) * sc.s).code;
+  if (live) m = max(m, ref);
+}
+
+// A chunk's codes refolded onto the row's reference code R and stored (kperm_fp8 as asked).
+__device__ __forceinline__ void store_chunk(const ActQuantFp8RowsParams& p, int64_t r, int64_t c,
+                                            uint2 q, uint32_t code, uint32_t R) {
+  const int d = static_cast<int>(code) - static_cast<int>(R);  // <= 1
+  if (d != 0) {
+    const float f = pow2(max(d, -40));
+    q.x = refold4(q.x, f);
+    q.y = refold4(q.y, f);
+  }
+  if (p.kperm_fp8) {
+    // Natural k [c, c + 8) of a 64-wide block is k = 16 t + 8 s + 4 j + e with 2 t + s =
+    // (c % 64) / 8: words j = 0 and 1 go to columns 32 s + 4 t and 32 s + 16 + 4 t.
+    const int64_t blk = c & ~int64_t{63};
+    const int qi = static_cast<int>((c & 63) >> 3), t4 = qi >> 1, s2 = qi & 1;
+    uint8_t* o = p.out + r * p.ldo + blk + 32 * s2 + 4 * t4;
+    *reinterpret_cast<uint32_t*>(o) = q.x;
+    *reinterpret_cast<uint32_t*>(o + 16) = q.y;
+  } else {
+    *reinterpret_cast<uint2*>(p.out + r * p.ldo + c) = q;
+  }
+}
+
 // The activation quantiser: one CTA per row (grid-stride), the whole row in registers: chunk j
 // of thread t is the 8 columns from 8 (j * blockDim + t), CPT chunks per thread (a 32-wide block
-// is 4 lanes of one chunk). Per chunk the MXFP8 rule's scale (v41::mxfp8_scale, as
-// launch_act_quant_mxfp8) and codes; the row's largest scale code R by a block reduction; then
-// each chunk's codes refolded and stored once.
+// is 4 lanes of one chunk). Per chunk quant_chunk; the row's largest reference code R by a block
+// reduction; then each chunk's codes refolded and stored once.
 template <int CPT>
 __global__ void __launch_bounds__(1024) act_quant_fp8_rows_kernel(ActQuantFp8RowsParams p) {
   pdl_wait();
@@ -74,98 +169,51 @@ __global__ void __launch_bounds__(1024) act_quant_fp8_rows_kernel(ActQuantFp8Row
 #pragma unroll
     for (int j = 0; j < CPT; ++j) {
       const int64_t c = (static_cast<int64_t>(j) * blockDim.x + threadIdx.x) * 8;
-      const bool live = c < p.cols;  // cols % 32 == 0: a block's 4 lanes are live together
-      float v[8];
-      if (live && src < 0) {  // an empty row (row_index -1): zeros
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = 0.0f;
-      } else if (live && p.swiglu.up != nullptr) {
-        const ActQuantFp8RowsParams::SwigluInput& sw = p.swiglu;
-        const v41::SwigluScales sc{sw.row_scale, sw.gate_col_scale, sw.up_col_scale,
-                                   sw.ld_col_scale, sw.group_rows};
-        if (p.x_type == ActivationType::kBF16) {
-          v41::swiglu8(static_cast<const uint16_t*>(p.x) + src * p.ldx + c,
-                       static_cast<const uint16_t*>(sw.up) + src * p.ldx + c, r, c,
-                       sw.row_weight, sw.limit, sc, v);
-        } else {
-          v41::swiglu8(static_cast<const float*>(p.x) + src * p.ldx + c,
-                       static_cast<const float*>(sw.up) + src * p.ldx + c, r, c, sw.row_weight,
-                       sw.limit, sc, v);
-        }
-      } else if (live && p.x_type == ActivationType::kBF16) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(
-            static_cast<const __nv_bfloat16*>(p.x) + src * p.ldx + c);
-        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          v[2 * e] = __uint_as_float(w[e] << 16);
-          v[2 * e + 1] = __uint_as_float(w[e] & 0xFFFF0000u);
-        }
-      } else if (live) {
-        const float4* x =
-            reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + src * p.ldx + c);
-        const float4 x0 = x[0], x1 = x[1];
-        v[0] = x0.x, v[1] = x0.y, v[2] = x0.z, v[3] = x0.w;
-        v[4] = x1.x, v[5] = x1.y, v[6] = x1.z, v[7] = x1.w;
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = 0.0f;
-      }
-      if (live && p.in_row_scale != nullptr) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] *= rs * p.in_col_scale[c + e];
-      }
-      float a = 0.0f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) a = fmaxf(a, fabsf(v[e]));
-      a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
-      a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
-      const v41::Mxfp8Scale sc = v41::mxfp8_scale(a);
-      uint32_t lo = 0, hi = 0;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        lo |= v41::mxfp8_code(v[e], sc) << (8 * e);
-        hi |= v41::mxfp8_code(v[4 + e], sc) << (8 * e);
-      }
-      q[j] = make_uint2(lo, hi);
-      code[j] = sc.code;
-      // The block's reference code: the MXFP8 rule on its own output's amax (sc.code, or one
-      // less where rounding brought the amax down to 224 * s), so that R depends on the MXFP8
-      // values only, not on which of their two encodings the input gave.
-      uint32_t mag = 0;
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        mag = max(mag, max((lo >> (8 * e)) & 0x7Fu, (hi >> (8 * e)) & 0x7Fu));
-      mag = max(mag, __shfl_xor_sync(0xFFFFFFFFu, mag, 1));
-      mag = max(mag, __shfl_xor_sync(0xFFFFFFFFu, mag, 2));
-      const uint32_t ref = v41::mxfp8_scale(v41::e4m3_decode(mag) * sc.s).code;
-      if (live) m = max(m, ref);
+      quant_chunk(p, r, src, rs, c, c < p.cols, q[j], code[j], m);
     }
     const uint32_t R = block_max_u32(m, red);
 #pragma unroll
     for (int j = 0; j < CPT; ++j) {
       const int64_t c = (static_cast<int64_t>(j) * blockDim.x + threadIdx.x) * 8;
-      if (c >= p.cols) continue;
-      const int d = static_cast<int>(code[j]) - static_cast<int>(R);  // <= 1
-      if (d != 0) {
-        const float f = pow2(max(d, -40));
-        q[j].x = refold4(q[j].x, f);
-        q[j].y = refold4(q[j].y, f);
-      }
-      if (p.kperm_fp8) {
-        // Natural k [c, c + 8) of a 64-wide block is k = 16 t + 8 s + 4 j + e with 2 t + s =
-        // (c % 64) / 8: words j = 0 and 1 go to columns 32 s + 4 t and 32 s + 16 + 4 t.
-        const int64_t blk = c & ~int64_t{63};
-        const int qi = static_cast<int>((c & 63) >> 3), t4 = qi >> 1, s2 = qi & 1;
-        uint8_t* o = p.out + r * p.ldo + blk + 32 * s2 + 4 * t4;
-        *reinterpret_cast<uint32_t*>(o) = q[j].x;
-        *reinterpret_cast<uint32_t*>(o + 16) = q[j].y;
-      } else {
-        *reinterpret_cast<uint2*>(p.out + r * p.ldo + c) = q[j];
-      }
+      if (c < p.cols) store_chunk(p, r, c, q[j], code[j], R);
     }
     if (threadIdx.x == 0) p.row_scale[r] = v41::ue8m0_decode(R);
     __syncthreads();  // red is rewritten by the next row
+  }
+}
+
+// The same quantiser with one WARP per row (kWarpRowsPerCta rows per CTA, grid-stride over row
+// groups): chunk j of lane l is the 8 columns from 8 (32 j + l), CPL chunks per lane, R by warp
+// shuffles (no CTA barrier). More rows in flight and more loads per thread than a CTA per row:
+// for the padded experts' thousands of short rows. The same codes and row scales.
+constexpr int kWarpRowsPerCta = 8;
+template <int CPL>
+__global__ void __launch_bounds__(32 * kWarpRowsPerCta) act_quant_fp8_rows_warp_kernel(
+    ActQuantFp8RowsParams p) {
+  pdl_wait();
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  const int64_t warp = blockIdx.x * static_cast<int64_t>(kWarpRowsPerCta) + (threadIdx.x >> 5);
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpRowsPerCta;
+  const int64_t rows = p.device_rows != nullptr ? *p.device_rows : p.rows;
+  for (int64_t r = warp; r < rows; r += warps) {
+    const int64_t src = p.row_index != nullptr ? p.row_index[r] : r;
+    const float rs = p.in_row_scale != nullptr ? p.in_row_scale[r] : 1.0f;
+    uint2 q[CPL];
+    uint32_t code[CPL];
+    uint32_t m = 0;
+#pragma unroll
+    for (int j = 0; j < CPL; ++j) {
+      const int64_t c = (static_cast<int64_t>(j) * 32 + lane) * 8;
+      quant_chunk(p, r, src, rs, c, c < p.cols, q[j], code[j], m);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+#pragma unroll
+    for (int j = 0; j < CPL; ++j) {
+      const int64_t c = (static_cast<int64_t>(j) * 32 + lane) * 8;
+      if (c < p.cols) store_chunk(p, r, c, q[j], code[j], m);
+    }
+    if (lane == 0) p.row_scale[r] = v41::ue8m0_decode(m);
   }
 }
 
@@ -295,8 +343,24 @@ void launch_act_quant_fp8_rows(const ActQuantFp8RowsParams& p, Stream stream) {
              "in_col_scale both set or both null; kperm_fp8: cols % 64 == 0; swiglu: "
              "no in_row_scale, up 16-byte aligned, with row_scale both column scales, "
              "group_rows >= 1, ld_col_scale >= cols");
-  // CPT chunks of 8 per thread with at most 1024 threads: 1 up to 8192 columns, else 2, 4, 8.
+  // The warp-per-row kernel where asked and a lane's share fits (CPL 4, 8, 12, 16 or 24 chunks:
+  // up to 6144 columns); a grid of at most 8 CTAs per SM with a device row count.
   const int64_t chunks = p.cols / 8;
+  if (p.warp_per_row && chunks <= 32 * 24) {
+    const int64_t per_lane = ceil_div(chunks, int64_t{32});
+    auto* const wk = per_lane <= 4    ? act_quant_fp8_rows_warp_kernel<4>
+                     : per_lane <= 8  ? act_quant_fp8_rows_warp_kernel<8>
+                     : per_lane <= 12 ? act_quant_fp8_rows_warp_kernel<12>
+                     : per_lane <= 16 ? act_quant_fp8_rows_warp_kernel<16>
+                                      : act_quant_fp8_rows_warp_kernel<24>;
+    const int64_t ctas = ceil_div(p.rows, int64_t{kWarpRowsPerCta});
+    const unsigned wgrid = static_cast<unsigned>(
+        p.device_rows != nullptr ? std::min<int64_t>(ctas, 8 * device_sm_count())
+                                 : std::min<int64_t>(ctas, int64_t{1} << 30));
+    MS_CUDA_CHECK(launch_kernel(wk, wgrid, 32 * kWarpRowsPerCta, 0, as_cuda_stream(stream), p));
+    return;
+  }
+  // CPT chunks of 8 per thread with at most 1024 threads: 1 up to 8192 columns, else 2, 4, 8.
   const int cpt = chunks <= 1024 ? 1 : chunks <= 2048 ? 2 : chunks <= 4096 ? 4 : 8;
   const unsigned threads = static_cast<unsigned>((ceil_div(chunks, cpt) + 31) / 32 * 32);
   auto* const kernel = cpt == 1   ? act_quant_fp8_rows_kernel<1>

@@ -197,6 +197,9 @@ struct ActQuantFp8RowsParams {
   // column 32 s + 16 j + 4 t + e (s, j < 2; t, e < 4) holds k = 16 t + 8 s + 4 j + e. The same
   // codes and row scales as without it. cols % 64 == 0.
   bool kperm_fp8 = false;
+  // One warp per row instead of one CTA per row (up to 6144 columns; more columns take the CTA
+  // form): the same codes and row scales, more rows in flight (the padded experts' slot rows).
+  bool warp_per_row = false;
   // Optional SwiGLU input (the padded FP8 experts' w2 input in one pass): with up set, x is the
   // gate (x_type: fp32 or bf16, pitch ldx; up the same type and pitch; bf16 values widened
   // exactly first) and the value quantised at (r, c) is

@@ -2271,6 +2271,7 @@ struct DeepseekV41Gpu::Impl {
       q.swiglu.up_col_scale = L.pf8_s13.as<float>() + inter;
       q.swiglu.ld_col_scale = 2 * inter;
       q.swiglu.group_rows = C;
+      q.warp_per_row = opt.moe_padded_warp_quant;
       cu::launch_act_quant_fp8_rows(q, stream);
     }
     mark(GpuComponent::kMoe, "w2");

@@ -189,6 +189,9 @@ struct GpuModelOptions {
   // fp32: half the bytes the GEMMs write and the SwiGLU quantiser and the combine read. Not with
   // moe_padded_two_pass_swiglu (its launch reads fp32).
   bool moe_padded_bf16 = true;
+  // With moe_padded_fp8: the one-pass SwiGLU quantiser with a warp per slot row
+  // (ActQuantFp8RowsParams::warp_per_row: the same codes) instead of a CTA per row.
+  bool moe_padded_warp_quant = true;
   // With moe_padded_fp8: the SwiGLU and w2's input quantiser as two launches (the SwiGLU's MXFP8
   // values in fp32 between them) instead of one; the same codes (a test of the one-pass form).
   bool moe_padded_two_pass_swiglu = false;

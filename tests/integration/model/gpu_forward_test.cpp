@@ -977,7 +977,8 @@ TEST(GpuForward, GreedyDecodeMoeFp8MatchesCpu) {
 // 5e-2 of each row's largest value of the bf16 grouped GEMM's (the same input; a wrong slot, scale
 // or row moves it by O(1)); the one-pass SwiGLU quantiser gives the two-pass form's bits (on fp32
 // GEMM sums; the bf16 sums of moe_padded_bf16 stay within the bound of them), and the
-// per-slot-row input quantiser the gathered form's (moe_padded_gather_quant). Then
+// per-slot-row input quantiser and the CTA-per-row SwiGLU quantiser the gathered and warp forms'
+// (moe_padded_gather_quant, moe_padded_warp_quant). Then
 // greedy decoding against the CPU with the option on (automatic C), at the wide model's floor.
 TEST(GpuForward, MoePaddedFp8MatchesGroupedAndCpu) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
@@ -1030,12 +1031,14 @@ TEST(GpuForward, MoePaddedFp8MatchesGroupedAndCpu) {
       // bf16 GEMM sums (the default) against fp32 ones: each sum rounded once; the first MoE
       // layer's rows agree within the bound above.
       EXPECT_EQ(rows_differing(tf.ffn_out.at(l), b, 20, 5e-2), 0);
-      // The slot inputs quantised per slot row instead of per token row and gathered: the same
-      // bits (moe_padded_gather_quant).
+      // The slot inputs quantised per slot row instead of per token row and gathered, and the
+      // SwiGLU quantiser with a CTA instead of a warp per row: the same bits
+      // (moe_padded_gather_quant, moe_padded_warp_quant).
       const auto td = traced_prefill(dir, 9, [&](arch::GpuModelOptions& o) {
         o.moe_padded_fp8 = true;
         o.moe_padded_min_rows = 1;
         o.moe_padded_gather_quant = false;
+        o.moe_padded_warp_quant = false;
       });
       EXPECT_EQ(td.layer_out, tb.layer_out);
     }
