@@ -77,7 +77,7 @@ struct BenchForwardOptions {
   int64_t moe_padded_group_rows = 0;
   bool moe_padded_gather_quant = true;
   bool moe_padded_bf16 = true;
-  bool moe_padded_warp_quant = true;
+  bool moe_padded_warp_quant = false;
   int32_t moe_rs_max_pass = 192;
   bool moe_fuse_swiglu = false;
   bool moe_stream_k = false;
@@ -749,7 +749,7 @@ void register_bench_forward(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--moe-padded-warp-quant", opt->moe_padded_warp_quant,
                   "cuda: with --moe-padded-fp8, the SwiGLU quantiser with a warp per slot row "
-                  "(false: a CTA per row)")
+                  "(false: a CTA per row; measured slower)")
       ->capture_default_str();
   cmd->add_option("--moe-padded-min-rows", opt->moe_padded_min_rows,
                   "cuda: with --moe-padded-fp8, the least expected hits per local expert that "

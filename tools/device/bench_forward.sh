@@ -194,8 +194,8 @@ args_decode_s1_nopad="$args_decode_s1 --moe-padded-fp8 false --moe-group-ordered
 args_prefill8k_prod_nopad="$args_prefill8k_prod --moe-padded-fp8 false --moe-group-ordered false"
 args_decode_s6_nogather="$args_decode_s6 --moe-padded-gather-quant false"
 args_decode_s6_nobf16="$args_decode_s6 --moe-padded-bf16 false"
-args_decode_s6_nowarpq="$args_decode_s6 --moe-padded-warp-quant false"
-args_decode_s6_r14pad="$args_decode_s6 --moe-padded-gather-quant false --moe-padded-bf16 false --moe-padded-warp-quant false"
+args_decode_s6_warpq="$args_decode_s6 --moe-padded-warp-quant true"
+args_decode_s6_r14pad="$args_decode_s6 --moe-padded-gather-quant false --moe-padded-bf16 false"
 args_decode_s6_r13="$args_decode_s6 --rank-block-replicas false"
 args_decode_s1_r13="$args_decode_s1 --rank-block-replicas false"
 

@@ -190,8 +190,11 @@ struct GpuModelOptions {
   // moe_padded_two_pass_swiglu (its launch reads fp32).
   bool moe_padded_bf16 = true;
   // With moe_padded_fp8: the one-pass SwiGLU quantiser with a warp per slot row
-  // (ActQuantFp8RowsParams::warp_per_row: the same codes) instead of a CTA per row.
-  bool moe_padded_warp_quant = true;
+  // (ActQuantFp8RowsParams::warp_per_row: the same codes) instead of a CTA per row. Measured
+  // slower (H200, r15, decode 64x6: swiglu_quant 1.57 -> 3.03 ms, step 39.9 -> 41.6 ms: the
+  // kernel is bound by its per-element arithmetic, not by loads in flight, and the warp form has
+  // a quarter of the threads). Off.
+  bool moe_padded_warp_quant = false;
   // With moe_padded_fp8: the SwiGLU and w2's input quantiser as two launches (the SwiGLU's MXFP8
   // values in fp32 between them) instead of one; the same codes (a test of the one-pass form).
   bool moe_padded_two_pass_swiglu = false;

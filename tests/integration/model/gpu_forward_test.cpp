@@ -977,7 +977,7 @@ TEST(GpuForward, GreedyDecodeMoeFp8MatchesCpu) {
 // 5e-2 of each row's largest value of the bf16 grouped GEMM's (the same input; a wrong slot, scale
 // or row moves it by O(1)); the one-pass SwiGLU quantiser gives the two-pass form's bits (on fp32
 // GEMM sums; the bf16 sums of moe_padded_bf16 stay within the bound of them), and the
-// per-slot-row input quantiser and the CTA-per-row SwiGLU quantiser the gathered and warp forms'
+// per-slot-row input quantiser and the warp-per-row SwiGLU quantiser the gathered and CTA forms'
 // (moe_padded_gather_quant, moe_padded_warp_quant). Then
 // greedy decoding against the CPU with the option on (automatic C), at the wide model's floor.
 TEST(GpuForward, MoePaddedFp8MatchesGroupedAndCpu) {
@@ -1032,13 +1032,13 @@ TEST(GpuForward, MoePaddedFp8MatchesGroupedAndCpu) {
       // layer's rows agree within the bound above.
       EXPECT_EQ(rows_differing(tf.ffn_out.at(l), b, 20, 5e-2), 0);
       // The slot inputs quantised per slot row instead of per token row and gathered, and the
-      // SwiGLU quantiser with a CTA instead of a warp per row: the same bits
+      // SwiGLU quantiser with a warp instead of a CTA per row: the same bits
       // (moe_padded_gather_quant, moe_padded_warp_quant).
       const auto td = traced_prefill(dir, 9, [&](arch::GpuModelOptions& o) {
         o.moe_padded_fp8 = true;
         o.moe_padded_min_rows = 1;
         o.moe_padded_gather_quant = false;
-        o.moe_padded_warp_quant = false;
+        o.moe_padded_warp_quant = true;
       });
       EXPECT_EQ(td.layer_out, tb.layer_out);
     }
