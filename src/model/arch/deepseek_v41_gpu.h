@@ -170,7 +170,8 @@ struct GpuModelOptions {
   // w2's scales. Hits past an expert's C rows take the grouped MXFP4 path (no hit is dropped).
   // Not bit-exact with MXFP8 (the refolds, kernels.h; cuBLASLt's FP8 sums, as fp8_row_scaled).
   // Measured (H200, r14, DEP32 rank share): decode 64x6 47.38 -> 41.38 ms, 64x1 24.38 -> 21.63 ms,
-  // prefill 8K the same (docs/perf/forward-gpu-2026-11-30-r14.md). With hits past the slots the
+  // prefill 8K the same (docs/perf/forward-gpu-2026-11-30-r14.md); r15 with the options below
+  // 39.74 ms against 46.60 on the grouped path (r15.md). With hits past the slots the
   // grouping's order decides which hits overflow: deterministic with moe_group_ordered only (r14
   // ran it off for that reason; on since r15 with the ordered grouping,
   // GpuForward.MoePaddedFp8IsDeterministicAndGraphIsBitIdentical). Trace: moe_padded.
@@ -182,12 +183,14 @@ struct GpuModelOptions {
   int64_t moe_padded_group_rows = 0;
   // With moe_padded_fp8: the slot rows' e4m3 inputs as each token row quantised once and then
   // gathered into its slots (launch_gather_fp8_rows: the same bits); false: one quantiser CTA per
-  // slot row (3,072 at the DEP32 decode share against 384 token rows; r14: 1.23 ms per step).
+  // slot row (3,072 at the DEP32 decode share against 384 token rows). Measured (H200, r15,
+  // decode 64x6): moe.act_quant 1.25 -> 0.65 ms, step 40.66 -> 39.64 ms.
   bool moe_padded_gather_quant = true;
   // With moe_padded_fp8: the two GEMMs' unscaled sums stored as bf16 (cuBLASLt's D type; each sum
   // rounded once, 2^-9 relative, before the outer scales, which are powers of two) instead of
   // fp32: half the bytes the GEMMs write and the SwiGLU quantiser and the combine read. Not with
-  // moe_padded_two_pass_swiglu (its launch reads fp32).
+  // moe_padded_two_pass_swiglu (its launch reads fp32). Measured (H200, r15, decode 64x6):
+  // moe.w2 2.92 -> 2.44 ms, w13 4.74 -> 4.52, step 40.32 -> 39.64 ms.
   bool moe_padded_bf16 = true;
   // With moe_padded_fp8: the one-pass SwiGLU quantiser with a warp per slot row
   // (ActQuantFp8RowsParams::warp_per_row: the same codes) instead of a CTA per row. Measured
