@@ -78,6 +78,8 @@ struct BenchForwardOptions {
   bool moe_padded_gather_quant = true;
   bool moe_padded_bf16 = true;
   bool moe_padded_warp_quant = false;
+  int moe_padded_quant_cpt = 0;
+  bool moe_overflow_exit_empty = false;
   int32_t moe_rs_max_pass = 192;
   bool moe_fuse_swiglu = false;
   bool moe_stream_k = false;
@@ -254,6 +256,8 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_padded_gather_quant = opt.moe_padded_gather_quant;
   go.moe_padded_bf16 = opt.moe_padded_bf16;
   go.moe_padded_warp_quant = opt.moe_padded_warp_quant;
+  go.moe_padded_quant_cpt = opt.moe_padded_quant_cpt;
+  go.moe_overflow_exit_empty = opt.moe_overflow_exit_empty;
   go.moe_padded_min_rows = opt.moe_padded_min_rows;
   go.moe_padded_group_rows = opt.moe_padded_group_rows;
   go.moe_rs_max_pass = opt.moe_rs_max_pass;
@@ -509,6 +513,8 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"moe_padded_gather_quant", opt.moe_padded_gather_quant},
               {"moe_padded_bf16", opt.moe_padded_bf16},
               {"moe_padded_warp_quant", opt.moe_padded_warp_quant},
+              {"moe_padded_quant_cpt", opt.moe_padded_quant_cpt},
+              {"moe_overflow_exit_empty", opt.moe_overflow_exit_empty},
               {"moe_padded_min_rows", opt.moe_padded_min_rows},
               {"moe_padded_group_rows", opt.moe_padded_group_rows},
               {"moe_rs_max_pass", opt.moe_rs_max_pass},
@@ -750,6 +756,15 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--moe-padded-warp-quant", opt->moe_padded_warp_quant,
                   "cuda: with --moe-padded-fp8, the SwiGLU quantiser with a warp per slot row "
                   "(false: a CTA per row; measured slower)")
+      ->capture_default_str();
+  cmd->add_option("--moe-padded-quant-cpt", opt->moe_padded_quant_cpt,
+                  "cuda: with --moe-padded-fp8, the row quantisers with at least this many "
+                  "8-column chunks per thread (0 automatic, 2, 4, 8)")
+      ->check(CLI::IsMember({0, 1, 2, 4, 8}))
+      ->capture_default_str();
+  cmd->add_option("--moe-overflow-exit-empty", opt->moe_overflow_exit_empty,
+                  "cuda: with --moe-padded-fp8, the overflow's stream-K GEMM launches return at "
+                  "once when no hit passed the slots")
       ->capture_default_str();
   cmd->add_option("--moe-padded-min-rows", opt->moe_padded_min_rows,
                   "cuda: with --moe-padded-fp8, the least expected hits per local expert that "

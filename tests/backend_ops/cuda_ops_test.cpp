@@ -567,15 +567,18 @@ RowScaled host_row_scaled(const std::vector<float>& x, int64_t m, int64_t k) {
 // launch_act_quant_fp8_rows against the host oracle, bit for bit (codes and row scales), from
 // fp32, from bf16, and from fp32 with input scales (in_row_scale / in_col_scale, powers of two:
 // the host scales first, in the kernel's order), at widths of 1, 2 and 4 chunks per thread, with
-// pitched input and output rows whose padding stays untouched; and the warp-per-row kernel
-// (warp_per_row) at 4, 12 (9 live) and 24 (21 live) chunks per lane.
+// pitched input and output rows whose padding stays untouched; the warp-per-row kernel
+// (warp_per_row) at 4, 12 (9 live) and 24 (21 live) chunks per lane; and the CTA form held at 4
+// chunks per thread (min_chunks_per_thread; 1024 columns: 32 threads, 2304: 96 threads with dead
+// chunks, 5216). A count other than 0, 1, 2, 4, 8 is refused.
 TEST_F(CudaOps, ActQuantFp8RowsMatchesHostRefold) {
-  for (const bool warp : {false, true})
+  for (const int form : {0, 1, 2})  // CTA per row, warp per row, CTA at >= 4 chunks per thread
   for (const int variant : {0, 1, 2}) {
+    const bool warp = form == 1;
     const std::vector<int64_t> widths =
-        warp ? std::vector<int64_t>{1024, 2304, 5216} : std::vector<int64_t>{5216, 12320, 32768};
+        form > 0 ? std::vector<int64_t>{1024, 2304, 5216} : std::vector<int64_t>{5216, 12320, 32768};
     for (const int64_t k : widths) {
-      SCOPED_TRACE(warp ? "warp per row" : "CTA per row");
+      SCOPED_TRACE(form == 1 ? "warp per row" : form == 2 ? "CTA, 4 chunks per thread" : "CTA per row");
       const bool bf16 = variant == 1, prescale = variant == 2;
       const int64_t m = 37, ldx = k + 8, ldo = k + 16;
       std::mt19937 rng(static_cast<uint32_t>(11 + variant * 7 + k));
@@ -625,6 +628,7 @@ TEST_F(CudaOps, ActQuantFp8RowsMatchesHostRefold) {
         p.in_col_scale = dcs_in->view().data_as<float>();
       }
       p.warp_per_row = warp;
+      p.min_chunks_per_thread = form == 2 ? 4 : 0;
       cuda::launch_act_quant_fp8_rows(p, stream_);
       const auto got = download<uint8_t>(*dout);
       const auto got_rs = download<float>(*drs);
@@ -648,6 +652,11 @@ TEST_F(CudaOps, ActQuantFp8RowsMatchesHostRefold) {
       EXPECT_EQ(scale_diff, 0u) << "variant " << variant << " k " << k;
       EXPECT_EQ(pad, 0u) << "variant " << variant << " k " << k;
       EXPECT_GT(rounded, 0u) << "variant " << variant << " k " << k;
+      if (form == 2 && variant == 0 && k == 1024) {
+        GTEST_FLAG_SET(death_test_style, "threadsafe");
+        p.min_chunks_per_thread = 3;
+        EXPECT_DEATH(cuda::launch_act_quant_fp8_rows(p, stream_), "bad arguments");
+      }
     }
   }
 }
@@ -1095,13 +1104,15 @@ TEST_F(CudaOps, SwigluQuantOuterScalesMatchPrescaledInputs) {
 // clamp, routing weight) gives the codes and row scales of the two launches it replaces:
 // launch_swiglu_quant_mxfp8 (fp32 MXFP8 values, the same scales) then launch_act_quant_fp8_rows
 // on them. Bit for bit, on 12 rows in 3 groups with gates and ups over [-12, 12] (the clamp at
-// 10 taken) and 1024 columns (two chunks per thread); from fp32 gate / up and from bf16 ones (the
-// two passes then see the bf16 values widened). A SwiGLU with an input scale is refused.
+// 10 taken) and 1024 columns; from fp32 gate / up and from bf16 ones (the two passes then see the
+// bf16 values widened); with a CTA per row (one chunk per thread, or at least two:
+// min_chunks_per_thread) and a warp per row. A SwiGLU with an input scale is refused.
 TEST_F(CudaFp8Rows, SwigluInputMatchesTwoPasses) {
   for (const bool bf16 : {false, true})
-  for (const bool warp : {false, true}) {
+  for (const int form : {0, 1, 2}) {  // CTA per row, warp per row, CTA at >= 2 chunks per thread
+  const bool warp = form == 1;
   SCOPED_TRACE(bf16 ? "bf16 gate / up" : "fp32 gate / up");
-  SCOPED_TRACE(warp ? "warp per row" : "CTA per row");
+  SCOPED_TRACE(form == 1 ? "warp per row" : form == 2 ? "CTA, 2 chunks per thread" : "CTA per row");
   const int64_t rows = 12, cols = 1024, G = 4;
   std::mt19937 rng(97);
   auto gu = random_floats(rows * 2 * cols, rng, -12.0f, 12.0f);
@@ -1158,6 +1169,7 @@ TEST_F(CudaFp8Rows, SwigluInputMatchesTwoPasses) {
   q.swiglu.ld_col_scale = sq.ld_col_scale;
   q.swiglu.group_rows = G;
   q.warp_per_row = warp;
+  q.min_chunks_per_thread = form == 2 ? 2 : 0;
   cuda::launch_act_quant_fp8_rows(q, stream_);
   EXPECT_EQ(download<uint8_t>(*codes), download<uint8_t>(*two.codes));
   EXPECT_EQ(download<float>(*scale), download<float>(*two.scale));

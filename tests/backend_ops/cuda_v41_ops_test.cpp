@@ -3620,7 +3620,9 @@ TEST_F(CudaV41, GroupedMxfp4GemmRefusesSwigluOffTheSwappedKernel) {
 // 300 = 192 + 108). Each grid runs three launches into NaN outputs: W, then the sets swapped (W_b
 // as W), then W again; each matches its CPU reference, the first and third are bit-identical, and
 // every flag is 0 after every launch (each launch resets what it raised; the workspace starts NaN,
-// so a head reading a slot no partial wrote would show).
+// so a head reading a slot no partial wrote would show). The second launch of each grid sets
+// sk_exit_empty (no effect with rows); a case without rows at all (max_rows a bound of 1, as the
+// padded experts' overflow launches) leaves every output row untouched with and without it.
 TEST_F(CudaV41, GroupedMxfp4GemmStreamK) {
   if (cuda::device_info(0).compute_major != 9)
     GTEST_SKIP() << "the wgmma kernels need sm_90a (Hopper); device is sm_"
@@ -3632,7 +3634,8 @@ TEST_F(CudaV41, GroupedMxfp4GemmStreamK) {
   };
   for (const Case& c :
        {Case{264, 1024, {7, 0, 129, 193, 64, 300}, {1, 7, 13, 0}},
-        Case{520, 2304, {150, 0, 200}, {1, 7, 0}}, Case{2304, 5120, {192, 5, 0, 70}, {0}}}) {
+        Case{520, 2304, {150, 0, 200}, {1, 7, 0}}, Case{2304, 5120, {192, 5, 0, 70}, {0}},
+        Case{264, 1024, {0, 0, 0}, {1, 0}}}) {
     SCOPED_TRACE("n " + std::to_string(c.n) + " k " + std::to_string(c.k) + " experts " +
                  std::to_string(c.counts.size()));
     std::mt19937 rng(static_cast<uint32_t>(17 + c.n + c.k));
@@ -3658,7 +3661,7 @@ TEST_F(CudaV41, GroupedMxfp4GemmStreamK) {
         gg.lda = c.k;
         gg.offsets = up(off);
         gg.num_experts = local;
-        gg.max_rows = *std::max_element(c.counts.begin(), c.counts.end());
+        gg.max_rows = std::max(*std::max_element(c.counts.begin(), c.counts.end()), 1);
         gg.ldy = c.n;
         gg.n = c.n;
         gg.k = c.k;
@@ -3695,6 +3698,7 @@ TEST_F(CudaV41, GroupedMxfp4GemmStreamK) {
           gg.sk_ctas = ctas;
           std::vector<std::pair<std::vector<float>, std::vector<float>>> runs;
           for (const int first : {0, 1, 0}) {
+            gg.sk_exit_empty = runs.size() == 1;
             runs.push_back(launch(first, cuda::GroupedMxfp4Kernel::kWgmmaRsStreamK));
             const auto f = down(flags, static_cast<size_t>(most.flags));
             ASSERT_TRUE(std::all_of(f.begin(), f.end(), [](int32_t v) { return v == 0; }))

@@ -334,13 +334,17 @@ void launch_act_quant_fp8_rows(const ActQuantFp8RowsParams& p, Stream stream) {
          (p.swiglu.gate_col_scale == nullptr || p.swiglu.up_col_scale == nullptr ||
           p.swiglu.group_rows < 1 || p.swiglu.ld_col_scale < p.cols)))) ||
       (p.kperm_fp8 && (p.cols % 64 != 0 || p.ldo % 4 != 0)) ||
+      (p.min_chunks_per_thread != 0 && p.min_chunks_per_thread != 1 &&
+       p.min_chunks_per_thread != 2 && p.min_chunks_per_thread != 4 &&
+       p.min_chunks_per_thread != 8) ||
       (p.x_type != ActivationType::kF32 && p.x_type != ActivationType::kBF16) ||
       (p.ldx * esize) % 16 != 0 || reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || p.ldo % 8 != 0 ||
       reinterpret_cast<uintptr_t>(p.out) % 8 != 0)
     bad_args("launch_act_quant_fp8_rows",
              "0 < cols <= 65536, cols % 32 == 0, ldx >= cols, ldo >= cols; x fp32 or bf16, "
              "16-byte aligned rows; out 8-byte aligned rows; out, row_scale set; in_row_scale and "
-             "in_col_scale both set or both null; kperm_fp8: cols % 64 == 0; swiglu: "
+             "in_col_scale both set or both null; kperm_fp8: cols % 64 == 0; min_chunks_per_thread "
+             "0, 1, 2, 4 or 8; swiglu: "
              "no in_row_scale, up 16-byte aligned, with row_scale both column scales, "
              "group_rows >= 1, ld_col_scale >= cols");
   // The warp-per-row kernel where asked and a lane's share fits (CPL 4, 8, 12, 16 or 24 chunks:
@@ -360,8 +364,10 @@ void launch_act_quant_fp8_rows(const ActQuantFp8RowsParams& p, Stream stream) {
     MS_CUDA_CHECK(launch_kernel(wk, wgrid, 32 * kWarpRowsPerCta, 0, as_cuda_stream(stream), p));
     return;
   }
-  // CPT chunks of 8 per thread with at most 1024 threads: 1 up to 8192 columns, else 2, 4, 8.
-  const int cpt = chunks <= 1024 ? 1 : chunks <= 2048 ? 2 : chunks <= 4096 ? 4 : 8;
+  // CPT chunks of 8 per thread with at most 1024 threads: 1 up to 8192 columns, else 2, 4, 8;
+  // at least min_chunks_per_thread (fewer threads per row, more loads in flight per thread).
+  const int cpt = std::max(chunks <= 1024 ? 1 : chunks <= 2048 ? 2 : chunks <= 4096 ? 4 : 8,
+                           p.min_chunks_per_thread);
   const unsigned threads = static_cast<unsigned>((ceil_div(chunks, cpt) + 31) / 32 * 32);
   auto* const kernel = cpt == 1   ? act_quant_fp8_rows_kernel<1>
                        : cpt == 2 ? act_quant_fp8_rows_kernel<2>

@@ -200,6 +200,10 @@ struct ActQuantFp8RowsParams {
   // One warp per row instead of one CTA per row (up to 6144 columns; more columns take the CTA
   // form): the same codes and row scales, more rows in flight (the padded experts' slot rows).
   bool warp_per_row = false;
+  // The CTA-per-row form: at least this many 8-column chunks per thread (0 or 1: the automatic
+  // count, 1 up to 8192 columns; 2, 4, 8): fewer threads per row, each with more loads in flight.
+  // The same codes and row scales.
+  int min_chunks_per_thread = 0;
   // Optional SwiGLU input (the padded FP8 experts' w2 input in one pass): with up set, x is the
   // gate (x_type: fp32 or bf16, pitch ldx; up the same type and pitch; bf16 values widened
   // exactly first) and the value quantised at (r, c) is
@@ -442,6 +446,11 @@ struct GroupedMxfp4GemmParams {
   // allocation); every launch leaves them 0. Launches sharing a workspace must not overlap in time
   // (stream order does this).
   bool stream_k = false;
+  // With stream_k: every CTA returns right after its pdl_wait when offsets[num_experts] (the
+  // grouped row count) is 0: no unit, so no partial tile and no flag (ncu, r15: the empty launch
+  // otherwise takes 8.3 us, the schedule and the ring's set-up for no work; the padded experts'
+  // overflow launches are empty in almost every decode layer). The same results.
+  bool sk_exit_empty = false;
   int sk_ctas = 0;
   float* sk_workspace = nullptr;
   int64_t sk_workspace_floats = 0;

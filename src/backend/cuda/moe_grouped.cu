@@ -2226,6 +2226,7 @@ __global__ void __launch_bounds__(grs::kThreads, 1)
     grouped_mxfp4_gemm_rs_sk_kernel(const GroupedMxfp4GemmParams p,
                                     const __grid_constant__ CUtensorMap tmap_a) {
   pdl_wait();
+  if (p.sk_exit_empty && p.offsets[p.num_experts] == 0) return;  // no unit (see kernels.h)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace grs;
   __shared__ SkState sk;

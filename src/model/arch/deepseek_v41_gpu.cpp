@@ -2219,6 +2219,7 @@ struct DeepseekV41Gpu::Impl {
       q.out = xt;
       q.ldo = d;
       q.row_scale = xts;
+      q.min_chunks_per_thread = opt.moe_padded_quant_cpt;
       cu::launch_act_quant_fp8_rows(q, stream);
       cu::GatherFp8RowsParams g;
       g.src = xt;
@@ -2272,6 +2273,7 @@ struct DeepseekV41Gpu::Impl {
       q.swiglu.ld_col_scale = 2 * inter;
       q.swiglu.group_rows = C;
       q.warp_per_row = opt.moe_padded_warp_quant;
+      q.min_chunks_per_thread = opt.moe_padded_quant_cpt;
       cu::launch_act_quant_fp8_rows(q, stream);
     }
     mark(GpuComponent::kMoe, "w2");
@@ -2600,6 +2602,8 @@ struct DeepseekV41Gpu::Impl {
           (opt.moe_rs_max_pass == 0 || opt.moe_rs_max_pass == 192)) {
         use_stream_k(gg);
         use_stream_k(g2);
+        // moe_overflow_exit_empty: the overflow launches return at once when no hit overflowed.
+        gg.sk_exit_empty = g2.sk_exit_empty = padded && opt.moe_overflow_exit_empty;
       }
       int stream_k_launches = 0;
       const auto grouped = [&](const cu::GroupedMxfp4GemmParams& g) {

@@ -198,6 +198,18 @@ struct GpuModelOptions {
   // kernel is bound by its per-element arithmetic, not by loads in flight, and the warp form has
   // a quarter of the threads). Off.
   bool moe_padded_warp_quant = false;
+  // With moe_padded_fp8: the token-row and SwiGLU quantisers (CTA per row) with at least this many
+  // 8-column chunks per thread (ActQuantFp8RowsParams::min_chunks_per_thread: 0 automatic, 2, 4,
+  // 8; the same codes). ncu (r15): the SwiGLU quantiser at 3,072 rows x 2304 takes 35.9 us per
+  // layer at 52% of the SM and 48% of memory throughput, 288 threads of one chunk each; two or
+  // four chunks per thread put more loads in flight per thread. Written in r15 after the device
+  // time ran out: not run. 0.
+  int moe_padded_quant_cpt = 0;
+  // With moe_padded_fp8: the overflow's stream-K grouped GEMMs return right after their
+  // pdl_wait when no hit passed the slots (GroupedMxfp4GemmParams::sk_exit_empty; the same
+  // results). ncu (r15): each of the two empty launches takes 8.3 us per layer. Written in r15
+  // after the device time ran out: not run. Off.
+  bool moe_overflow_exit_empty = false;
   // With moe_padded_fp8: the SwiGLU and w2's input quantiser as two launches (the SwiGLU's MXFP8
   // values in fp32 between them) instead of one; the same codes (a test of the one-pass form).
   bool moe_padded_two_pass_swiglu = false;

@@ -978,7 +978,8 @@ TEST(GpuForward, GreedyDecodeMoeFp8MatchesCpu) {
 // or row moves it by O(1)); the one-pass SwiGLU quantiser gives the two-pass form's bits (on fp32
 // GEMM sums; the bf16 sums of moe_padded_bf16 stay within the bound of them), and the
 // per-slot-row input quantiser and the warp-per-row SwiGLU quantiser the gathered and CTA forms'
-// (moe_padded_gather_quant, moe_padded_warp_quant). Then
+// (moe_padded_gather_quant, moe_padded_warp_quant), and so do moe_padded_quant_cpt 4 and
+// moe_overflow_exit_empty. Then
 // greedy decoding against the CPU with the option on (automatic C), at the wide model's floor.
 TEST(GpuForward, MoePaddedFp8MatchesGroupedAndCpu) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
@@ -1041,6 +1042,22 @@ TEST(GpuForward, MoePaddedFp8MatchesGroupedAndCpu) {
         o.moe_padded_warp_quant = true;
       });
       EXPECT_EQ(td.layer_out, tb.layer_out);
+      // The quantisers at 4 chunks per thread (moe_padded_quant_cpt; written in r15 without a
+      // device run): the same bits.
+      const auto te = traced_prefill(dir, 9, [&](arch::GpuModelOptions& o) {
+        o.moe_padded_fp8 = true;
+        o.moe_padded_min_rows = 1;
+        o.moe_padded_quant_cpt = 4;
+      });
+      EXPECT_EQ(te.layer_out, tb.layer_out);
+      // The overflow's stream-K launches returning at once when empty (moe_overflow_exit_empty;
+      // written in r15 without a device run): the same bits.
+      const auto tx = traced_prefill(dir, 9, [&](arch::GpuModelOptions& o) {
+        o.moe_padded_fp8 = true;
+        o.moe_padded_min_rows = 1;
+        o.moe_overflow_exit_empty = true;
+      });
+      EXPECT_EQ(tx.layer_out, tb.layer_out);
     }
   }
   expect_wide_short_greedy("moe_padded_fp8", [](arch::GpuModelOptions& o) {
