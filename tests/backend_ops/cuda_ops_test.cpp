@@ -1458,6 +1458,19 @@ TEST_F(CudaFp8Rows, BatchedGemmMatchesDoubleProduct) {
                            (as[static_cast<size_t>(i)] * wrs[static_cast<size_t>(j)]) !=
                        scaled[static_cast<size_t>(i * groups * n + j)];
   EXPECT_EQ(unscaled_diff, 0u);
+  // c_bf16: the unscaled sums stored as bf16 (the padded experts' form), within a bf16 rounding
+  // of the fp32 ones (2^-8 relative each, plus the FP8 sums' own spread, as the bound below).
+  if (g.ldc % 8 == 0) {
+    auto db = upload(std::vector<uint16_t>(static_cast<size_t>(m * groups * n), 0x7FC0));
+    g.c = db->view().data();
+    g.c_bf16 = true;
+    lt.run(g);
+    const auto bits = download<uint16_t>(*db);
+    std::vector<float> widened(bits.size());
+    bf16_to_float(bits, widened);
+    EXPECT_LE(rel_err(widened, unscaled), 2e-3);
+    g.c_bf16 = false;
+  }
   const double err = rel_err(scaled, ref);
   std::printf("  fp8 row-scaled batched %ldx%ldx%ld x%ld: %.3g\n", static_cast<long>(m),
               static_cast<long>(n), static_cast<long>(k), static_cast<long>(groups), err);
@@ -1476,7 +1489,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaFp8RowScaled,
 
 // Bad shapes abort as bad arguments (cols % 32, ldo < cols, a bf16 row pitch off 16 bytes,
 // kperm_fp8 with cols % 64, the weight's k % 32), and the cuBLASLt row-scaled GEMM refuses an FP8
-// pitch off 16 bytes.
+// pitch off 16 bytes and bf16 sums on a scaled GEMM (c_bf16).
 TEST_F(CudaOps, Fp8RowScaledRejectsBadShapes) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   auto buf = upload(std::vector<float>(4096, 1.0f));
@@ -1522,6 +1535,9 @@ TEST_F(CudaOps, Fp8RowScaledRejectsBadShapes) {
   g.a_scale = buf->view().data_as<float>();
   g.b_scale = buf->view().data_as<float>();
   EXPECT_DEATH(lt.run(g), "kFp8RowScaled");
+  g.lda = 48;
+  g.c_bf16 = true;  // bf16 sums only unscaled
+  EXPECT_DEATH(lt.run(g), "c_bf16");
 }
 
 struct RouterCase {

@@ -2171,17 +2171,19 @@ struct DeepseekV41Gpu::Impl {
     uint8_t* h8 = buf<uint8_t>("moe_pad_h8", slots * inter);
     float* hs = buf<float>("moe_pad_hs", slots);
     void* ye = buf<uint8_t>("moe_ye_pad", slots * d * static_cast<int64_t>(osize));
-    const auto quant = [&](const float* x, const int32_t* rows_of, int64_t cols, uint8_t* out,
-                           float* rs) {
+    // `rows` rows of x (row r reads x's row rows_of[r] when set) row-scaled into out / rs.
+    const auto quant = [&](const float* x, int64_t rows, const int32_t* rows_of, int64_t cols,
+                           uint8_t* out, float* rs) {
       cu::ActQuantFp8RowsParams q;
       q.x = x;
       q.ldx = cols;
-      q.rows = slots;
+      q.rows = rows;
       q.row_index = rows_of;
       q.cols = cols;
       q.out = out;
       q.ldo = cols;
       q.row_scale = rs;
+      q.min_chunks_per_thread = opt.moe_padded_quant_cpt;
       cu::launch_act_quant_fp8_rows(q, stream);
     };
     const auto gemm = [&](const uint8_t* a, int64_t kdim, const uint8_t* w, void* out,
@@ -2211,16 +2213,7 @@ struct DeepseekV41Gpu::Impl {
       // same bits as quantising per slot row: launch_gather_fp8_rows).
       uint8_t* xt = buf<uint8_t>("moe_pad_xt8", n * d);
       float* xts = buf<float>("moe_pad_xts", n);
-      cu::ActQuantFp8RowsParams q;
-      q.x = f;
-      q.ldx = d;
-      q.rows = n;
-      q.cols = d;
-      q.out = xt;
-      q.ldo = d;
-      q.row_scale = xts;
-      q.min_chunks_per_thread = opt.moe_padded_quant_cpt;
-      cu::launch_act_quant_fp8_rows(q, stream);
+      quant(f, n, nullptr, d, xt, xts);
       cu::GatherFp8RowsParams g;
       g.src = xt;
       g.ld_src = d;
@@ -2233,7 +2226,7 @@ struct DeepseekV41Gpu::Impl {
       g.out_scale = xs;
       cu::launch_gather_fp8_rows(g, stream);
     } else {
-      quant(f, pp.pad_row, d, x8, xs);
+      quant(f, slots, pp.pad_row, d, x8, xs);
     }
     mark(GpuComponent::kMoe, "w13");
     gemm(x8, d, L.pf8_w13.as<uint8_t>(), gu, 2 * inter);
@@ -2252,7 +2245,7 @@ struct DeepseekV41Gpu::Impl {
       sq.ld_col_scale = 2 * inter;
       sq.group_rows = C;
       cu::launch_swiglu_quant_mxfp8(sq, stream);
-      quant(h32, nullptr, inter, h8, hs);
+      quant(h32, slots, nullptr, inter, h8, hs);
     } else {
       // The SwiGLU (outer scales, clamp, routing weight) as the quantiser's input: one pass.
       cu::ActQuantFp8RowsParams q;

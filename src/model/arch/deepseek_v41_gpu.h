@@ -198,7 +198,7 @@ struct GpuModelOptions {
   // kernel is bound by its per-element arithmetic, not by loads in flight, and the warp form has
   // a quarter of the threads). Off.
   bool moe_padded_warp_quant = false;
-  // With moe_padded_fp8: the token-row and SwiGLU quantisers (CTA per row) with at least this many
+  // With moe_padded_fp8: the row quantisers (CTA per row) with at least this many
   // 8-column chunks per thread (ActQuantFp8RowsParams::min_chunks_per_thread: 0 automatic, 2, 4,
   // 8; the same codes). ncu (r15): the SwiGLU quantiser at 3,072 rows x 2304 takes 35.9 us per
   // layer at 52% of the SM and 48% of memory throughput, 288 threads of one chunk each; two or

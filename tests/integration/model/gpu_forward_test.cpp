@@ -1015,18 +1015,18 @@ TEST(GpuForward, MoePaddedFp8MatchesGroupedAndCpu) {
                tb.moe_padded.at(l), differing, l, rows_differing(ta.ffn_out.at(l), b, 20, 1e-2));
     EXPECT_EQ(differing, 0);
     if (group_rows == 0) {
+      // A traced prefill on the padded path (automatic C) with `more` set on top.
+      const auto padded = [&](auto&& more) {
+        return traced_prefill(dir, 9, [&](arch::GpuModelOptions& o) {
+          o.moe_padded_fp8 = true;
+          o.moe_padded_min_rows = 1;
+          more(o);
+        });
+      };
       // The one-pass SwiGLU quantiser against the two launches it replaces: the same bits (both
       // on fp32 GEMM sums: the two-pass form reads fp32, moe_padded_bf16).
-      const auto tf = traced_prefill(dir, 9, [&](arch::GpuModelOptions& o) {
-        o.moe_padded_fp8 = true;
-        o.moe_padded_min_rows = 1;
-        o.moe_padded_bf16 = false;
-      });
-      const auto tc = traced_prefill(dir, 9, [&](arch::GpuModelOptions& o) {
-        o.moe_padded_fp8 = true;
-        o.moe_padded_min_rows = 1;
-        o.moe_padded_two_pass_swiglu = true;
-      });
+      const auto tf = padded([](arch::GpuModelOptions& o) { o.moe_padded_bf16 = false; });
+      const auto tc = padded([](arch::GpuModelOptions& o) { o.moe_padded_two_pass_swiglu = true; });
       EXPECT_EQ(tc.ffn_out.at(l), tf.ffn_out.at(l));
       EXPECT_EQ(tc.layer_out, tf.layer_out);
       // bf16 GEMM sums (the default) against fp32 ones: each sum rounded once; the first MoE
@@ -1035,28 +1035,18 @@ TEST(GpuForward, MoePaddedFp8MatchesGroupedAndCpu) {
       // The slot inputs quantised per slot row instead of per token row and gathered, and the
       // SwiGLU quantiser with a warp instead of a CTA per row: the same bits
       // (moe_padded_gather_quant, moe_padded_warp_quant).
-      const auto td = traced_prefill(dir, 9, [&](arch::GpuModelOptions& o) {
-        o.moe_padded_fp8 = true;
-        o.moe_padded_min_rows = 1;
+      const auto td = padded([](arch::GpuModelOptions& o) {
         o.moe_padded_gather_quant = false;
         o.moe_padded_warp_quant = true;
       });
       EXPECT_EQ(td.layer_out, tb.layer_out);
       // The quantisers at 4 chunks per thread (moe_padded_quant_cpt; written in r15 without a
       // device run): the same bits.
-      const auto te = traced_prefill(dir, 9, [&](arch::GpuModelOptions& o) {
-        o.moe_padded_fp8 = true;
-        o.moe_padded_min_rows = 1;
-        o.moe_padded_quant_cpt = 4;
-      });
+      const auto te = padded([](arch::GpuModelOptions& o) { o.moe_padded_quant_cpt = 4; });
       EXPECT_EQ(te.layer_out, tb.layer_out);
       // The overflow's stream-K launches returning at once when empty (moe_overflow_exit_empty;
       // written in r15 without a device run): the same bits.
-      const auto tx = traced_prefill(dir, 9, [&](arch::GpuModelOptions& o) {
-        o.moe_padded_fp8 = true;
-        o.moe_padded_min_rows = 1;
-        o.moe_overflow_exit_empty = true;
-      });
+      const auto tx = padded([](arch::GpuModelOptions& o) { o.moe_overflow_exit_empty = true; });
       EXPECT_EQ(tx.layer_out, tb.layer_out);
     }
   }
