@@ -79,7 +79,7 @@ struct BenchForwardOptions {
   bool moe_padded_bf16 = true;
   bool moe_padded_warp_quant = false;
   int moe_padded_quant_cpt = 0;
-  bool moe_overflow_exit_empty = false;
+  bool moe_overflow_exit_empty = true;
   int32_t moe_rs_max_pass = 192;
   bool moe_fuse_swiglu = false;
   bool moe_stream_k = false;
@@ -92,6 +92,8 @@ struct BenchForwardOptions {
   bool attn_quant_epilogue = true;
   int32_t mhc_fused_rows_per_thread = 0;
   int32_t mhc_fused_cluster_width = 0;
+  int32_t mhc_split_blocks = -1;
+  int32_t gemm_autotune = 0;
   int64_t mhc_fuse_min_rows = 0;
   bool mhc_fuse_norm = true;
   bool pdl = true;          // programmatic dependent launch of our kernels
@@ -272,6 +274,8 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.attn_quant_epilogue = opt.attn_quant_epilogue;
   go.mhc_fused_rows_per_thread = opt.mhc_fused_rows_per_thread;
   go.mhc_fused_cluster_width = opt.mhc_fused_cluster_width;
+  go.mhc_split_blocks = opt.mhc_split_blocks;
+  go.gemm_autotune = opt.gemm_autotune;
   go.mhc_fuse_min_rows = opt.mhc_fuse_min_rows;
   go.mhc_fuse_norm = opt.mhc_fuse_norm;
   go.programmatic_launch = opt.pdl;
@@ -529,6 +533,8 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"attn_quant_epilogue", opt.attn_quant_epilogue},
               {"mhc_fused_rows_per_thread", opt.mhc_fused_rows_per_thread},
               {"mhc_fused_cluster_width", opt.mhc_fused_cluster_width},
+              {"mhc_split_blocks", opt.mhc_split_blocks},
+              {"gemm_autotune", opt.gemm_autotune},
               {"mhc_fuse_min_rows", opt.mhc_fuse_min_rows},
               {"mhc_fuse_norm", opt.mhc_fuse_norm},
               {"pdl", opt.pdl},
@@ -606,6 +612,9 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   if (cost.moe_slot_rows > 0)
     std::printf("%-28s %14.0f of %.0f slot rows\n", "  past the slots (overflow)",
                 cost.moe_overflow_rows, cost.moe_slot_rows);
+  if (opt.gemm_autotune > 1)
+    std::printf("%-28s %14lld\n", "GEMM shapes tuned",
+                static_cast<long long>(model->gemm_tuned_shapes()));
   std::printf("%-28s %14.1f\n", "HBM GB/s (measured)", hbm_gbs);
   std::printf("%-28s %14.1f\n", "bf16 TFLOP/s (measured)", mma_tflops);
   std::printf("%-28s %14.3f\n", "roofline ms", roofline_ms);
@@ -835,6 +844,18 @@ void register_bench_forward(CLI::App& bench) {
                   "4, 8 or 16 (16: 8 where the GPU cannot hold a cluster of 16); 0: 16 up to 128 rows, "
                   "else 8")
       ->check(CLI::IsMember({0, 4, 8, 16}))
+      ->capture_default_str();
+  cmd->add_option("--mhc-split-blocks", opt->mhc_split_blocks,
+                  "cuda: with --mhc-fuse-expand-mixes, the fused launch without clusters: this "
+                  "many blocks per row tile and a second launch that adds their sums (0: "
+                  "clusters; -1: 16 up to 128 rows, one wave of blocks up to 1024, else clusters), "
+                  "-1..256")
+      ->check(CLI::Range(-1, 256))
+      ->capture_default_str();
+  cmd->add_option("--gemm-autotune", opt->gemm_autotune,
+                  "cuda: time this many of cuBLASLt's heuristic candidates per GEMM shape on its "
+                  "first eager run and keep the fastest (0: the heuristic's first), 0..16")
+      ->check(CLI::Range(0, 16))
       ->capture_default_str();
   cmd->add_option("--mhc-fuse-min-rows", opt->mhc_fuse_min_rows,
                   "cuda: with --mhc-fuse-expand-mixes, the fewest rows a forward takes the fused "

@@ -11,6 +11,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -23,6 +24,7 @@
 #ifdef MOESERVE_HAVE_CUDA
 #include "backend/cuda/cublaslt_gemm.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_runtime.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/model_glue.h"
 #endif
@@ -1538,6 +1540,97 @@ TEST_F(CudaOps, Fp8RowScaledRejectsBadShapes) {
   g.lda = 48;
   g.c_bf16 = true;  // bf16 sums only unscaled
   EXPECT_DEATH(lt.run(g), "c_bf16");
+}
+
+// CublasLtGemm::set_autotune on a bf16 GEMM with fp32 output (kBf16F32, B stored [n, k]) against
+// the double product of the same bf16 operands (fp32 accumulation: 1e-5 of max|ref|):
+// - untuned (the heuristic's first) and tuned (the fastest of 8 candidates, timed) both within it;
+// - a second tuning instance takes the process's choice for the shape (tunes nothing itself)
+//   and gives the first's bits;
+// - a run captured into a CUDA graph does not tune (no timing under capture): the replay gives
+//   the untuned instance's bits on a shape not seen before;
+// - candidates outside 0..16 are refused.
+TEST_F(CudaOps, LtAutotuneKeepsResultsAndOneChoicePerShape) {
+  std::mt19937 rng(61);
+  const auto case_of = [&](int64_t m, int64_t n, int64_t k) {
+    std::vector<float> a(static_cast<size_t>(m * k)), b(static_cast<size_t>(n * k));
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (float& v : a) v = u(rng);
+    for (float& v : b) v = u(rng);
+    std::vector<uint16_t> ab(a.size()), bb(b.size());
+    float_to_bf16(a, ab);
+    float_to_bf16(b, bb);
+    bf16_to_float(ab, a);
+    bf16_to_float(bb, b);
+    std::vector<float> ref(static_cast<size_t>(m * n));
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0.0;
+        for (int64_t t = 0; t < k; ++t)
+          acc += static_cast<double>(a[static_cast<size_t>(i * k + t)]) * b[static_cast<size_t>(j * k + t)];
+        ref[static_cast<size_t>(i * n + j)] = static_cast<float>(acc);
+      }
+    return std::tuple{upload(ab), upload(bb), ref};
+  };
+  const auto params = [](const DeviceBuffer& a, const DeviceBuffer& b, DeviceBuffer& c, int64_t m,
+                         int64_t n, int64_t k) {
+    cuda::LtGemmParams g;
+    g.precision = cuda::GemmPrecision::kBf16F32;
+    g.a = a.view().data();
+    g.lda = k;
+    g.b = b.view().data();
+    g.ldb = k;
+    g.b_transposed = true;
+    g.c = c.view().data_as<float>();
+    g.ldc = n;
+    g.m = m;
+    g.n = n;
+    g.k = k;
+    return g;
+  };
+  {
+    const int64_t m = 384, n = 1536, k = 2048;
+    const auto [da, db, ref] = case_of(m, n, k);
+    std::vector<std::vector<float>> got;
+    int64_t tuned_first = -1, tuned_second = -1;
+    for (int tune : {0, 8, 8}) {
+      cuda::CublasLtGemm lt(stream_);
+      lt.set_autotune(tune);
+      auto dc = poisoned_floats(m * n);
+      lt.run(params(*da, *db, *dc, m, n, k));
+      got.push_back(download<float>(*dc));
+      EXPECT_LE(rel_err(got.back(), ref), 1e-5) << "autotune " << tune;
+      if (tune > 0) (tuned_first < 0 ? tuned_first : tuned_second) = lt.tuned_shapes();
+    }
+    EXPECT_LE(tuned_first, 1);  // 0 only where this process tuned the shape before (a repeat)
+    EXPECT_EQ(tuned_second, 0) << "the second instance takes the process's choice";
+    EXPECT_EQ(std::memcmp(got[1].data(), got[2].data(), got[1].size() * sizeof(float)), 0);
+  }
+  {
+    // Under capture: no tuning, the heuristic's first (the untuned instance's bits).
+    const int64_t m = 200, n = 1024, k = 1536;
+    const auto [da, db, ref] = case_of(m, n, k);
+    cuda::CublasLtGemm plain(stream_);
+    auto dplain = poisoned_floats(m * n);
+    plain.run(params(*da, *db, *dplain, m, n, k));
+    cuda::CublasLtGemm lt(stream_);
+    lt.set_autotune(8);
+    auto dc = poisoned_floats(m * n);
+    cuda::graph_capture_begin(stream_);
+    lt.run(params(*da, *db, *dc, m, n, k));
+    void* exec = cuda::graph_capture_end(stream_);
+    cuda::graph_launch(exec, stream_);
+    const auto got = download<float>(*dc);
+    cuda::graph_destroy(exec);
+    EXPECT_EQ(lt.tuned_shapes(), 0);
+    EXPECT_LE(rel_err(got, ref), 1e-5);
+    const auto want = download<float>(*dplain);
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  }
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  cuda::CublasLtGemm lt(stream_);
+  EXPECT_DEATH(lt.set_autotune(17), "autotune");
+  EXPECT_DEATH(lt.set_autotune(-1), "autotune");
 }
 
 struct RouterCase {

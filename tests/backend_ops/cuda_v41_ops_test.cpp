@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include "backend/backend.h"
@@ -676,9 +677,19 @@ TEST_F(CudaV41, HcMixesStagedTilesMatchCpu) {
   }
 }
 
-// The cluster widths the fused expand + mixes tests run at (HcExpandMixesParams::cluster_width;
-// 0 = 8).
-constexpr int kExpandMixesWidths[] = {0, 4, 16};
+// The launch forms the fused expand + mixes tests run at: cluster widths 0 (= 8), 4 and 16
+// (HcExpandMixesParams::cluster_width), and the split path without clusters
+// (HcExpandMixesParams::split_blocks) at 3 blocks per tile (dim 256: 3 / 3 / 2 chunks) and 20
+// (dim 5120: 8 chunks each; dim 256 and 96: blocks without any chunk).
+struct ExpandMixesMode {
+  int cw = 0, split = 0;
+  [[nodiscard]] std::string name() const {
+    return split > 0 ? " split " + std::to_string(split) : " width " + std::to_string(cw);
+  }
+  // The width hc_expand_mixes_cluster_width reports for a one-kernel shape.
+  [[nodiscard]] int reported_width() const { return split > 0 ? 0 : cw == 0 ? 8 : cw; }
+};
+constexpr ExpandMixesMode kExpandMixesModes[] = {{0, 0}, {4, 0}, {16, 0}, {0, 3}, {0, 20}};
 
 // Random inputs of launch_hc_expand_mixes, drawn in this order: x, y, post, comb, the collapse
 // weights, fn (values in +-fn_range), base, scale; and their CPU results: ex = x' (cpu::hc_expand),
@@ -717,7 +728,8 @@ ExpandMixesCase expand_mixes_case(std::mt19937& rng, int hc, int64_t dim, int64_
 // (8 chunks: one per block of the cluster) and 4 x 5120, with and without the fused collapse; at
 // each tile height (rows_per_thread 1..4) on one shape; and at width 4 x 96 (3 chunks for the 8
 // blocks of a cluster). Every case at cluster widths 0 (= 8), 4 and 16 (cluster_width; the width
-// hc_expand_mixes_cluster_width reports is the one asked for: the H200 holds clusters of 16). At
+// hc_expand_mixes_cluster_width reports is the one asked for: the H200 holds clusters of 16), and
+// on the split path at 3 and 20 blocks per tile (kExpandMixesModes; the width reported: 0). At
 // dim 256 (8 chunks) width 4 gives each block 2 chunks and width 16 leaves 8 blocks without any;
 // at dim 5120 the blocks take 40 / 20 / 10 chunks. The mixes' fp32 sums run in another order at
 // each width (a block's chunks, then the blocks in rank order); the tolerances are the same.
@@ -759,10 +771,10 @@ TEST_F(CudaV41, HcExpandMixesMatchesExpandThenMixes) {
     const auto gupre = down(upre, pre.size()), gupost = down(upost, mpost.size()),
                gucomb = down(ucomb, mcomb.size());
     for (bool collapse : {false, true})
-      for (int cw : kExpandMixesWidths) {
+      for (const ExpandMixesMode& mode : kExpandMixesModes) {
         const std::string what = "dim " + std::to_string(dim) + " rows " + std::to_string(t) +
                                  " rpt " + std::to_string(sh.rpt) + " collapse " +
-                                 std::to_string(collapse) + " width " + std::to_string(cw);
+                                 std::to_string(collapse) + mode.name();
         std::vector<std::vector<float>> runs;
         for (int rerun = 0; rerun < 2; ++rerun) {
           cuda::HcExpandMixesParams p;
@@ -782,8 +794,12 @@ TEST_F(CudaV41, HcExpandMixesMatchesExpandThenMixes) {
           p.mix_post = nans(mpost.size());
           p.mix_comb = nans(mcomb.size());
           p.rows_per_thread = sh.rpt;
-          p.cluster_width = cw;
-          EXPECT_EQ(cuda::hc_expand_mixes_cluster_width(p), cw == 0 ? 8 : cw) << what;
+          p.cluster_width = mode.cw;
+          p.split_blocks = mode.split;
+          if (mode.split > 0)
+            p.partials = nans(static_cast<size_t>(
+                cuda::hc_expand_mixes_partials_floats(t, hc, mode.split)));
+          EXPECT_EQ(cuda::hc_expand_mixes_cluster_width(p), mode.reported_width()) << what;
           cuda::launch_hc_expand_mixes(p, stream_);
           const auto gx = down(p.x, x.size());
           const auto gpre = down(p.mix_pre, pre.size()), gpost = down(p.mix_post, mpost.size()),
@@ -857,6 +873,23 @@ TEST_F(CudaV41, HcExpandMixesOtherShapesAsTwoLaunches) {
   }
 }
 
+// hc_expand_mixes_auto_split, the model's automatic split_blocks (kernels.h): 16 up to 128 rows,
+// one wave of blocks at two per SM over 16-row tiles up to 1024 rows (at least 2), clusters (0)
+// past that; on the H200 (132 SMs) 11 at 384 rows.
+TEST_F(CudaV41, HcExpandMixesAutoSplitRule) {
+  int dev = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+  EXPECT_EQ(cuda::hc_expand_mixes_auto_split(1), 16);
+  EXPECT_EQ(cuda::hc_expand_mixes_auto_split(128), 16);
+  EXPECT_EQ(cuda::hc_expand_mixes_auto_split(129), std::max(2, 2 * sms / 9));
+  EXPECT_EQ(cuda::hc_expand_mixes_auto_split(384), std::max(2, 2 * sms / 24));
+  if (sms == 132) EXPECT_EQ(cuda::hc_expand_mixes_auto_split(384), 11);
+  EXPECT_EQ(cuda::hc_expand_mixes_auto_split(1024), std::max(2, 2 * sms / 64));
+  EXPECT_EQ(cuda::hc_expand_mixes_auto_split(1025), 0);
+  EXPECT_EQ(cuda::hc_expand_mixes_auto_split(8192), 0);
+}
+
 // Bad arguments are refused before anything is launched, by the launch and by
 // hc_expand_mixes_cluster_width alike (a cluster width other than 0, 4, 8 and 16 among them).
 TEST_F(CudaV41, HcExpandMixesRefusesBadArguments) {
@@ -880,6 +913,12 @@ TEST_F(CudaV41, HcExpandMixesRefusesBadArguments) {
       {"cluster_width 2", [](auto& p) { p.cluster_width = 2; }},
       {"cluster_width -8", [](auto& p) { p.cluster_width = -8; }},
       {"cluster_width 32", [](auto& p) { p.cluster_width = 32; }},
+      {"split_blocks -1", [](auto& p) { p.split_blocks = -1; }},
+      {"split_blocks 257", [&](auto& p) {
+         p.split_blocks = 257;
+         p.partials = good.mix_pre;
+       }},
+      {"split_blocks without partials", [](auto& p) { p.split_blocks = 4; }},
   };
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   for (const auto& [name, change] : bad) {
@@ -918,8 +957,9 @@ double worst_row_rel_err(const std::vector<float>& got, const std::vector<float>
 // cluster without any) at 1, 2, 3 and 4 rows per thread (pinned, and the default rule, 2 at 389
 // rows), row counts leaving a partial last tile; then shapes that run as two launches (hc 3,
 // dim % 32 != 0), where the norm is launch_rms_norm itself: bit for bit. Every case at cluster
-// widths 0 (= 8), 4 and 16, both launches at the same width: the sum of squares adds a block's
-// chunks, then the width's blocks in rank order, and the tolerances are the same at each width.
+// widths 0 (= 8), 4 and 16 and on the split path at 3 and 20 blocks (kExpandMixesModes), both
+// launches in the same form: the sum of squares adds a block's chunks, then the blocks in order,
+// and the tolerances are the same in each form.
 // At width 4 and dim 5120 the norm's shared memory does not fit a block from 3 rows per thread
 // on (the collapse is then normalised by launch_rms_norm: bit for bit too, within the bounds).
 TEST_F(CudaV41, HcExpandMixesNormMatchesExpandMixesThenRmsNorm) {
@@ -954,7 +994,7 @@ TEST_F(CudaV41, HcExpandMixesNormMatchesExpandMixesThenRmsNorm) {
     }
     const float *dy = up(k.y), *dpost = up(k.post), *dcomb = up(k.comb), *dcpre = up(k.cpre);
     const float *dfn = up(k.fn), *dbase = up(k.base), *dscale = up(k.scale), *dw = up(w);
-    const auto launch = [&](bool norm, int cw) {
+    const auto launch = [&](bool norm, const ExpandMixesMode& mode) {
       cuda::HcExpandMixesParams p;
       p.x = up(k.x);
       p.y = dy;
@@ -972,7 +1012,11 @@ TEST_F(CudaV41, HcExpandMixesNormMatchesExpandMixesThenRmsNorm) {
       p.mix_post = nans(k.mpost.size());
       p.mix_comb = nans(k.mcomb.size());
       p.rows_per_thread = sh.rpt;
-      p.cluster_width = cw;
+      p.cluster_width = mode.cw;
+      p.split_blocks = mode.split;
+      if (mode.split > 0)
+        p.partials =
+            nans(static_cast<size_t>(cuda::hc_expand_mixes_partials_floats(t, hc, mode.split)));
       if (norm) {
         p.collapse_norm_weight = dw;
         p.collapse_norm_eps = eps;
@@ -980,10 +1024,10 @@ TEST_F(CudaV41, HcExpandMixesNormMatchesExpandMixesThenRmsNorm) {
       cuda::launch_hc_expand_mixes(p, stream_);
       return p;
     };
-    for (int cw : kExpandMixesWidths) {
-      const std::string what_w = what + " width " + std::to_string(cw);
+    for (const ExpandMixesMode& mode : kExpandMixesModes) {
+      const std::string what_w = what + mode.name();
       // Without the norm, then launch_rms_norm in place.
-      const cuda::HcExpandMixesParams u = launch(false, cw);
+      const cuda::HcExpandMixesParams u = launch(false, mode);
       cuda::RmsNormParams rp;
       rp.x = u.collapse_out;
       rp.weight = dw;
@@ -1000,7 +1044,7 @@ TEST_F(CudaV41, HcExpandMixesNormMatchesExpandMixesThenRmsNorm) {
       ASSERT_LE(rel_err(ucol, norm_ref), 1e-5) << "unfused reference, " << what_w;
       std::vector<float> first;
       for (int rerun = 0; rerun < 2; ++rerun) {
-        const cuda::HcExpandMixesParams p = launch(true, cw);
+        const cuda::HcExpandMixesParams p = launch(true, mode);
         const auto gcol = down(p.collapse_out, k.col.size());
         if (rerun == 1) {
           EXPECT_EQ(std::memcmp(gcol.data(), first.data(), gcol.size() * sizeof(float)), 0)

@@ -3,8 +3,12 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <limits>
 #include <map>
+#include <mutex>
 #include <tuple>
+#include <utility>
 
 #include "backend/cuda/cuda_util.cuh"
 #include "backend/cuda/kernels.h"
@@ -45,6 +49,18 @@ struct Descs {
   }
 };
 
+// The algorithms autotuning chose (CublasLtGemm::set_autotune), by shape and scale mode, for the
+// whole process: every instance that tunes a shape after the first takes the first's choice, so
+// two models (or a model and its side stream) in one process run one shape with one algorithm.
+struct TunedAlgos {
+  std::mutex mu;
+  std::map<std::pair<ShapeKey, bool>, cublasLtMatmulAlgo_t> chosen;
+};
+TunedAlgos& tuned_algos() {
+  static TunedAlgos t;
+  return t;
+}
+
 }  // namespace
 
 struct CublasLtGemm::Impl {
@@ -53,6 +69,8 @@ struct CublasLtGemm::Impl {
   void* workspace = nullptr;
   std::map<ShapeKey, Algo> algos;
   bool last_outer = false;
+  int tune_candidates = 0;
+  int64_t tuned = 0;
 };
 
 CublasLtGemm::CublasLtGemm(void* stream) : impl_(std::make_unique<Impl>()) {
@@ -146,22 +164,79 @@ void CublasLtGemm::run(const LtGemmParams& p) {
       batched(d.c, p.stride_c);
     }
   };
-  // The heuristic's first algorithm for d, or false.
-  const auto pick = [&](Descs& d, cublasLtMatmulAlgo_t* algo) {
+  // Autotuning (set_autotune) applies where timing the candidates cannot change the result or
+  // another buffer: beta 0 (C is written, not read), C neither A nor B, and the stream is not
+  // being captured into a graph (the timing synchronises).
+  const auto can_tune = [&] {
+    if (impl_->tune_candidates < 2 || p.beta != 0.0f || p.c == p.a || p.c == p.b) return false;
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    MS_CUDA_CHECK(cudaStreamIsCapturing(impl_->stream, &cap));
+    return cap == cudaStreamCaptureStatusNone;
+  };
+  // The algorithm for d, or false: the heuristic's first; with autotuning, the fastest of the
+  // heuristic's first tune_candidates by CUDA events (one warm-up and kTuneRuns timed runs
+  // each, on this call's operands; a later candidate must beat the best so far by 3%, so near
+  // ties keep the heuristic's order), or the choice already made in this process for the shape.
+  const auto pick = [&](Descs& d, bool outer, cublasLtMatmulAlgo_t* algo) {
+    const bool tune = can_tune();
+    TunedAlgos& tuned = tuned_algos();
+    if (tune) {
+      const std::lock_guard<std::mutex> lock(tuned.mu);
+      if (const auto hit = tuned.chosen.find({key, outer}); hit != tuned.chosen.end()) {
+        *algo = hit->second;
+        return true;
+      }
+    }
     cublasLtMatmulPreference_t pref = nullptr;
     MS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = kWorkspaceBytes;
     MS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    cublasLtMatmulHeuristicResult_t result{};
+    constexpr int kMaxCandidates = 16;
+    cublasLtMatmulHeuristicResult_t results[kMaxCandidates] = {};
+    const int want = tune ? std::min(impl_->tune_candidates, kMaxCandidates) : 1;
     int returned = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(impl_->handle, d.op, d.a, d.b, d.c,
-                                                             d.c, pref, 1, &result, &returned);
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+        impl_->handle, d.op, d.a, d.b, d.c, d.c, pref, want, results, &returned);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED || (st == CUBLAS_STATUS_SUCCESS && returned == 0))
       return false;
     MS_CUBLAS_CHECK(st);
-    *algo = result.algo;
+    int best = 0;
+    if (tune && returned > 1) {
+      constexpr int kTuneRuns = 5;
+      cudaEvent_t ev[2] = {nullptr, nullptr};
+      MS_CUDA_CHECK(cudaEventCreate(&ev[0]));
+      MS_CUDA_CHECK(cudaEventCreate(&ev[1]));
+      float best_ms = std::numeric_limits<float>::infinity();
+      const auto matmul = [&](const cublasLtMatmulAlgo_t& al) {
+        return cublasLtMatmul(impl_->handle, d.op, &p.alpha, p.b, d.a, p.a, d.b, &p.beta, p.c,
+                              d.c, p.c, d.c, &al, impl_->workspace, kWorkspaceBytes,
+                              impl_->stream);
+      };
+      for (int i = 0; i < returned; ++i) {
+        if (results[i].state != CUBLAS_STATUS_SUCCESS || matmul(results[i].algo) != CUBLAS_STATUS_SUCCESS)
+          continue;
+        MS_CUDA_CHECK(cudaEventRecord(ev[0], impl_->stream));
+        for (int r = 0; r < kTuneRuns; ++r) MS_CUBLAS_CHECK(matmul(results[i].algo));
+        MS_CUDA_CHECK(cudaEventRecord(ev[1], impl_->stream));
+        MS_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+        float ms = 0.0f;
+        MS_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+        if (ms < 0.97f * best_ms) {
+          best_ms = ms;
+          best = i;
+        }
+      }
+      cudaEventDestroy(ev[0]);
+      cudaEventDestroy(ev[1]);
+      ++impl_->tuned;
+    }
+    *algo = results[best].algo;
+    if (tune) {
+      const std::lock_guard<std::mutex> lock(tuned.mu);
+      *algo = tuned.chosen.emplace(std::pair{key, outer}, *algo).first->second;
+    }
     return true;
   };
 
@@ -172,12 +247,12 @@ void CublasLtGemm::run(const LtGemmParams& p) {
     if (fp8 && !p.force_post_scale && !p.unscaled && p.batch == 1) {
       Descs d;
       make(d, true);
-      found = a.outer_scales = pick(d, &a.algo);
+      found = a.outer_scales = pick(d, true, &a.algo);
     }
     if (!found) {
       Descs d;
       make(d, false);
-      MS_CHECK_MSG(pick(d, &a.algo), "cuBLASLt has no algorithm for M={} N={} K={}", p.m, p.n,
+      MS_CHECK_MSG(pick(d, false, &a.algo), "cuBLASLt has no algorithm for M={} N={} K={}", p.m, p.n,
                    p.k);
     }
     it = impl_->algos.emplace(key, a).first;
@@ -197,5 +272,13 @@ void CublasLtGemm::run(const LtGemmParams& p) {
 }
 
 bool CublasLtGemm::last_fp8_outer_scales() const { return impl_->last_outer; }
+
+void CublasLtGemm::set_autotune(int candidates) {
+  MS_CHECK_MSG(candidates >= 0 && candidates <= 16, "cuBLASLt autotune candidates 0..16, got {}",
+               candidates);
+  impl_->tune_candidates = candidates;
+}
+
+int64_t CublasLtGemm::tuned_shapes() const { return impl_->tuned; }
 
 }  // namespace moeserve::cuda

@@ -67,6 +67,16 @@ class CublasLtGemm {
   // kFp8RowScaled: whether the last such run applied the scales in cuBLASLt (false: the separate
   // scaling kernel).
   [[nodiscard]] bool last_fp8_outer_scales() const;
+  // >= 2: on the first run of a shape (per instance), time the first `candidates` (up to 16)
+  // algorithms of cuBLASLt's heuristic on that call's operands and keep the fastest, instead of
+  // the heuristic's first (0 or 1: no tuning). Only where the timing cannot change anything but
+  // C (beta 0, C neither A nor B) and the stream is not capturing a graph; elsewhere the
+  // heuristic's first. The choice is kept for the whole process (later instances take it), so
+  // one shape runs one algorithm in a process; two processes may choose differently (timing),
+  // which changes results by the summation order of the algorithms' tilings and splits.
+  void set_autotune(int candidates);
+  // Shapes this instance tuned by timing (not counting choices taken from the process's).
+  [[nodiscard]] int64_t tuned_shapes() const;
 
  private:
   struct Impl;

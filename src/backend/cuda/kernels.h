@@ -723,8 +723,8 @@ void launch_hc_expand(const HcExpandParams& p, Stream stream);
 // known) would not fit, the collapse is normalised by launch_rms_norm in place. Refuses
 // (cuda_call_failed, "bad arguments") hc outside 1..4, dim < 1, rows < 0, a missing pointer,
 // collapse_out without collapse_pre (or the reverse), collapse_norm_weight without collapse_out,
-// collapse_norm_eps not >= 0 (NaN too), rows_per_thread outside 0..4 and cluster_width other than
-// 0, 4, 8 and 16.
+// collapse_norm_eps not >= 0 (NaN too), rows_per_thread outside 0..4, cluster_width other than
+// 0, 4, 8 and 16, split_blocks outside 0..256 and split_blocks without partials.
 struct HcExpandMixesParams {
   float* x = nullptr;
   const float* y = nullptr;
@@ -759,10 +759,35 @@ struct HcExpandMixesParams {
   // another order at each width (the blocks' own columns, then the blocks in rank order): a few
   // fp32 ulps apart, the same bits from run to run.
   int cluster_width = 0;
+  // >= 1: the one-kernel path without clusters (cluster_width is then ignored): split_blocks
+  // blocks per row tile, each taking every split_blocks-th 32-column chunk (at dim 5120 and 20
+  // blocks: 8 chunks each; 384 rows at 2 rows per thread: 480 blocks, against 192 in clusters of
+  // 8), write their sums to `partials`, and a second launch (a block per row) adds them in block
+  // order, ends the mixes and, with collapse_norm_weight, normalises collapse_out in place. x'
+  // and the plain collapse are the same bits as on the cluster path; the mixes and the norm's sum
+  // of squares add the same kind of partial sums (a block's chunks, then the blocks in order),
+  // the same bits from run to run at one split_blocks. 0: clusters.
+  int split_blocks = 0;
+  // With split_blocks: scratch of hc_expand_mixes_partials_floats(rows, hc, split_blocks) floats,
+  // not shared with any other operand.
+  float* partials = nullptr;
 };
 void launch_hc_expand_mixes(const HcExpandMixesParams& p, Stream stream);
+// The split_blocks the model's automatic rule takes for `rows` (0: clusters): 16 up to 128 rows;
+// up to 1024 rows, the blocks of one wave at two per SM over the tiles of 16 rows (2 x SMs /
+// ceil(rows / 16), at least 2: 11 at 384 rows on the H200's 132 SMs); past that 0. Measured on
+// the H200 (r16): mhc.expand at decode 64 x 6 (384 rows) 3.95 -> 3.66 ms at 11 (10: 3.75, 16:
+// 4.15); 64 x 1 (64 rows) 2.00 -> 1.71 ms at 16; prefill 8K (8192 rows) 9.81 -> 10.15 ms at 20.
+[[nodiscard]] int hc_expand_mixes_auto_split(int64_t rows);
+// The floats of HcExpandMixesParams::partials for a split launch: split_blocks x rows x
+// ((2 + hc) hc + 2).
+[[nodiscard]] inline int64_t hc_expand_mixes_partials_floats(int64_t rows, int hc,
+                                                             int split_blocks) {
+  return static_cast<int64_t>(split_blocks) * rows * ((2 + hc) * hc + 2);
+}
 // The cluster width launch_hc_expand_mixes(p) runs its one kernel at (4, 8 or 16: cluster_width,
-// or 8 where 16 cannot be resident on this GPU), 0 where p runs as two launches or has no rows.
+// or 8 where 16 cannot be resident on this GPU), 0 where p runs as two launches, on the split
+// path (split_blocks) or has no rows.
 // Refuses bad arguments as the launch does.
 [[nodiscard]] int hc_expand_mixes_cluster_width(const HcExpandMixesParams& p);
 

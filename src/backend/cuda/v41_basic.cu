@@ -64,6 +64,7 @@ constexpr int kMixCluster = 8;  // blocks of a cluster splitting hc*dim (portabl
 // Cluster widths the fused expand + mixes kernel is built for (HcExpandMixesParams::
 // cluster_width); 16 is beyond the portable 8 (cudaFuncAttributeNonPortableClusterSizeAllowed).
 constexpr int kMaxMixCluster = 16;
+constexpr int kMaxSplitBlocks = 256;  // HcExpandMixesParams::split_blocks
 constexpr int kMixWarps = kThreads / 32;
 constexpr int kMixKLanes = 8;     // lanes along k, a float4 each: 128 contiguous bytes of a row
 constexpr int kMixRLanes = 4;     // lanes along rows
@@ -94,30 +95,53 @@ __device__ __forceinline__ float4 load4(const float* row, int64_t k, int64_t wid
 // scale, the sigmoids, the softmax and Sinkhorn on the hc x hc matrix held one element per lane.
 // Lane roles: lanes [0, 2*HC) pre/post (mix index = lane), lane 8 the Σ f^2, lanes 16 + 4*jr + kc
 // comb[jr][kc] (mix index 2*HC + jr*HC + kc; padding outside hc x hc).
+// A lane's role in the end of a row's mixes (hc_mixes_finish_row, the split path's finish):
+// idx = the sum it reads (-1: none), cv = it holds comb[jr][kc].
+struct MixLane {
+  int idx = -1;
+  bool cv = false;
+  int jr = 0, kc = 0;
+};
+template <int HC>
+__device__ __forceinline__ MixLane mix_lane() {
+  constexpr int M = (2 + HC) * HC;
+  const int lane = threadIdx.x & 31;
+  MixLane l;
+  if (lane < 2 * HC) {
+    l.idx = lane;
+  } else if (lane == 8) {
+    l.idx = M;
+  } else if (lane >= 16) {
+    l.jr = (lane - 16) >> 2;
+    l.kc = (lane - 16) & 3;
+    l.cv = l.jr < HC && l.kc < HC;
+    if (l.cv) l.idx = 2 * HC + l.jr * HC + l.kc;
+  }
+  return l;
+}
+template <int HC>
+__device__ void hc_mixes_finish_from(const HcMixesParams& p, const MixLane& ml, float val,
+                                     int64_t row);
 template <int HC, int kCW = kMixCluster>
 __device__ void hc_mixes_finish_row(const HcMixesParams& p,
                                     cooperative_groups::cluster_group& cluster, float* part, int rr,
                                     int64_t row) {
-  constexpr int M = (2 + HC) * HC;
-  constexpr int MA = M + 1;
+  constexpr int MA = (2 + HC) * HC + 1;
+  const MixLane ml = mix_lane<HC>();
+  float val = 0.0f;
+  if (ml.idx >= 0)
+    for (int b = 0; b < kCW; ++b) val += cluster.map_shared_rank(part, b)[rr * MA + ml.idx];
+  hc_mixes_finish_from<HC>(p, ml, val, row);
+}
+// The end of a row's mixes from the lane's sum `val` (ml.idx; lane 8 holds the sum of squares):
+// the RMS scale, the sigmoids, the softmax and Sinkhorn; by a whole warp.
+template <int HC>
+__device__ void hc_mixes_finish_from(const HcMixesParams& p, const MixLane& ml, float val,
+                                     int64_t row) {
   const int lane = threadIdx.x & 31;
   const int64_t width = static_cast<int64_t>(HC) * p.dim;
-  int idx = -1;
-  bool cv = false;
-  int jr = 0, kc = 0;
-  if (lane < 2 * HC) {
-    idx = lane;
-  } else if (lane == 8) {
-    idx = M;
-  } else if (lane >= 16) {
-    jr = (lane - 16) >> 2;
-    kc = (lane - 16) & 3;
-    cv = jr < HC && kc < HC;
-    if (cv) idx = 2 * HC + jr * HC + kc;
-  }
-  float val = 0.0f;
-  if (idx >= 0)
-    for (int b = 0; b < kCW; ++b) val += cluster.map_shared_rank(part, b)[rr * MA + idx];
+  const int idx = ml.idx, jr = ml.jr, kc = ml.kc;
+  const bool cv = ml.cv;
   const float ss = __shfl_sync(0xffffffffu, val, 8);
   const float mix = val * rsqrtf(ss / static_cast<float>(width) + p.rms_eps);
   if (lane < HC) {
@@ -346,14 +370,11 @@ __device__ __forceinline__ void staged_chunk_dots(const float* xs, const float* 
 // a fixed order: the kq lanes (lane bits 3, 4), then the warps in order, then (finish) the kCW
 // blocks in rank order. `in_cluster_phase` runs between the two cluster barriers, where every
 // block's shared memory written before the call is visible to the cluster and still alive.
-struct NoClusterPhase {
-  __device__ void operator()() const {}
-};
-template <int HC, int RPT, int kCW = kMixCluster, typename ClusterPhase = NoClusterPhase>
-__device__ __forceinline__ void staged_mixes_reduce_finish(
-    const HcMixesParams& p, float (&acc)[RPT][(2 + HC) * HC + 1], float* smem, float* part,
-    cooperative_groups::cluster_group& cluster, int rank, int64_t tile0,
-    const ClusterPhase& in_cluster_phase = {}) {
+// This block's sums of its tile rows into `part` [8RPT][M + 1] (not followed by a barrier): the
+// kq lanes (lane bits 3, 4), then the warps in order through `smem` (the drained ring).
+template <int HC, int RPT>
+__device__ __forceinline__ void staged_mixes_block_sums(float (&acc)[RPT][(2 + HC) * HC + 1],
+                                                        float* smem, float* part) {
   constexpr int MA = (2 + HC) * HC + 1, BR = 8 * RPT;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, r0 = lane & 7;
 #pragma unroll
@@ -377,6 +398,19 @@ __device__ __forceinline__ void staged_mixes_reduce_finish(
     for (int w = 0; w < kMixWarps; ++w) s += red[w * BR * MA + e];
     part[e] = s;
   }
+}
+
+struct NoClusterPhase {
+  __device__ void operator()() const {}
+};
+template <int HC, int RPT, int kCW = kMixCluster, typename ClusterPhase = NoClusterPhase>
+__device__ __forceinline__ void staged_mixes_reduce_finish(
+    const HcMixesParams& p, float (&acc)[RPT][(2 + HC) * HC + 1], float* smem, float* part,
+    cooperative_groups::cluster_group& cluster, int rank, int64_t tile0,
+    const ClusterPhase& in_cluster_phase = {}) {
+  constexpr int BR = 8 * RPT;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  staged_mixes_block_sums<HC, RPT>(acc, smem, part);
   cluster.sync();
   for (int rr = rank + kCW * warp; rr < BR; rr += kCW * kMixWarps)
     if (tile0 + rr < p.rows) hc_mixes_finish_row<HC, kCW>(p, cluster, part, rr, tile0 + rr);
@@ -525,7 +559,24 @@ struct ExpandMixes {
   }
 };
 
-template <int RPT, bool kNorm, int STAGES, int kCW>
+// The mixes' HcMixesParams of a fused launch (its outputs mix_pre, mix_post, mix_comb).
+__device__ __forceinline__ HcMixesParams mixes_params_of(const HcExpandMixesParams& p) {
+  HcMixesParams mp;
+  mp.rows = p.rows;
+  mp.hc = p.hc;
+  mp.dim = p.dim;
+  mp.base = p.base;
+  mp.scale = p.scale;
+  mp.rms_eps = p.rms_eps;
+  mp.hc_eps = p.hc_eps;
+  mp.sinkhorn_iters = p.sinkhorn_iters;
+  mp.pre = p.mix_pre;
+  mp.post = p.mix_post;
+  mp.comb = p.mix_comb;
+  return mp;
+}
+
+template <int RPT, bool kNorm, int STAGES, int kCW, bool kSplit = false>
 __global__ void __launch_bounds__(kThreads, RPT >= 3 ? 1 : 2)
     hc_expand_mixes_kernel(HcExpandMixesParams p) {
   pdl_wait();
@@ -537,16 +588,19 @@ __global__ void __launch_bounds__(kThreads, RPT >= 3 ? 1 : 2)
   extern __shared__ __align__(16) float smem[];
   float* part = smem + Cfg::kRingFloats;  // [BR][MA]: this block's sums, read by the cluster
   float* nsq = part + BR * MA;            // kNorm: [BR] the rows' partial sums of squares
-  float* cst = nsq + BR;                  // kNorm: [my_chunks][BR][CC] collapse values
+  float* cst = nsq + BR;                  // kNorm, clusters: [my_chunks][BR][CC] collapse values
   namespace cg = cooperative_groups;
-  cg::cluster_group cluster = cg::this_cluster();
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int rank = static_cast<int>(cluster.block_rank());
+  // kSplit: the gridDim.x blocks of a tile are no cluster; block blockIdx.x takes chunks
+  // blockIdx.x, + gridDim.x, ... and its sums go to p.partials (hc_expand_mixes_finish_kernel).
+  const int rank =
+      kSplit ? static_cast<int>(blockIdx.x) : static_cast<int>(cg::this_cluster().block_rank());
+  const int cw = kSplit ? static_cast<int>(gridDim.x) : kCW;
   const int64_t tile0 = static_cast<int64_t>(blockIdx.y) * BR;
   const int64_t width = static_cast<int64_t>(HC) * p.dim;
   const int64_t chunks = p.dim / CC;
-  const int my_chunks = rank < chunks ? static_cast<int>((chunks - rank + kCW - 1) / kCW) : 0;
+  const int my_chunks = rank < chunks ? static_cast<int>((chunks - rank + cw - 1) / cw) : 0;
 
   // This thread's expand: tile row er, columns 4 eq .. 4 eq + 4 of each stream of every chunk.
   const int er = tid / kQuads, eq = tid % kQuads;
@@ -567,7 +621,7 @@ __global__ void __launch_bounds__(kThreads, RPT >= 3 ? 1 : 2)
   // w, w + 8, ... and fn rows w, w + 8, ...; lane l the float4 of stream l / 8 at dim column
   // 4 (l % 8) of the chunk (chunk column 4l). Thread t < 8*BR copies the y float4 it expands.
   const auto issue = [&](int i, int slot) {
-    const int64_t c0 = (rank + static_cast<int64_t>(i) * kCW) * CC;
+    const int64_t c0 = (rank + static_cast<int64_t>(i) * cw) * CC;
     const int64_t k = (lane / kQuads) * p.dim + c0 + (lane % kQuads) * 4;
     float* xs = smem + slot * Cfg::kStageFloats;
     float* fs = xs + Cfg::kXFloats;
@@ -612,7 +666,7 @@ __global__ void __launch_bounds__(kThreads, RPT >= 3 ? 1 : 2)
     const float* fs = xs + Cfg::kXFloats;
     const float* ys = fs + Cfg::kFnFloats;
     if (expands) {
-      const int64_t c = (rank + static_cast<int64_t>(i) * kCW) * CC + eq * 4;
+      const int64_t c = (rank + static_cast<int64_t>(i) * cw) * CC + eq * 4;
       float4 in[HC];
 #pragma unroll
       for (int j = 0; j < HC; ++j)
@@ -637,7 +691,11 @@ __global__ void __launch_bounds__(kThreads, RPT >= 3 ? 1 : 2)
         cv.w = fmaf(cpre[k], o.w, cv.w);
       }
       if constexpr (kNorm) {
-        *reinterpret_cast<float4*>(cst + (i * BR + er) * CC + eq * 4) = cv;
+        // kSplit: the plain collapse, normalised in place by the finish kernel.
+        if constexpr (kSplit)
+          *reinterpret_cast<float4*>(p.collapse_out + erow * p.dim + c) = cv;
+        else
+          *reinterpret_cast<float4*>(cst + (i * BR + er) * CC + eq * 4) = cv;
         ss = fmaf(cv.x, cv.x, ss);
         ss = fmaf(cv.y, cv.y, ss);
         ss = fmaf(cv.z, cv.z, ss);
@@ -659,18 +717,22 @@ __global__ void __launch_bounds__(kThreads, RPT >= 3 ? 1 : 2)
     ss += __shfl_xor_sync(0xffffffffu, ss, 4);
     if (stages_y && eq == 0) nsq[er] = ss;
   }
-  HcMixesParams mp;
-  mp.rows = p.rows;
-  mp.hc = HC;
-  mp.dim = p.dim;
-  mp.base = p.base;
-  mp.scale = p.scale;
-  mp.rms_eps = p.rms_eps;
-  mp.hc_eps = p.hc_eps;
-  mp.sinkhorn_iters = p.sinkhorn_iters;
-  mp.pre = p.mix_pre;
-  mp.post = p.mix_post;
-  mp.comb = p.mix_comb;
+  if constexpr (kSplit) {
+    // This block's sums of its tile rows, then to p.partials [block][row][MA + 1] (the last:
+    // the collapse's partial sum of squares; 0 without the norm).
+    staged_mixes_block_sums<HC, RPT>(acc, smem, part);
+    __syncthreads();
+    constexpr int PA = MA + 1;
+    for (int e = tid; e < BR * PA; e += kThreads) {
+      const int rr = e / PA, j = e - rr * PA;
+      if (tile0 + rr < p.rows)
+        p.partials[(rank * p.rows + tile0 + rr) * PA + j] =
+            j < MA ? part[rr * MA + j] : (kNorm ? nsq[rr] : 0.0f);
+    }
+    return;
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  const HcMixesParams mp = mixes_params_of(p);
   if constexpr (kNorm) {
     // After the first cluster barrier: every block's nsq is visible. rms_norm_kernel's scale.
     const auto normalise = [&] {
@@ -680,7 +742,7 @@ __global__ void __launch_bounds__(kThreads, RPT >= 3 ? 1 : 2)
       for (int b = 0; b < kCW; ++b) sum += cluster.map_shared_rank(nsq, b)[er];
       const float inv = 1.0f / sqrtf(sum / static_cast<float>(p.dim) + p.collapse_norm_eps);
       for (int i = 0; i < my_chunks; ++i) {
-        const int64_t c = (rank + static_cast<int64_t>(i) * kCW) * CC + eq * 4;
+        const int64_t c = (rank + static_cast<int64_t>(i) * cw) * CC + eq * 4;
         const float4 v = *reinterpret_cast<const float4*>(cst + (i * BR + er) * CC + eq * 4);
         const float4 w = __ldg(reinterpret_cast<const float4*>(p.collapse_norm_weight + c));
         *reinterpret_cast<float4*>(p.collapse_out + erow * p.dim + c) =
@@ -690,6 +752,44 @@ __global__ void __launch_bounds__(kThreads, RPT >= 3 ? 1 : 2)
     staged_mixes_reduce_finish<HC, RPT, kCW>(mp, acc, smem, part, cluster, rank, tile0, normalise);
   } else {
     staged_mixes_reduce_finish<HC, RPT, kCW>(mp, acc, smem, part, cluster, rank, tile0);
+  }
+}
+
+// The split path's second launch (HcExpandMixesParams::split_blocks), a block per row: warp 0
+// adds the row's split_blocks partial sums in block order (each lane its own sum, as
+// hc_mixes_finish_row adds a cluster's blocks in rank order) and ends the mixes; with the norm,
+// every thread adds the collapse's partial sums of squares the same way (the same total in each)
+// and normalises its columns of collapse_out in place with the operations of the cluster path's
+// `normalise` (1/sqrtf, then value * inv * weight). (A warp per row took 18.5 us at 384 rows,
+// 5120 columns, 10 blocks (ncu, r16): each lane's 40 dependent load-store round trips.)
+template <int HC>
+__global__ void __launch_bounds__(kThreads) hc_expand_mixes_finish_kernel(HcExpandMixesParams p) {
+  pdl_wait();
+  constexpr int MA = (2 + HC) * HC + 1, PA = MA + 1;
+  const int64_t row = blockIdx.x;
+  const float* part = p.partials + row * PA;
+  const int64_t bstride = p.rows * PA;  // one block's partials to the next
+  if (threadIdx.x < 32) {
+    const MixLane ml = mix_lane<HC>();
+    float val = 0.0f;
+    if (ml.idx >= 0) {
+#pragma unroll 8
+      for (int b = 0; b < p.split_blocks; ++b) val += part[b * bstride + ml.idx];
+    }
+    hc_mixes_finish_from<HC>(mixes_params_of(p), ml, val, row);
+  }
+  if (p.collapse_norm_weight == nullptr) return;
+  float sum = 0.0f;
+#pragma unroll 8
+  for (int b = 0; b < p.split_blocks; ++b) sum += part[b * bstride + MA];
+  const float inv = 1.0f / sqrtf(sum / static_cast<float>(p.dim) + p.collapse_norm_eps);
+  float* out = p.collapse_out + row * p.dim;
+#pragma unroll 4
+  for (int64_t c = 4 * static_cast<int64_t>(threadIdx.x); c < p.dim; c += 4 * kThreads) {
+    const float4 v = *reinterpret_cast<const float4*>(out + c);
+    const float4 w = __ldg(reinterpret_cast<const float4*>(p.collapse_norm_weight + c));
+    *reinterpret_cast<float4*>(out + c) =
+        make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
   }
 }
 
@@ -1163,12 +1263,55 @@ void check_expand_mixes_args(const HcExpandMixesParams& p) {
       (norm && !collapse) || !(p.collapse_norm_eps >= 0.0f) || p.fn == nullptr ||
       p.base == nullptr || p.scale == nullptr || p.mix_pre == nullptr || p.mix_post == nullptr ||
       p.mix_comb == nullptr || p.rows_per_thread < 0 || p.rows_per_thread > 4 ||
-      (cw != 0 && cw != 4 && cw != kMixCluster && cw != kMaxMixCluster)) {
+      (cw != 0 && cw != 4 && cw != kMixCluster && cw != kMaxMixCluster) || p.split_blocks < 0 ||
+      p.split_blocks > kMaxSplitBlocks || (p.split_blocks > 0 && p.partials == nullptr)) {
     detail::cuda_call_failed(__FILE__, __LINE__, "launch_hc_expand_mixes", "bad arguments",
                              "hc 1..4, dim >= 1, rows >= 0, all pointers but the collapse pair, "
                              "collapse_pre with collapse_out, collapse_norm_weight only with "
                              "collapse_out, collapse_norm_eps >= 0, rows_per_thread 0..4, "
-                             "cluster_width 0, 4, 8 or 16");
+                             "cluster_width 0, 4, 8 or 16, split_blocks 0..256 (with partials)");
+  }
+}
+
+// The split path of p (checked, rows > 0, expand_mixes_one_kernel, split_blocks > 0): the fused
+// kernel without clusters on a (split_blocks, tiles) grid, then hc_expand_mixes_finish_kernel.
+// Rows per thread: launch_hc_mixes' rule counted with split_blocks blocks per tile. The ring is
+// kStages deep; the block's shared memory holds no collapse values (the plain collapse goes to
+// collapse_out), only the rows' partial sums of squares after `part`.
+template <int RPT>
+void launch_expand_mixes_split_at(const HcExpandMixesParams& p, cudaStream_t s) {
+  using Cfg = ExpandMixes<RPT>;
+  const bool norm = p.collapse_norm_weight != nullptr;
+  const auto kernel = norm ? hc_expand_mixes_kernel<RPT, true, kStages, kMixCluster, true>
+                           : hc_expand_mixes_kernel<RPT, false, kStages, kMixCluster, true>;
+  const size_t smem = static_cast<size_t>(Cfg::kSmemBytes) + sizeof(float) * Cfg::kRows;
+  MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(smem)));
+  const int64_t tiles = ceil_div(p.rows, int64_t{Cfg::kRows});
+  if (tiles > 65535)
+    detail::cuda_call_failed(__FILE__, __LINE__, "hc expand mixes rows", "too many rows", "");
+  MS_CUDA_CHECK(launch_kernel(kernel,
+                              dim3(static_cast<unsigned>(p.split_blocks),
+                                   static_cast<unsigned>(tiles)),
+                              kThreads, smem, s, p));
+  if (p.rows > 2147483647)
+    detail::cuda_call_failed(__FILE__, __LINE__, "hc expand mixes rows", "too many rows", "");
+  MS_CUDA_CHECK(launch_kernel(hc_expand_mixes_finish_kernel<ExpandMixes<RPT>::kHc>,
+                              static_cast<unsigned>(p.rows), kThreads, 0, s, p));
+}
+void launch_expand_mixes_split(const HcExpandMixesParams& p, Stream stream) {
+  int rpt = p.rows_per_thread;
+  if (rpt == 0) rpt = ceil_div(p.rows, int64_t{8}) * p.split_blocks <= device_sm_count() ? 1 : 2;
+  const cudaStream_t s = as_cuda_stream(stream);
+  switch (rpt) {
+    case 1:
+      return launch_expand_mixes_split_at<1>(p, s);
+    case 2:
+      return launch_expand_mixes_split_at<2>(p, s);
+    case 3:
+      return launch_expand_mixes_split_at<3>(p, s);
+    default:
+      return launch_expand_mixes_split_at<4>(p, s);
   }
 }
 
@@ -1214,9 +1357,15 @@ void norm_collapse_out(const HcExpandMixesParams& p, Stream stream) {
 
 }  // namespace
 
+int hc_expand_mixes_auto_split(int64_t rows) {
+  if (rows <= 128) return 16;
+  if (rows > 1024) return 0;
+  return static_cast<int>(std::max<int64_t>(2, 2 * device_sm_count() / ceil_div(rows, int64_t{16})));
+}
+
 int hc_expand_mixes_cluster_width(const HcExpandMixesParams& p) {
   check_expand_mixes_args(p);
-  if (p.rows == 0 || !expand_mixes_one_kernel(p)) return 0;
+  if (p.rows == 0 || !expand_mixes_one_kernel(p) || p.split_blocks > 0) return 0;
   return expand_mixes_plan(p).choice.cluster_width;
 }
 
@@ -1233,6 +1382,10 @@ void launch_hc_expand_mixes(const HcExpandMixesParams& p, Stream stream) {
                     p.mix_post, p.mix_comb};
     m.rows_per_thread = p.rows_per_thread;
     launch_hc_mixes(m, stream);
+    return;
+  }
+  if (p.split_blocks > 0) {
+    launch_expand_mixes_split(p, stream);
     return;
   }
   const ExpandMixesPlan plan = expand_mixes_plan(p);

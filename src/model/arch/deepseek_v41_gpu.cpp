@@ -707,9 +707,11 @@ struct DeepseekV41Gpu::Impl {
     cu::set_programmatic_launch(opt.programmatic_launch);  // process-wide (see the option)
     stream = cu::stream_create();
     lt = std::make_unique<cu::CublasLtGemm>(stream);
+    lt->set_autotune(opt.gemm_autotune);
     if (opt.moe_shared_overlap) {
       side_stream = cu::stream_create();
       side_lt = std::make_unique<cu::CublasLtGemm>(side_stream);
+      side_lt->set_autotune(opt.gemm_autotune);
       ev_fork = cu::event_create_ordering();
       ev_join = cu::event_create_ordering();
     }
@@ -1299,6 +1301,13 @@ struct DeepseekV41Gpu::Impl {
     if (collapse_norm != nullptr) {
       p.collapse_norm_weight = collapse_norm->as<float>();
       p.collapse_norm_eps = static_cast<float>(c.rms_norm_eps);  // as rms()
+    }
+    const int split =
+        opt.mhc_split_blocks < 0 ? cu::hc_expand_mixes_auto_split(n) : opt.mhc_split_blocks;
+    if (split > 0) {
+      p.split_blocks = split;
+      p.partials =
+          buf<float>("mhc_partials", cu::hc_expand_mixes_partials_floats(n, c.hc_mult, split));
     }
     cu::launch_hc_expand_mixes(p, stream);
     count_mixes(n, fn);
@@ -3589,6 +3598,9 @@ void DeepseekV41Gpu::set_profile(bool on) { impl_->opt.profile = on; }
 const GpuForwardCost& DeepseekV41Gpu::last_cost() const { return impl_->cost; }
 int64_t DeepseekV41Gpu::graph_replays() const { return impl_->graph_replays; }
 int64_t DeepseekV41Gpu::graph_captures() const { return impl_->graph_captures; }
+int64_t DeepseekV41Gpu::gemm_tuned_shapes() const {
+  return impl_->lt->tuned_shapes() + (impl_->side_lt ? impl_->side_lt->tuned_shapes() : 0);
+}
 int64_t DeepseekV41Gpu::draft_graph_replays() const { return impl_->draft_graph_replays; }
 int64_t DeepseekV41Gpu::draft_graph_captures() const { return impl_->draft_graph_captures; }
 int64_t DeepseekV41Gpu::graphs_held() const { return static_cast<int64_t>(impl_->graphs.size()); }

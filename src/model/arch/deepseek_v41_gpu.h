@@ -202,14 +202,14 @@ struct GpuModelOptions {
   // 8-column chunks per thread (ActQuantFp8RowsParams::min_chunks_per_thread: 0 automatic, 2, 4,
   // 8; the same codes). ncu (r15): the SwiGLU quantiser at 3,072 rows x 2304 takes 35.9 us per
   // layer at 52% of the SM and 48% of memory throughput, 288 threads of one chunk each; two or
-  // four chunks per thread put more loads in flight per thread. Written in r15 after the device
-  // time ran out: not run. 0.
+  // four chunks per thread put more loads in flight per thread. Measured (r16, decode 64x6):
+  // no gain (swiglu_quant 1.545 -> 1.549 / 1.573 ms at 2 / 4). 0.
   int moe_padded_quant_cpt = 0;
   // With moe_padded_fp8: the overflow's stream-K grouped GEMMs return right after their
   // pdl_wait when no hit passed the slots (GroupedMxfp4GemmParams::sk_exit_empty; the same
-  // results). ncu (r15): each of the two empty launches takes 8.3 us per layer. Written in r15
-  // after the device time ran out: not run. Off.
-  bool moe_overflow_exit_empty = false;
+  // results). ncu (r15): each of the two empty launches takes 8.3 us per layer. Measured (r16,
+  // decode 64x6): moe.overflow 1.30 -> 0.81 ms, step 39.60 -> 38.90 ms. On.
+  bool moe_overflow_exit_empty = true;
   // With moe_padded_fp8: the SwiGLU and w2's input quantiser as two launches (the SwiGLU's MXFP8
   // values in fp32 between them) instead of one; the same codes (a test of the one-pass form).
   bool moe_padded_two_pass_swiglu = false;
@@ -326,6 +326,25 @@ struct GpuModelOptions {
   // The most rows at which the automatic width (mhc_fused_cluster_width 0) is 16. 128: the rows
   // measured faster at 16 were 64; 384 and 8192 were slower. Untimed between 65 and 383.
   int64_t mhc_wide_cluster_max_rows = 128;
+  // > 0: the fused expand + mixes launches without clusters (HcExpandMixesParams::split_blocks):
+  // that many blocks per row tile each take 1/mhc_split_blocks of the columns and write partial
+  // sums to a scratch buffer, and a second launch (a block per row) adds them in block order,
+  // ends the mixes and applies the fused norm. x' and the plain collapse are the same bits; the
+  // mixes and the norm's sum of squares add in another (fixed) order. Written because the
+  // clusters of 8 give 192 blocks at 384 rows, 0.7 of a wave (r11's ncu: 46 us per launch at 24%
+  // of HBM). mhc_fused_cluster_width is then ignored. 0: clusters; -1 (default): automatic,
+  // cuda::hc_expand_mixes_auto_split (16 up to 128 rows, one wave of blocks up to 1024 rows,
+  // clusters past that). Measured on the H200 (r16): decode 64 x 6 mhc.expand 3.95 -> 3.66 ms at
+  // 11 blocks, step 39.57 -> 38.88 ms; 64 x 1 2.00 -> 1.71 ms at 16, step 20.50 -> 20.19 ms;
+  // prefill 8K slower (9.81 -> 10.15 ms at 20), hence clusters past 1024 rows.
+  int mhc_split_blocks = -1;
+  // >= 2: the cuBLASLt GEMMs (dense projections, shared expert, the padded experts, the router's
+  // fp32 GEMM, the head) pick their algorithm by timing the first gemm_autotune candidates of
+  // cuBLASLt's heuristic on a shape's first eager run (cuda::CublasLtGemm::set_autotune; graph
+  // captures take the heuristic's first where the shape was not tuned before), instead of the
+  // heuristic's first. One choice per shape per process; another process may choose another
+  // algorithm (timing), which changes results in the last bits. 0: the heuristic's first.
+  int gemm_autotune = 0;
   // true: where the fused expand + mixes launch (mhc_fuse_expand_mixes) writes the next site's
   // collapse (the ffn site's input "f"; the next layer's attention input "a"), it also applies
   // that site's RMSNorm (ffn_norm / the next layer's attn_norm: HcExpandMixesParams::
@@ -530,6 +549,9 @@ class DeepseekV41Gpu {
   [[nodiscard]] int64_t draft_graph_replays() const;
   [[nodiscard]] int64_t draft_graph_captures() const;
   [[nodiscard]] int64_t graphs_held() const;  // captured graphs kept now (<= max_cuda_graphs)
+  // GEMM shapes this model's cuBLASLt instances tuned by timing (gemm_autotune; not counting the
+  // choices taken from an earlier instance of the process).
+  [[nodiscard]] int64_t gemm_tuned_shapes() const;
   [[nodiscard]] const GpuForwardTrace& trace() const;
 
   struct Impl;

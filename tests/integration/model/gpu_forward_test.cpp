@@ -1429,14 +1429,19 @@ TEST(GpuForward, MhcFusedNormAgreesInTheForward) {
 //   norm of the fused collapse) within 1e-5 of the row's largest value in every row, and the first
 //   layer with a row over 1e-5 (attn_in, ffn_in or layer_out) differs in at most 3 rows (a
 //   rounding flip; a wiring error moves every row);
-// - the cost accounting is the same (FLOPs).
-// Width 16 with several chunks per block (another order than 8's) is covered by the op tests
-// (CudaV41.HcExpandMixes*, dim 5120), against the CPU.
+// - the cost accounting is the same (FLOPs);
+// - the split path without clusters (mhc_split_blocks) at 8 and 20 blocks per tile: each of the
+//   first 8 blocks takes the chunk block b of width 8 takes, and its sums go through global
+//   memory to the finish launch, which adds them in block order as width 8's blocks are added in
+//   rank order (blocks 8..19 add +0.0): every traced value is bit-identical to width 8's, and the
+//   trace reports no cluster width (0).
+// Width 16 with several chunks per block (another order than 8's) and the split path with several
+// chunks per block are covered by the op tests (CudaV41.HcExpandMixes*, dim 5120), against the CPU.
 TEST(GpuForward, MhcFusedClusterWidthsAgreeInTheForward) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   const std::filesystem::path dir = make_temp_dir("gpu_forward_mhc_cluster_width");
   ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
-  const auto run = [&](int width, arch::GpuForwardCost* cost) {
+  const auto run = [&](int width, arch::GpuForwardCost* cost, int split = 0) {
     return traced_prefill(
         dir, 13,
         [&](arch::GpuModelOptions& o) {
@@ -1444,6 +1449,7 @@ TEST(GpuForward, MhcFusedClusterWidthsAgreeInTheForward) {
           o.mhc_fuse_min_rows = 0;  // the test model's few rows take the fused launch too
           o.mhc_fuse_norm = true;
           o.mhc_fused_cluster_width = width;
+          o.mhc_split_blocks = split;
         },
         cost);
   };
@@ -1484,6 +1490,17 @@ TEST(GpuForward, MhcFusedClusterWidthsAgreeInTheForward) {
   EXPECT_NE(t8.layer_out, t4.layer_out) << "bit-identical layer outputs: width 4 not run";
   EXPECT_EQ(c8.flops, c4.flops);
   EXPECT_EQ(c8.fp8_flops, c4.fp8_flops);
+  for (int split : {8, 20}) {
+    arch::GpuForwardCost cs;
+    const auto ts = run(8, &cs, split);
+    const std::string what = "mhc_split_blocks " + std::to_string(split);
+    ASSERT_EQ(ts.mhc_cluster_width.size(), t8.mhc_cluster_width.size()) << what;
+    for (const auto& [l, w] : ts.mhc_cluster_width) EXPECT_EQ(w, 0) << what << ", layer " << l;
+    EXPECT_EQ(t8.attn_in, ts.attn_in) << what;
+    EXPECT_EQ(t8.ffn_in, ts.ffn_in) << what;
+    EXPECT_EQ(t8.layer_out, ts.layer_out) << what;
+    EXPECT_EQ(c8.flops, cs.flops) << what;
+  }
   std::filesystem::remove_all(dir);
 }
 
@@ -2218,6 +2235,40 @@ TEST(GpuForward, MoePaddedFp8IsDeterministicAndGraphIsBitIdentical) {
              cost.moe_overflow_rows);
   EXPECT_GT(cost.moe_overflow_rows, 0);  // the overflow path was exercised
   std::filesystem::remove_all(dir);
+}
+
+// GpuModelOptions::gemm_autotune (cuBLASLt algorithms chosen by timing on a shape's first eager
+// run, one choice per shape in the process): an eager model, a second eager model and a CUDA-graph
+// model, all tuning, give the same logits bit for bit (expect_bit_identical_forwards): the
+// second model and the graph captures take the first's choices; a capture that chose on its own
+// (no timing under capture) or a second model that tuned again could pick another algorithm.
+// Within expect_bit_identical_forwards' tolerance-free comparison, a wrong choice shows as
+// differing logits. Then greedy tokens against the CPU oracle as GreedyDecodeMatchesCpu.
+TEST(GpuForward, GemmAutotuneIsDeterministicInAProcessAndGraphIsBitIdentical) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_gemm_autotune");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  arch::GpuModelOptions opt;
+  opt.max_seqs = 4;
+  opt.max_context = 256;
+  opt.max_rows = 512;
+  opt.gemm_autotune = 8;
+  auto eager = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(eager) << eager.error().to_string();
+  auto eager2 = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(eager2) << eager2.error().to_string();
+  opt.cuda_graphs = true;
+  auto graph = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(graph) << graph.error().to_string();
+  expect_bit_identical_forwards({eager->get(), eager2->get(), graph->get()});
+  if (testing::Test::HasFatalFailure()) return;
+  EXPECT_GE(graph->get()->graph_replays(), 2);
+  std::filesystem::remove_all(dir);
+  const auto r = greedy_prompts(false, 16, 9, 0, 8, false, false, gpu_wide_config(),
+                                [](arch::GpuModelOptions& o) { o.gemm_autotune = 8; });
+  fmt::print("gemm_autotune 8, wide model: {} of 16 prompts never flipped, {:.3f} identical\n",
+             never_flipped(r), same_fraction(r));
+  EXPECT_GE(same_fraction(r), kMinSameFraction);
 }
 
 // GpuModelOptions::attn_quant_epilogue (wo_a's input, the MXFP8 fake-quant of the attention
