@@ -80,6 +80,8 @@ struct BenchForwardOptions {
   bool moe_padded_warp_quant = false;
   int moe_padded_quant_cpt = 0;
   bool moe_overflow_exit_empty = true;
+  bool moe_overflow_side_stream = false;
+  int32_t rope_heads_per_thread = 1;
   int32_t moe_rs_max_pass = 192;
   bool moe_fuse_swiglu = false;
   bool moe_stream_k = false;
@@ -260,6 +262,8 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_padded_warp_quant = opt.moe_padded_warp_quant;
   go.moe_padded_quant_cpt = opt.moe_padded_quant_cpt;
   go.moe_overflow_exit_empty = opt.moe_overflow_exit_empty;
+  go.moe_overflow_side_stream = opt.moe_overflow_side_stream;
+  go.rope_heads_per_thread = opt.rope_heads_per_thread;
   go.moe_padded_min_rows = opt.moe_padded_min_rows;
   go.moe_padded_group_rows = opt.moe_padded_group_rows;
   go.moe_rs_max_pass = opt.moe_rs_max_pass;
@@ -519,6 +523,8 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"moe_padded_warp_quant", opt.moe_padded_warp_quant},
               {"moe_padded_quant_cpt", opt.moe_padded_quant_cpt},
               {"moe_overflow_exit_empty", opt.moe_overflow_exit_empty},
+              {"moe_overflow_side_stream", opt.moe_overflow_side_stream},
+              {"rope_heads_per_thread", opt.rope_heads_per_thread},
               {"moe_padded_min_rows", opt.moe_padded_min_rows},
               {"moe_padded_group_rows", opt.moe_padded_group_rows},
               {"moe_rs_max_pass", opt.moe_rs_max_pass},
@@ -774,6 +780,14 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--moe-overflow-exit-empty", opt->moe_overflow_exit_empty,
                   "cuda: with --moe-padded-fp8, the overflow's stream-K GEMM launches return at "
                   "once when no hit passed the slots")
+      ->capture_default_str();
+  cmd->add_option("--moe-overflow-side-stream", opt->moe_overflow_side_stream,
+                  "cuda: with --moe-padded-fp8 and the shared expert's side stream, the "
+                  "overflow's launches on the side stream, under the padded GEMMs")
+      ->capture_default_str();
+  cmd->add_option("--rope-heads-per-thread", opt->rope_heads_per_thread,
+                  "cuda: the RoPE launches' heads per thread (one angle for that many heads), 1..8")
+      ->check(CLI::Range(1, 8))
       ->capture_default_str();
   cmd->add_option("--moe-padded-min-rows", opt->moe_padded_min_rows,
                   "cuda: with --moe-padded-fp8, the least expected hits per local expert that "

@@ -1567,7 +1567,8 @@ TEST_F(CudaOps, LtAutotuneKeepsResultsAndOneChoicePerShape) {
       for (int64_t j = 0; j < n; ++j) {
         double acc = 0.0;
         for (int64_t t = 0; t < k; ++t)
-          acc += static_cast<double>(a[static_cast<size_t>(i * k + t)]) * b[static_cast<size_t>(j * k + t)];
+          acc += static_cast<double>(a[static_cast<size_t>(i * k + t)]) *
+                 b[static_cast<size_t>(j * k + t)];
         ref[static_cast<size_t>(i * n + j)] = static_cast<float>(acc);
       }
     return std::tuple{upload(ab), upload(bb), ref};

@@ -215,7 +215,8 @@ void CublasLtGemm::run(const LtGemmParams& p) {
                               impl_->stream);
       };
       for (int i = 0; i < returned; ++i) {
-        if (results[i].state != CUBLAS_STATUS_SUCCESS || matmul(results[i].algo) != CUBLAS_STATUS_SUCCESS)
+        if (results[i].state != CUBLAS_STATUS_SUCCESS ||
+            matmul(results[i].algo) != CUBLAS_STATUS_SUCCESS)
           continue;
         MS_CUDA_CHECK(cudaEventRecord(ev[0], impl_->stream));
         for (int r = 0; r < kTuneRuns; ++r) MS_CUBLAS_CHECK(matmul(results[i].algo));
@@ -252,8 +253,8 @@ void CublasLtGemm::run(const LtGemmParams& p) {
     if (!found) {
       Descs d;
       make(d, false);
-      MS_CHECK_MSG(pick(d, false, &a.algo), "cuBLASLt has no algorithm for M={} N={} K={}", p.m, p.n,
-                   p.k);
+      MS_CHECK_MSG(pick(d, false, &a.algo), "cuBLASLt has no algorithm for M={} N={} K={}", p.m,
+                   p.n, p.k);
     }
     it = impl_->algos.emplace(key, a).first;
   }

@@ -635,6 +635,9 @@ struct RopeParams {
   const int32_t* pos = nullptr;
   const double* freqs = nullptr;
   bool inverse = false;
+  // Heads per thread, 1..8: one angle (double sincos) per thread for that many heads of a row
+  // and pair (the same values at every setting). Refused outside 1..8 ("bad arguments").
+  int heads_per_thread = 1;
 };
 void launch_rope(const RopeParams& p, Stream stream);
 

@@ -23,23 +23,44 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// Thread item (row, group of RopeParams::heads_per_thread heads, pair): the pair's angle (one
+// double sincos) serves every head of the group (it depends on the row and the pair only; with a
+// head per item it is computed `heads` times: 64x for q); the group's values are loaded before
+// any is rotated. The same operations per value at every group size: bit-identical.
+constexpr int kRopeHeads = 8;  // the most heads per thread
 __global__ void rope_kernel(RopeParams p) {
   pdl_wait();
   const int half = p.rd / 2;
-  const int64_t total = p.rows * p.heads * half;
+  const int hpt = p.heads_per_thread;
+  const int groups = (p.heads + hpt - 1) / hpt;
+  const int64_t total = p.rows * groups * half;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int pair = static_cast<int>(i % half);
-    const int64_t rh = i / half;
-    const int h = static_cast<int>(rh % p.heads);
-    const int64_t r = rh / p.heads;
-    float* t = p.x + r * p.row_stride + h * p.head_stride + (p.head_dim - p.rd) + 2 * pair;
+    const int64_t rg = i / half;
+    const int h0 = static_cast<int>(rg % groups) * hpt;
+    const int64_t r = rg / groups;
+    const int nh = min(hpt, p.heads - h0);
+    float* t = p.x + r * p.row_stride + h0 * p.head_stride + (p.head_dim - p.rd) + 2 * pair;
     double s, c;
     sincos(static_cast<double>(p.pos[r]) * p.freqs[pair], &s, &c);
     if (p.inverse) s = -s;
-    const double a = t[0], b = t[1];
-    t[0] = static_cast<float>(a * c - b * s);
-    t[1] = static_cast<float>(a * s + b * c);
+    float a[kRopeHeads], b[kRopeHeads];
+#pragma unroll
+    for (int j = 0; j < kRopeHeads; ++j) {
+      if (j < nh) {
+        a[j] = t[j * p.head_stride];
+        b[j] = t[j * p.head_stride + 1];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kRopeHeads; ++j) {
+      if (j < nh) {
+        const double x = a[j], y = b[j];
+        t[j * p.head_stride] = static_cast<float>(x * c - y * s);
+        t[j * p.head_stride + 1] = static_cast<float>(x * s + y * c);
+      }
+    }
   }
 }
 
@@ -980,7 +1001,11 @@ int grid_for(int64_t total) {
 }  // namespace
 
 void launch_rope(const RopeParams& p, Stream stream) {
-  const int64_t total = p.rows * p.heads * (p.rd / 2);
+  if (p.heads_per_thread < 1 || p.heads_per_thread > kRopeHeads)
+    detail::cuda_call_failed(__FILE__, __LINE__, "launch_rope", "bad arguments",
+                             "heads_per_thread 1..8");
+  const int64_t total = p.rows * ((p.heads + p.heads_per_thread - 1) / p.heads_per_thread) *
+                        (p.rd / 2);
   if (total == 0) return;
   MS_CUDA_CHECK(
       launch_kernel(rope_kernel, grid_for(total), kThreads, 0, as_cuda_stream(stream), p));
@@ -1360,7 +1385,8 @@ void norm_collapse_out(const HcExpandMixesParams& p, Stream stream) {
 int hc_expand_mixes_auto_split(int64_t rows) {
   if (rows <= 128) return 16;
   if (rows > 1024) return 0;
-  return static_cast<int>(std::max<int64_t>(2, 2 * device_sm_count() / ceil_div(rows, int64_t{16})));
+  const int64_t tiles = ceil_div(rows, int64_t{16});
+  return static_cast<int>(std::max<int64_t>(2, 2 * device_sm_count() / tiles));
 }
 
 int hc_expand_mixes_cluster_width(const HcExpandMixesParams& p) {

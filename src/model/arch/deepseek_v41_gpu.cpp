@@ -228,6 +228,9 @@ struct DeepseekV41Gpu::Impl {
   std::unique_ptr<cu::CublasLtGemm> side_lt;
   void* ev_fork = nullptr;
   void* ev_join = nullptr;
+  // moe_overflow_side_stream: the slot plan is done (main stream) / the overflow is done (side).
+  void* ev_plan = nullptr;
+  void* ev_ov = nullptr;
   EngramTokenMap token_map;
   bool random_weights = false;
   std::mt19937_64 rng{1234};
@@ -487,7 +490,7 @@ struct DeepseekV41Gpu::Impl {
     ws.clear();
     lt.reset();
     side_lt.reset();
-    for (void* e : {ev_fork, ev_join})
+    for (void* e : {ev_fork, ev_join, ev_plan, ev_ov})
       if (e != nullptr) cu::event_destroy(e);
     if (side_stream != nullptr) cu::stream_destroy(side_stream);
     if (stream != nullptr) cu::stream_destroy(stream);
@@ -714,6 +717,8 @@ struct DeepseekV41Gpu::Impl {
       side_lt->set_autotune(opt.gemm_autotune);
       ev_fork = cu::event_create_ordering();
       ev_join = cu::event_create_ordering();
+      ev_plan = cu::event_create_ordering();
+      ev_ov = cu::event_create_ordering();
     }
     if (opt.layers.empty())
       for (int32_t l = 0; l < c.num_hidden_layers; ++l) opt.layers.push_back(l);
@@ -1240,6 +1245,7 @@ struct DeepseekV41Gpu::Impl {
     p.pos = pos;
     p.freqs = (kind == RopeKind::kMain ? freqs_main : freqs_compress).as<double>();
     p.inverse = inverse;
+    p.heads_per_thread = std::min(opt.rope_heads_per_thread, 8);
     cu::launch_rope(p, stream);
   }
 
@@ -2127,7 +2133,7 @@ struct DeepseekV41Gpu::Impl {
   };
   PaddedMoe moe_padded_experts(Layer& L, int32_t local, int64_t C, int64_t cap, int64_t n, int k,
                                const float* f, const int32_t* perm, const float* pw,
-                               const int32_t* offsets, const int32_t* inv) {
+                               const int32_t* offsets, const int32_t* inv, bool fork_overflow) {
     const int64_t d = c.hidden_size, inter = c.moe_intermediate_size;
     if (L.pf8_w13.bytes() == 0) {
       L.pf8_w13 = DeviceMemory(static_cast<size_t>(local * 2 * inter * d));
@@ -2170,6 +2176,8 @@ struct DeepseekV41Gpu::Impl {
     pp.ov_row = r.ov_row = buf<int32_t>("moe_ov_row", cap);
     pp.ov_weight = r.ov_weight = buf<float>("moe_ov_w", cap);
     cu::launch_moe_pad_plan(pp, stream);
+    // moe_overflow_side_stream: the overflow's inputs are ready here; the side stream starts it.
+    if (fork_overflow) cu::event_record(ev_plan, stream);
     uint8_t* x8 = buf<uint8_t>("moe_pad_x8", slots * d);
     float* xs = buf<float>("moe_pad_xs", slots);
     // moe_padded_bf16: the GEMMs' unscaled sums stored as bf16 (not with the two-pass SwiGLU
@@ -2463,8 +2471,12 @@ struct DeepseekV41Gpu::Impl {
     if (opt.trace) trace.moe_padded[l] = slot_rows;
     L.moe_slot_rows = slot_rows;
     std::optional<PaddedMoe> padded;
+    // moe_overflow_side_stream: the overflow's launches go to the side stream (after its shared
+    // expert), from the slot plan on, under the padded GEMMs; the combine waits for them.
+    const bool ov_side = overlap && slot_rows > 0 && opt.moe_overflow_side_stream && !opt.moe_fp8;
     if (slot_rows > 0) {
-      padded = moe_padded_experts(L, local, slot_rows, cap, n, k, f, perm, pw, offsets, inv);
+      padded = moe_padded_experts(L, local, slot_rows, cap, n, k, f, perm, pw, offsets, inv,
+                                  ov_side);
       perm = padded->ov_row;
       pw = padded->ov_weight;
       offsets = padded->ov_offsets;
@@ -2612,6 +2624,10 @@ struct DeepseekV41Gpu::Impl {
         stream_k_launches +=
             cu::launch_grouped_mxfp4_gemm(g, stream) == cu::GroupedMxfp4Kernel::kWgmmaRsStreamK;
       };
+      if (ov_side) {
+        cu::stream_wait_event(side_stream, ev_plan);
+        std::swap(stream, side_stream);  // the launches below go to the side stream
+      }
       mark(GpuComponent::kMoe, padded ? "overflow" : "act_quant");
       cu::launch_act_quant_mxfp8(aq, stream);
       if (fuse) {
@@ -2626,10 +2642,15 @@ struct DeepseekV41Gpu::Impl {
       }
       mark(GpuComponent::kMoe, padded ? "overflow" : "w2");
       grouped(g2);
+      if (ov_side) {
+        std::swap(stream, side_stream);
+        cu::event_record(ev_ov, side_stream);
+      }
       if (opt.trace) trace.moe_stream_k[l] = stream_k_launches;
     }
     mark(GpuComponent::kMoe, "combine");
     if (overlap) cu::stream_wait_event(stream, ev_join);  // y holds the shared expert
+    if (ov_side) cu::stream_wait_event(stream, ev_ov);    // ye holds the overflow's rows
     if (padded) {
       padded->combine.overflow = ye;
       padded->combine.y = y;

@@ -210,6 +210,18 @@ struct GpuModelOptions {
   // results). ncu (r15): each of the two empty launches takes 8.3 us per layer. Measured (r16,
   // decode 64x6): moe.overflow 1.30 -> 0.81 ms, step 39.60 -> 38.90 ms. On.
   bool moe_overflow_exit_empty = true;
+  // With moe_padded_fp8 and moe_shared_overlap (not with profile or moe_fp8): the overflow's
+  // launches (input quantiser, the stream-K w1 + w3 and w2 GEMMs, the SwiGLU quantiser) run on
+  // the side stream after the shared expert, from the slot plan on, under the padded GEMMs; the
+  // combine waits for them (events; CUDA graphs capture the fork and join). The same kernels on
+  // the same inputs: the same results. At decode they have no rows, and their four launches
+  // (0.83 ms per 64 x 6 step, r16) then leave the main stream's chain. Written in r16 after the
+  // device time ran out: not run. Off.
+  bool moe_overflow_side_stream = false;
+  // The RoPE launches' heads per thread, 1..8 (cuda::RopeParams::heads_per_thread: one double
+  // sincos per thread for that many heads; the same values). q's RoPE (64 heads) computes each
+  // angle 64 times at 1. Written in r16 after the device time ran out: not run. 1.
+  int rope_heads_per_thread = 1;
   // With moe_padded_fp8: the SwiGLU and w2's input quantiser as two launches (the SwiGLU's MXFP8
   // values in fp32 between them) instead of one; the same codes (a test of the one-pass form).
   bool moe_padded_two_pass_swiglu = false;

@@ -2203,14 +2203,9 @@ TEST(GpuForward, MoeStreamKGraphIsBitIdenticalToEager) {
   std::filesystem::remove_all(dir);
 }
 
-// GpuModelOptions::moe_padded_fp8 with many hits past the slots (moe_ep_ranks 40, C = 64): which
-// hits take the slots and which the overflow path follows the grouping's order, deterministic
-// with moe_group_ordered, so eager forwards, a second eager model and CUDA-graph replays give the
-// same logits bit for bit. Written in r14 without a device run (the device time was spent).
-TEST(GpuForward, MoePaddedFp8IsDeterministicAndGraphIsBitIdentical) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
-  const std::filesystem::path dir = make_temp_dir("gpu_moe_padded_graph");
-  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+// The padded FP8 experts with many hits past the slots on the wide model: moe_ep_ranks 40 and
+// C = 64 slot rows per expert, the ordered grouping (which hits overflow is deterministic).
+arch::GpuModelOptions overflowing_padded_options() {
   arch::GpuModelOptions opt;
   opt.max_seqs = 4;
   opt.max_context = 256;
@@ -2220,20 +2215,72 @@ TEST(GpuForward, MoePaddedFp8IsDeterministicAndGraphIsBitIdentical) {
   opt.moe_padded_min_rows = 1;
   opt.moe_padded_group_rows = 64;
   opt.moe_group_ordered = true;
+  return opt;
+}
+
+// Two eager models and one with CUDA graphs, all loaded from `dir` with `opt`, give the same
+// logits bit for bit (expect_bit_identical_forwards), and the graph model replayed at least
+// twice. Returns the first eager model for further checks; nullptr after a failure.
+std::unique_ptr<DeepseekV41Gpu> expect_two_eager_and_graph_identical(
+    const std::filesystem::path& dir, arch::GpuModelOptions opt) {
   auto eager = DeepseekV41Gpu::load(dir, opt);
-  ASSERT_TRUE(eager) << eager.error().to_string();
   auto eager2 = DeepseekV41Gpu::load(dir, opt);
-  ASSERT_TRUE(eager2) << eager2.error().to_string();
   opt.cuda_graphs = true;
   auto graph = DeepseekV41Gpu::load(dir, opt);
-  ASSERT_TRUE(graph) << graph.error().to_string();
+  if (!eager || !eager2 || !graph) {
+    ADD_FAILURE() << "load: "
+                  << (!eager ? eager.error().to_string()
+                             : !eager2 ? eager2.error().to_string() : graph.error().to_string());
+    return nullptr;
+  }
   expect_bit_identical_forwards({eager->get(), eager2->get(), graph->get()});
-  if (testing::Test::HasFatalFailure()) return;
+  if (testing::Test::HasFatalFailure()) return nullptr;
   EXPECT_GE(graph->get()->graph_replays(), 2);
-  const arch::GpuForwardCost cost = eager->get()->last_cost();
+  return std::move(*eager);
+}
+
+// GpuModelOptions::moe_padded_fp8 with many hits past the slots (moe_ep_ranks 40, C = 64): which
+// hits take the slots and which the overflow path follows the grouping's order, deterministic
+// with moe_group_ordered, so eager forwards, a second eager model and CUDA-graph replays give the
+// same logits bit for bit. Written in r14 without a device run (the device time was spent).
+TEST(GpuForward, MoePaddedFp8IsDeterministicAndGraphIsBitIdentical) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_moe_padded_graph");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  const auto eager = expect_two_eager_and_graph_identical(dir, overflowing_padded_options());
+  if (eager == nullptr) return;
+  const arch::GpuForwardCost cost = eager->last_cost();
   fmt::print("moe_padded_fp8 determinism: {} grouped rows, {} past the slots\n", cost.moe_rows,
              cost.moe_overflow_rows);
   EXPECT_GT(cost.moe_overflow_rows, 0);  // the overflow path was exercised
+  std::filesystem::remove_all(dir);
+}
+
+// GpuModelOptions::moe_overflow_side_stream (the padded path's overflow launches on the shared
+// expert's side stream, forked after the slot plan, joined before the combine) against the same
+// launches on the main stream, with many hits past the slots (moe_ep_ranks 40, C = 64, as
+// MoePaddedFp8IsDeterministicAndGraphIsBitIdentical): eager off, eager on and CUDA graphs on give
+// the same logits bit for bit (the same kernels on the same inputs; a missing join or fork
+// shows as a race: stale or partial overflow rows in the combine). Written in r16 after the
+// device time ran out: not run yet.
+TEST(GpuForward, MoeOverflowSideStreamIsBitIdentical) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_moe_overflow_side");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  arch::GpuModelOptions opt = overflowing_padded_options();
+  opt.moe_shared_overlap = true;  // the side stream
+  auto off = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(off) << off.error().to_string();
+  opt.moe_overflow_side_stream = true;
+  auto on = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(on) << on.error().to_string();
+  opt.cuda_graphs = true;
+  auto graph = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(graph) << graph.error().to_string();
+  expect_bit_identical_forwards({off->get(), on->get(), graph->get()});
+  if (testing::Test::HasFatalFailure()) return;
+  EXPECT_GE(graph->get()->graph_replays(), 2);
+  EXPECT_GT(on->get()->last_cost().moe_overflow_rows, 0);  // the side stream had rows to run
   std::filesystem::remove_all(dir);
 }
 
@@ -2253,16 +2300,7 @@ TEST(GpuForward, GemmAutotuneIsDeterministicInAProcessAndGraphIsBitIdentical) {
   opt.max_context = 256;
   opt.max_rows = 512;
   opt.gemm_autotune = 8;
-  auto eager = DeepseekV41Gpu::load(dir, opt);
-  ASSERT_TRUE(eager) << eager.error().to_string();
-  auto eager2 = DeepseekV41Gpu::load(dir, opt);
-  ASSERT_TRUE(eager2) << eager2.error().to_string();
-  opt.cuda_graphs = true;
-  auto graph = DeepseekV41Gpu::load(dir, opt);
-  ASSERT_TRUE(graph) << graph.error().to_string();
-  expect_bit_identical_forwards({eager->get(), eager2->get(), graph->get()});
-  if (testing::Test::HasFatalFailure()) return;
-  EXPECT_GE(graph->get()->graph_replays(), 2);
+  if (expect_two_eager_and_graph_identical(dir, opt) == nullptr) return;
   std::filesystem::remove_all(dir);
   const auto r = greedy_prompts(false, 16, 9, 0, 8, false, false, gpu_wide_config(),
                                 [](arch::GpuModelOptions& o) { o.gemm_autotune = 8; });
