@@ -82,6 +82,7 @@ struct BenchForwardOptions {
   bool moe_overflow_exit_empty = true;
   bool moe_overflow_side_stream = false;
   int32_t rope_heads_per_thread = 1;
+  bool moe_padded_skip_empty = false;
   int32_t moe_rs_max_pass = 192;
   bool moe_fuse_swiglu = false;
   bool moe_stream_k = false;
@@ -264,6 +265,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_overflow_exit_empty = opt.moe_overflow_exit_empty;
   go.moe_overflow_side_stream = opt.moe_overflow_side_stream;
   go.rope_heads_per_thread = opt.rope_heads_per_thread;
+  go.moe_padded_skip_empty = opt.moe_padded_skip_empty;
   go.moe_padded_min_rows = opt.moe_padded_min_rows;
   go.moe_padded_group_rows = opt.moe_padded_group_rows;
   go.moe_rs_max_pass = opt.moe_rs_max_pass;
@@ -525,6 +527,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"moe_overflow_exit_empty", opt.moe_overflow_exit_empty},
               {"moe_overflow_side_stream", opt.moe_overflow_side_stream},
               {"rope_heads_per_thread", opt.rope_heads_per_thread},
+              {"moe_padded_skip_empty", opt.moe_padded_skip_empty},
               {"moe_padded_min_rows", opt.moe_padded_min_rows},
               {"moe_padded_group_rows", opt.moe_padded_group_rows},
               {"moe_rs_max_pass", opt.moe_rs_max_pass},
@@ -788,6 +791,10 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--rope-heads-per-thread", opt->rope_heads_per_thread,
                   "cuda: the RoPE launches' heads per thread (one angle for that many heads), 1..8")
       ->check(CLI::Range(1, 8))
+      ->capture_default_str();
+  cmd->add_option("--moe-padded-skip-empty", opt->moe_padded_skip_empty,
+                  "cuda: with --moe-padded-fp8, the SwiGLU quantiser writes empty slot rows as "
+                  "zero rows without computing them")
       ->capture_default_str();
   cmd->add_option("--moe-padded-min-rows", opt->moe_padded_min_rows,
                   "cuda: with --moe-padded-fp8, the least expected hits per local expert that "

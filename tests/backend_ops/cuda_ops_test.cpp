@@ -1182,6 +1182,91 @@ TEST_F(CudaFp8Rows, SwigluInputMatchesTwoPasses) {
   }
 }
 
+// SwigluInput::skip_zero_weight (the padded experts' empty slot rows): rows with routing weight 0
+// whose gate and up are exact zeros (as the padded GEMMs leave empty slots) give the same codes
+// and row scales with and without it; with NaN in those rows' gate and up instead, the skipping
+// launch still writes zero codes and the same scales there (the rows are not read), and every
+// other row is unchanged. Both forms (CTA and warp per row), fp32 and bf16 inputs. Refused
+// without row_weight.
+TEST_F(CudaFp8Rows, SwigluInputSkipsZeroWeightRows) {
+  const int64_t rows = 12, cols = 1024;
+  const std::vector<int64_t> empty = {1, 5, 11};
+  for (const bool bf16 : {false, true})
+    for (const bool warp : {false, true}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + (warp ? ", warp per row" : ", CTA"));
+      std::mt19937 rng(98);
+      auto gu = random_floats(rows * 2 * cols, rng, -12.0f, 12.0f);
+      auto pw = random_floats(rows, rng, 0.1f, 1.0f);
+      for (int64_t r : empty) {
+        pw[static_cast<size_t>(r)] = 0.0f;
+        std::fill_n(gu.begin() + r * 2 * cols, 2 * cols, 0.0f);
+      }
+      auto gu_nan = gu;
+      for (int64_t r : empty)
+        std::fill_n(gu_nan.begin() + r * 2 * cols, 2 * cols,
+                    std::numeric_limits<float>::quiet_NaN());
+      const auto device_input = [&](const std::vector<float>& v) {
+        if (!bf16) return upload(v);
+        std::vector<uint16_t> b(v.size());
+        float_to_bf16(v, b);
+        return upload(b);
+      };
+      auto dgu = device_input(gu), dgu_nan = device_input(gu_nan);
+      auto dpw = upload(pw);
+      const size_t esize = bf16 ? 2 : 4;
+      const auto run = [&](const DeviceBuffer& in, bool skip) {
+        auto codes = upload(std::vector<uint8_t>(static_cast<size_t>(rows * cols), 0xA5));
+        auto scale = poisoned_floats(rows);
+        cuda::ActQuantFp8RowsParams q;
+        q.x = in.view().data();
+        q.x_type = bf16 ? cuda::ActivationType::kBF16 : cuda::ActivationType::kF32;
+        q.ldx = 2 * cols;
+        q.rows = rows;
+        q.cols = cols;
+        q.out = codes->view().data_as<uint8_t>();
+        q.ldo = cols;
+        q.row_scale = scale->view().data_as<float>();
+        q.swiglu.up = static_cast<const uint8_t*>(in.view().data()) + cols * esize;
+        q.swiglu.row_weight = dpw->view().data_as<float>();
+        q.swiglu.limit = 10.0f;
+        q.swiglu.skip_zero_weight = skip;
+        q.warp_per_row = warp;
+        cuda::launch_act_quant_fp8_rows(q, stream_);
+        return std::pair{download<uint8_t>(*codes), download<float>(*scale)};
+      };
+      const auto plain = run(*dgu, false);
+      const auto skipped = run(*dgu, true);
+      const auto skipped_nan = run(*dgu_nan, true);
+      EXPECT_EQ(skipped.first, plain.first);
+      EXPECT_EQ(skipped.second, plain.second);
+      EXPECT_EQ(skipped_nan.first, plain.first);
+      EXPECT_EQ(skipped_nan.second, plain.second);
+      for (int64_t r : empty) {
+        for (int64_t c = 0; c < cols; ++c)
+          ASSERT_EQ(plain.first[static_cast<size_t>(r * cols + c)], 0) << r;
+        EXPECT_TRUE(std::isfinite(plain.second[static_cast<size_t>(r)])) << r;
+      }
+      size_t nonzero = 0;  // live rows: not an all-zero output
+      for (uint8_t v : plain.first) nonzero += v != 0;
+      EXPECT_GT(nonzero, static_cast<size_t>(rows * cols / 2));
+    }
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto x = upload(std::vector<float>(static_cast<size_t>(2 * 2 * 64), 1.0f));
+  auto codes = upload(std::vector<uint8_t>(2 * 64));
+  auto scale = poisoned_floats(2);
+  cuda::ActQuantFp8RowsParams q;
+  q.x = x->view().data();
+  q.ldx = 128;
+  q.rows = 2;
+  q.cols = 64;
+  q.out = codes->view().data_as<uint8_t>();
+  q.ldo = 64;
+  q.row_scale = scale->view().data_as<float>();
+  q.swiglu.up = static_cast<const float*>(x->view().data()) + 64;
+  q.swiglu.skip_zero_weight = true;  // without row_weight
+  EXPECT_DEATH(cuda::launch_act_quant_fp8_rows(q, stream_), "bad arguments");
+}
+
 // launch_act_quant_fp8_rows with row_index -1 (an empty slot row of the padded experts) writes a
 // row of zero codes; the other rows are the gathered rows' codes and scales, bit for bit.
 TEST_F(CudaFp8Rows, EmptyRowIndexGivesZeroRow) {

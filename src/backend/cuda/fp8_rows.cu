@@ -64,7 +64,10 @@ __device__ __forceinline__ void quant_chunk(const ActQuantFp8RowsParams& p, int6
                                             float rs, int64_t c, bool live, uint2& q,
                                             uint32_t& code, uint32_t& m) {
   float v[8];
-  if (live && src < 0) {  // an empty row (row_index -1): zeros
+  // An empty row (row_index -1; with swiglu.skip_zero_weight, a zero routing weight): zeros.
+  const bool empty =
+      src < 0 || (p.swiglu.skip_zero_weight && p.swiglu.row_weight[r] == 0.0f);
+  if (live && empty) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] = 0.0f;
   } else if (live && p.swiglu.up != nullptr) {
@@ -333,6 +336,7 @@ void launch_act_quant_fp8_rows(const ActQuantFp8RowsParams& p, Stream stream) {
         (p.swiglu.row_scale != nullptr &&
          (p.swiglu.gate_col_scale == nullptr || p.swiglu.up_col_scale == nullptr ||
           p.swiglu.group_rows < 1 || p.swiglu.ld_col_scale < p.cols)))) ||
+      (p.swiglu.skip_zero_weight && (p.swiglu.up == nullptr || p.swiglu.row_weight == nullptr)) ||
       (p.kperm_fp8 && (p.cols % 64 != 0 || p.ldo % 4 != 0)) ||
       (p.min_chunks_per_thread != 0 && p.min_chunks_per_thread != 1 &&
        p.min_chunks_per_thread != 2 && p.min_chunks_per_thread != 4 &&
@@ -346,7 +350,7 @@ void launch_act_quant_fp8_rows(const ActQuantFp8RowsParams& p, Stream stream) {
              "in_col_scale both set or both null; kperm_fp8: cols % 64 == 0; min_chunks_per_thread "
              "0, 1, 2, 4 or 8; swiglu: "
              "no in_row_scale, up 16-byte aligned, with row_scale both column scales, "
-             "group_rows >= 1, ld_col_scale >= cols");
+             "group_rows >= 1, ld_col_scale >= cols; skip_zero_weight with up and row_weight");
   // The warp-per-row kernel where asked and a lane's share fits (CPL 4, 8, 12, 16 or 24 chunks:
   // up to 6144 columns); a grid of at most 8 CTAs per SM with a device row count.
   const int64_t chunks = p.cols / 8;

@@ -221,6 +221,12 @@ struct ActQuantFp8RowsParams {
     const float* up_col_scale = nullptr;
     int64_t ld_col_scale = 0;
     int64_t group_rows = 0;
+    // Rows whose row_weight is exactly 0 are written as zero rows (zero codes, the zero-row
+    // scale) without reading x or up: the padded experts' empty slot rows (weight 0), a quarter
+    // of the slots at the DEP32 decode share. The same codes wherever such a row's SwiGLU times
+    // 0 is +0 (the padded path: the empty slots' GEMM rows are exact zeros); any x or up there,
+    // NaN too, is not read. Needs up and row_weight.
+    bool skip_zero_weight = false;
   } swiglu;
 };
 void launch_act_quant_fp8_rows(const ActQuantFp8RowsParams& p, Stream stream);

@@ -2282,6 +2282,7 @@ struct DeepseekV41Gpu::Impl {
       q.swiglu.up_col_scale = L.pf8_s13.as<float>() + inter;
       q.swiglu.ld_col_scale = 2 * inter;
       q.swiglu.group_rows = C;
+      q.swiglu.skip_zero_weight = opt.moe_padded_skip_empty;
       q.warp_per_row = opt.moe_padded_warp_quant;
       q.min_chunks_per_thread = opt.moe_padded_quant_cpt;
       cu::launch_act_quant_fp8_rows(q, stream);

@@ -978,8 +978,8 @@ TEST(GpuForward, GreedyDecodeMoeFp8MatchesCpu) {
 // or row moves it by O(1)); the one-pass SwiGLU quantiser gives the two-pass form's bits (on fp32
 // GEMM sums; the bf16 sums of moe_padded_bf16 stay within the bound of them), and the
 // per-slot-row input quantiser and the warp-per-row SwiGLU quantiser the gathered and CTA forms'
-// (moe_padded_gather_quant, moe_padded_warp_quant), and so do moe_padded_quant_cpt 4 and
-// moe_overflow_exit_empty. Then
+// (moe_padded_gather_quant, moe_padded_warp_quant), and so do moe_padded_quant_cpt 4,
+// moe_overflow_exit_empty off and moe_padded_skip_empty. Then
 // greedy decoding against the CPU with the option on (automatic C), at the wide model's floor.
 TEST(GpuForward, MoePaddedFp8MatchesGroupedAndCpu) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
@@ -1044,10 +1044,14 @@ TEST(GpuForward, MoePaddedFp8MatchesGroupedAndCpu) {
       // device run): the same bits.
       const auto te = padded([](arch::GpuModelOptions& o) { o.moe_padded_quant_cpt = 4; });
       EXPECT_EQ(te.layer_out, tb.layer_out);
-      // The overflow's stream-K launches returning at once when empty (moe_overflow_exit_empty;
-      // written in r15 without a device run): the same bits.
-      const auto tx = padded([](arch::GpuModelOptions& o) { o.moe_overflow_exit_empty = true; });
+      // The overflow's stream-K launches running when empty (moe_overflow_exit_empty off; on,
+      // the default since r16, they return at once): the same bits.
+      const auto tx = padded([](arch::GpuModelOptions& o) { o.moe_overflow_exit_empty = false; });
       EXPECT_EQ(tx.layer_out, tb.layer_out);
+      // The SwiGLU quantiser writing the empty slot rows without computing them
+      // (moe_padded_skip_empty; written in r16 without a device run): the same bits.
+      const auto ts = padded([](arch::GpuModelOptions& o) { o.moe_padded_skip_empty = true; });
+      EXPECT_EQ(ts.layer_out, tb.layer_out);
     }
   }
   expect_wide_short_greedy("moe_padded_fp8", [](arch::GpuModelOptions& o) {
