@@ -2535,6 +2535,13 @@ struct DeepseekV41Gpu::Impl {
         gemm_raw(hq + o0 * inter, qt, inter, cnt, w.w2, ye + o0 * d, d);
       });
     } else {
+      // moe_overflow_side_stream: from here to the w2 launch everything goes to the side stream,
+      // the stream-K flags' first clearing (use_stream_k) included, so that it precedes the
+      // launches that read them.
+      if (ov_side) {
+        cu::stream_wait_event(side_stream, ev_plan);
+        std::swap(stream, side_stream);
+      }
       if (L.expert_ptrs.bytes() == 0) {
         std::vector<const uint8_t*> ptrs(static_cast<size_t>(6 * local));
         for (int32_t ex = 0; ex < local; ++ex) {
@@ -2625,10 +2632,6 @@ struct DeepseekV41Gpu::Impl {
         stream_k_launches +=
             cu::launch_grouped_mxfp4_gemm(g, stream) == cu::GroupedMxfp4Kernel::kWgmmaRsStreamK;
       };
-      if (ov_side) {
-        cu::stream_wait_event(side_stream, ev_plan);
-        std::swap(stream, side_stream);  // the launches below go to the side stream
-      }
       mark(GpuComponent::kMoe, padded ? "overflow" : "act_quant");
       cu::launch_act_quant_mxfp8(aq, stream);
       if (fuse) {
