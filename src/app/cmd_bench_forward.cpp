@@ -81,8 +81,8 @@ struct BenchForwardOptions {
   int moe_padded_quant_cpt = 0;
   bool moe_overflow_exit_empty = true;
   bool moe_overflow_side_stream = false;
-  int32_t rope_heads_per_thread = 1;
-  bool moe_padded_skip_empty = false;
+  int32_t rope_heads_per_thread = 8;
+  bool moe_padded_skip_empty = true;
   int32_t moe_rs_max_pass = 192;
   bool moe_fuse_swiglu = false;
   bool moe_stream_k = false;

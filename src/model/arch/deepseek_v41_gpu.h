@@ -220,15 +220,16 @@ struct GpuModelOptions {
   bool moe_overflow_side_stream = false;
   // The RoPE launches' heads per thread, 1..8 (cuda::RopeParams::heads_per_thread: one double
   // sincos per thread for that many heads; the same values). q's RoPE (64 heads) computes each
-  // angle 64 times at 1. Written in r16 after the device time ran out: not run. 1.
-  int rope_heads_per_thread = 1;
+  // angle 64 times at 1. Written in r16; measured in r17 (H200): attention.rope_swa 0.94 ->
+  // 0.64 ms per 64 x 6 decode step at 8, the same bits (CudaV41.RopeForwardAndInverse). 8.
+  int rope_heads_per_thread = 8;
   // With moe_padded_fp8: the SwiGLU quantiser writes the empty slot rows (routing weight 0) as
   // zero rows without reading or computing them (ActQuantFp8RowsParams::SwigluInput::
   // skip_zero_weight; the same codes: those rows' GEMM sums are exact zeros). At the DEP32 decode
   // share a quarter of the 3,072 slot rows are empty (C = 256 for a mean of 192 hits), and the
   // quantiser (1.56 ms per 64 x 6 step, r16) is bound by its per-element arithmetic. Written in
-  // r16 after the device time ran out: not run. Off.
-  bool moe_padded_skip_empty = false;
+  // r16; measured in r17 (H200): moe.swiglu_quant 1.53 -> 1.33 ms per 64 x 6 step. On.
+  bool moe_padded_skip_empty = true;
   // With moe_padded_fp8: the SwiGLU and w2's input quantiser as two launches (the SwiGLU's MXFP8
   // values in fp32 between them) instead of one; the same codes (a test of the one-pass form).
   bool moe_padded_two_pass_swiglu = false;

@@ -979,7 +979,7 @@ TEST(GpuForward, GreedyDecodeMoeFp8MatchesCpu) {
 // GEMM sums; the bf16 sums of moe_padded_bf16 stay within the bound of them), and the
 // per-slot-row input quantiser and the warp-per-row SwiGLU quantiser the gathered and CTA forms'
 // (moe_padded_gather_quant, moe_padded_warp_quant), and so do moe_padded_quant_cpt 4,
-// moe_overflow_exit_empty off and moe_padded_skip_empty. Then
+// moe_overflow_exit_empty off and moe_padded_skip_empty off. Then
 // greedy decoding against the CPU with the option on (automatic C), at the wide model's floor.
 TEST(GpuForward, MoePaddedFp8MatchesGroupedAndCpu) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
@@ -1048,9 +1048,9 @@ TEST(GpuForward, MoePaddedFp8MatchesGroupedAndCpu) {
       // the default since r16, they return at once): the same bits.
       const auto tx = padded([](arch::GpuModelOptions& o) { o.moe_overflow_exit_empty = false; });
       EXPECT_EQ(tx.layer_out, tb.layer_out);
-      // The SwiGLU quantiser writing the empty slot rows without computing them
-      // (moe_padded_skip_empty; written in r16 without a device run): the same bits.
-      const auto ts = padded([](arch::GpuModelOptions& o) { o.moe_padded_skip_empty = true; });
+      // The SwiGLU quantiser computing the empty slot rows (moe_padded_skip_empty off; on, the
+      // default since r17, it writes them as zero rows without computing them): the same bits.
+      const auto ts = padded([](arch::GpuModelOptions& o) { o.moe_padded_skip_empty = false; });
       EXPECT_EQ(ts.layer_out, tb.layer_out);
     }
   }
