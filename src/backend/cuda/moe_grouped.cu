@@ -22,6 +22,7 @@
 
 #include "backend/cuda/cuda_util.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mbarrier.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/v41_device.cuh"
 #include "backend/cuda/wgmma.cuh"
@@ -1640,14 +1641,8 @@ __device__ __forceinline__ void grs_decode_ss(const uint8_t* st, uint8_t* wt, in
 }
 #endif
 
-// mbarrier and TMA helpers (shared-space addresses).
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
+// mbarrier helpers: backend/cuda/mbarrier.cuh.
 #if MOESERVE_RS_DECOUPLED
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
 // The named barrier of warpgroup wg's 128 threads (ids 1 and 2; 0 is __syncthreads). Immediate
 // ids, so ptxas reserves three barriers, not all sixteen.
 __device__ __forceinline__ void wg_bar_sync(int wg) {
@@ -1658,21 +1653,6 @@ __device__ __forceinline__ void wg_bar_sync(int wg) {
   }
 }
 #endif
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done)
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-}
 // Box (c0, c1) of a 2-D tensor map into shared memory, completing on mbarrier `bar`.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int32_t c0,
                                             int32_t c1, uint32_t bar) {
@@ -2145,7 +2125,7 @@ __device__ __forceinline__ uint8_t* grs_ring_init(uint32_t& base) {
   if (threadIdx.x == 0) {
     // The full barriers (TMA bytes), then the empty ones (MOESERVE_RS_DECOUPLED: warpgroup 1).
     for (int i = 0; i < 2 * kStages; ++i) mbar_init(base + kBarOffset + 8 * i, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    mbar_init_fence();
   }
   __syncthreads();
   return grs_smem_raw + (base - raw_addr);

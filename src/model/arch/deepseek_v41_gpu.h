@@ -109,6 +109,14 @@ struct GpuModelOptions {
   // it takes the shape (heads % 64 == 0, sm_90); false: the mma.sync kernel. The same products;
   // fp32 sums in another order (1e-6 of the output apart in the op tests).
   bool attention_wgmma = true;
+  // With attention_wgmma, where its kernel runs (SparseAttentionParams::tma_stage and
+  // swa_f16_scale; the same bits either way): the key records staged by TMA bulk copies (one per
+  // key, from one warp, on an mbarrier per stage slot) instead of cp.async by all 256 threads
+  // (r12's phase clocks: ~690 cycles of a ~6,300-cycle tile in issuing them), and the SWA keys
+  // dequantised by one fp16 multiply by their power-of-two scale instead of through fp32 (3x
+  // fewer conversion instructions on the SWA tiles). Written in r17. Off until measured.
+  bool attention_tma_stage = false;
+  bool attention_swa_f16_scale = false;
   // true: FP8-weight linears whose shape fits (out % 128, in % 128) run as FP8 x FP8 block-scaled
   // wgmma GEMMs on the e4m3 codes of the MXFP8 inputs (launch_fp8_wgmma_gemm: the tensor core's
   // FP8 accumulation over each 32-wide block, then fp32); false: the bf16 cuBLASLt GEMM on the
