@@ -65,7 +65,7 @@ struct BenchForwardOptions {
   bool indexer_fp8 = true;
   bool attention_wgmma = true;
   bool attention_tma_stage = false;
-  bool attention_swa_f16_scale = false;
+  bool attention_swa_f16_scale = true;
   bool fp8_wgmma = false;
   bool fp8_row_scaled = true;  // GpuModelOptions::fp8_row_scaled
   bool moe_grouped_wgmma = true;

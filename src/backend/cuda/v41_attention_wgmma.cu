@@ -231,19 +231,22 @@ __device__ __forceinline__ void stage_tile(const SparseAttentionParams& p, const
   cp_async_commit();
 }
 
-// SparseAttentionParams::tma_stage: the same staging by the TMA unit, issued by warp 0 alone (the
-// caller's condition): lane i copies key t0 + i's whole record (528 or 288 B, one bulk copy) to
-// its stage row, all completing on `bar`, whose one arrival (lane 0's, before any copy) expects
-// the tile's total bytes. The slot's previous tile was decoded before the barrier that precedes
-// this call; the proxy fence orders those generic reads before the async proxy's writes.
+// SparseAttentionParams::tma_stage: the same staging by the TMA unit, one bulk copy per key (its
+// whole record, 528 or 288 B) into the key's stage row, issued as stage_tile spreads the keys:
+// warp w's lanes 0 .. 3 take keys w, w + 8, w + 16, w + 24 (a warp's bulk copies issue one lane
+// after another: r17 measured 32 from one warp at ~2,000 cycles per tile). Each warp's one
+// arrival on `bar` (initialised with one per warp) expects its keys' bytes. The slot's previous
+// tile was decoded before the barrier that precedes this call; the proxy fence orders those
+// generic reads before the async proxy's writes.
 __device__ __forceinline__ void stage_tile_bulk(const SparseAttentionParams& p, const int32_t* list,
                                                 int nk, int t0, uint32_t stage, uint32_t bar) {
-  static_assert(kTile == 32, "a key per lane");
-  const int lane = static_cast<int>(threadIdx.x) & 31;
+  constexpr int kPerWarp = kTile / (kThreads / 32);
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int key = warp + 8 * lane;
   const uint8_t* rec = nullptr;
   uint32_t bytes = 0;
-  if (t0 + lane < nk) {
-    const int id = list[t0 + lane];
+  if (lane < kPerWarp && t0 + key < nk) {
+    const int id = list[t0 + key];
     const bool glob = (id & kGlobFlag) != 0;
     rec = glob ? p.glob + static_cast<int64_t>(id & ~kGlobFlag) * kGlobRec
                : p.swa + static_cast<int64_t>(id) * kSwaRec;
@@ -253,7 +256,7 @@ __device__ __forceinline__ void stage_tile_bulk(const SparseAttentionParams& p, 
   wgmma::fence_proxy_async_smem();
   if (lane == 0) mbar_expect_tx(bar, total);
   __syncwarp();
-  if (bytes > 0) bulk_copy_g2s(stage + static_cast<uint32_t>(lane * kSlot), rec, bytes, bar);
+  if (bytes > 0) bulk_copy_g2s(stage + static_cast<uint32_t>(key * kSlot), rec, bytes, bar);
 }
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -447,7 +450,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // for every staged tile exactly once, so the bits stay the same in all threads.
   if (p.tma_stage && threadIdx.x == 0) {
 #pragma unroll
-    for (int sl = 0; sl < L::kStages; ++sl) mbar_init(sbase + L::kBar + 8u * sl, 1);
+    for (int sl = 0; sl < L::kStages; ++sl) mbar_init(sbase + L::kBar + 8u * sl, kThreads / 32);
     mbar_init_fence();
   }
   uint32_t stage_phase = 0;
@@ -539,11 +542,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int ntiles = (nk + kTile - 1) / kTile;
     WG_MARK(0);
     // Raw tile u (< ntiles) into stage slot u % kStages, and the wait for it: cp.async by every
-    // thread (its own groups), or tma_stage's bulk copies by warp 0 (the slot's mbarrier).
+    // thread (its own groups), or tma_stage's bulk copies (the slot's mbarrier).
     const auto stage = [&](int u) {
       if (!p.tma_stage) {
         stage_tile(p, list, nk, u * kTile, sbase + slot_off(u));
-      } else if (warp == 0) {
+      } else {
         stage_tile_bulk(p, list, nk, u * kTile, sbase + slot_off(u),
                         sbase + L::kBar + 8u * static_cast<uint32_t>(u % L::kStages));
       }

@@ -2402,6 +2402,8 @@ TEST(GpuForward, AttentionStagingAndSwaScaleAreBitIdentical) {
     opt.max_rows = 512;
     opt.attention_wgmma = true;
     opt.fast_attention = fast;
+    opt.attention_tma_stage = false;
+    opt.attention_swa_f16_scale = false;
     auto off = DeepseekV41Gpu::load(dir, opt);
     ASSERT_TRUE(off) << off.error().to_string();
     opt.attention_tma_stage = true;
