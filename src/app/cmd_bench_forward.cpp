@@ -64,7 +64,7 @@ struct BenchForwardOptions {
   bool indexer_wgmma = true;
   bool indexer_fp8 = true;
   bool attention_wgmma = true;
-  bool attention_tma_stage = false;
+  bool attention_tma_stage = true;
   bool attention_swa_f16_scale = true;
   bool fp8_wgmma = false;
   bool fp8_row_scaled = true;  // GpuModelOptions::fp8_row_scaled
