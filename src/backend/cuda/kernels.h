@@ -1035,14 +1035,6 @@ struct SparseAttentionParams {
   // (heads % 64 == 0: one CTA per row and 64 heads, each key tile dequantised once); other shapes
   // take the mma.sync kernel. Same precision modes and results to rounding.
   bool use_wgmma = false;
-  // The wgmma kernel only (the other kernels ignore them); the same results bit for bit either way.
-  // tma_stage: a key tile's records are staged by bulk asynchronous copies (the TMA unit, one copy
-  // per key, issued by one warp) completing on an mbarrier per stage slot, instead of 16-byte
-  // cp.async by every thread. swa_f16_scale: an SWA (FP8) key's codes are dequantised by one fp16
-  // multiply by their power-of-two block scale where that scale is an fp16 value (2^-24 ..
-  // 2^15), else through fp32 as without it: one rounding of the same exact product either way.
-  bool tma_stage = false;
-  bool swa_f16_scale = false;
 };
 void launch_sparse_attention(const SparseAttentionParams& p, Stream stream);
 // Whether launch_sparse_attention takes the wgmma kernel for p (use_wgmma, the shape, a Hopper

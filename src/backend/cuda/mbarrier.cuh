@@ -1,7 +1,6 @@
-// Hopper (sm_90) shared-memory mbarriers and the bulk asynchronous copies (TMA) that complete on
-// them, for the hand-written kernels. Every address is a shared-space address
-// (__cvta_generic_to_shared); a barrier is 8 bytes, 8-byte aligned. Include only from
-// src/backend/cuda/*.cu compiled for sm_90a.
+// Hopper (sm_90) shared-memory mbarriers, on which the TMA copies of the hand-written kernels
+// complete. Every address is a shared-space address (__cvta_generic_to_shared); a barrier is 8
+// bytes, 8-byte aligned. Include only from src/backend/cuda/*.cu compiled for sm_90a.
 //
 // A barrier initialised with count 1 completes a phase when its one arrival (mbar_expect_tx, which
 // also adds the bytes it expects) has happened and that many bytes of copies completing on it
@@ -40,15 +39,4 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
 }
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory into this CTA's
-// shared memory by the TMA unit, completing on `bar` (the issuing thread does not wait).
-__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes,
-                                              uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-}
-
 }  // namespace moeserve::cuda

@@ -52,7 +52,6 @@
 //   xch    (kNB == 3) fp32 partial S of both warpgroups                      16 KB
 //   list   int32 [1024] compacted key ids
 //   rope   double2 [256] (cos, sin) of the row's inverse RoPE angles                4 KB
-//   bars   (tma_stage) one mbarrier per stage slot                                   8 B each
 //   O      (epilogue) fp32 [64 heads][520] staging tile at offset 0, over q, kt, the stage, xch
 // hi + lo (kNB 2, 1 slot): 216.5 KiB; fp16 (kNB 2): 152.5 KiB; fp16 (kNB 3, 2 slots, xch):
 // 217 KiB; + 1 KiB alignment slack.
@@ -89,7 +88,6 @@
 
 #include "backend/cuda/cuda_util.cuh"
 #include "backend/cuda/kernels.h"
-#include "backend/cuda/mbarrier.cuh"
 #include "backend/cuda/v41_device.cuh"
 #include "backend/cuda/wgmma.cuh"
 
@@ -142,8 +140,7 @@ struct Smem {
   static constexpr uint32_t kXch = kStage + kStages * kStageBytes;
   static constexpr uint32_t kList = kXch + (kNB == 3 ? kXchBytes : 0);
   static constexpr uint32_t kRope = kList + sizeof(int32_t) * kMaxKeys;  // double2 [kMaxRope]
-  static constexpr uint32_t kBar = kRope + 16 * kMaxRope;  // tma_stage: an mbarrier per slot
-  static constexpr uint32_t kEnd = kBar + 8 * kStages;
+  static constexpr uint32_t kEnd = kRope + 16 * kMaxRope;
   static constexpr uint32_t kBytes = kEnd + 1024;  // + slack to align the base to 1024
   static_assert(kBytes <= 227 * 1024, "shared memory budget");
   static_assert(kKt % 1024 == 0 && kStage % 16 == 0 && kXch % 16 == 0 && kRope % 16 == 0,
@@ -231,34 +228,6 @@ __device__ __forceinline__ void stage_tile(const SparseAttentionParams& p, const
   cp_async_commit();
 }
 
-// SparseAttentionParams::tma_stage: the same staging by the TMA unit, one bulk copy per key (its
-// whole record, 528 or 288 B) into the key's stage row, issued as stage_tile spreads the keys:
-// warp w's lanes 0 .. 3 take keys w, w + 8, w + 16, w + 24 (a warp's bulk copies issue one lane
-// after another: r17 measured 32 from one warp at ~2,000 cycles per tile). Each warp's one
-// arrival on `bar` (initialised with one per warp) expects its keys' bytes. The slot's previous
-// tile was decoded before the barrier that precedes this call; the proxy fence orders those
-// generic reads before the async proxy's writes.
-__device__ __forceinline__ void stage_tile_bulk(const SparseAttentionParams& p, const int32_t* list,
-                                                int nk, int t0, uint32_t stage, uint32_t bar) {
-  constexpr int kPerWarp = kTile / (kThreads / 32);
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  const int key = warp + 8 * lane;
-  const uint8_t* rec = nullptr;
-  uint32_t bytes = 0;
-  if (lane < kPerWarp && t0 + key < nk) {
-    const int id = list[t0 + key];
-    const bool glob = (id & kGlobFlag) != 0;
-    rec = glob ? p.glob + static_cast<int64_t>(id & ~kGlobFlag) * kGlobRec
-               : p.swa + static_cast<int64_t>(id) * kSwaRec;
-    bytes = glob ? kGlobRec : kSwaRec;
-  }
-  const uint32_t total = __reduce_add_sync(0xffffffffu, bytes);
-  wgmma::fence_proxy_async_smem();
-  if (lane == 0) mbar_expect_tx(bar, total);
-  __syncwarp();
-  if (bytes > 0) bulk_copy_g2s(stage + static_cast<uint32_t>(key * kSlot), rec, bytes, bar);
-}
-
 constexpr float kLog2e = 1.4426950408889634f;
 // 2^x (MUFU.EX2; -inf -> +0, subnormal results flushed to zero).
 __device__ __forceinline__ float ex2_approx(float x) {
@@ -335,13 +304,9 @@ __device__ __forceinline__ void e2m1x8_to_f16(uint32_t x, __half2 s2, uint32_t (
 //   SWA: 8 e4m3 codes (8 bytes at 8 oct) times the ue8m0 scale (byte 512 + oct / 4), through
 //        fp32: code * 2^k is exact there, so one rounding to fp16 as the mma.sync kernel (whose
 //        fp16 multiply also rounds the exact product once), for every scale (no range branch).
-//        f16_scale (SparseAttentionParams::swa_f16_scale): where 2^k is an fp16 value (k in
-//        -24 .. 15, normal or subnormal) one fp16 multiply of the codes' exact fp16 values by it
-//        instead (4 HMUL2 for the 8 half -> float conversions, 8 FMUL and 4 packs): IEEE
-//        multiplication rounds the same exact product once to nearest, so the same fp16 bits.
 template <int kGroup>
 __device__ __forceinline__ void decode_tile(const int32_t* list, int nk, int t0,
-                                            const uint8_t* stage, uint8_t* kt, bool f16_scale) {
+                                            const uint8_t* stage, uint8_t* kt) {
   static_assert(kItems % kGroup == 0, "whole groups of items");
   const int kq = static_cast<int>(threadIdx.x) >> 6, oct = static_cast<int>(threadIdx.x) & 63;
   int ids[kItems];
@@ -375,16 +340,6 @@ __device__ __forceinline__ void decode_tile(const int32_t* list, int nk, int t0,
         const __half_raw sr =
             __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(sb[j]), __NV_E4M3);
         e2m1x8_to_f16((oct & 1) != 0 ? raw[j].y : raw[j].x, __half2half2(__half(sr)), w);
-      } else if (const int k = static_cast<int>(sb[j]) - 127; f16_scale && k >= -24 && k <= 15) {
-        const auto bits = static_cast<unsigned short>(k >= -14 ? (k + 15) << 10 : 1 << (k + 24));
-        const __half2 s2 = __half2half2(__ushort_as_half(bits));
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          const uint32_t word = b < 2 ? raw[j].x : raw[j].y;
-          const __half2_raw pr = __nv_cvt_fp8x2_to_halfraw2(
-              static_cast<__nv_fp8x2_storage_t>((word >> (16 * (b & 1))) & 0xFFFFu), __NV_E4M3);
-          w[b] = h2_bits(__hmul2(__half2(pr), s2));
-        }
       } else {
         const float sc = v41::ue8m0_decode(sb[j]);
 #pragma unroll
@@ -445,15 +400,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t sbase = raw_base + pad;
   int32_t* const list = reinterpret_cast<int32_t*>(smem + L::kList);
   double2* const rope = reinterpret_cast<double2*>(smem + L::kRope);
-  // tma_stage: the slots' mbarriers (visible to all after the first item's list barrier, before
-  // any staging); bit s of stage_phase is the parity of slot s's next phase. Every thread waits
-  // for every staged tile exactly once, so the bits stay the same in all threads.
-  if (p.tma_stage && threadIdx.x == 0) {
-#pragma unroll
-    for (int sl = 0; sl < L::kStages; ++sl) mbar_init(sbase + L::kBar + 8u * sl, kThreads / 32);
-    mbar_init_fence();
-  }
-  uint32_t stage_phase = 0;
   // Raw records of tile u: stage slot u % kStages.
   const auto slot_off = [](int u) -> uint32_t {
     return L::kStage + static_cast<uint32_t>(u % L::kStages) * kStageBytes;
@@ -541,30 +487,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();  // the list is complete
     const int ntiles = (nk + kTile - 1) / kTile;
     WG_MARK(0);
-    // Raw tile u (< ntiles) into stage slot u % kStages, and the wait for it: cp.async by every
-    // thread (its own groups), or tma_stage's bulk copies (the slot's mbarrier).
-    const auto stage = [&](int u) {
-      if (!p.tma_stage) {
-        stage_tile(p, list, nk, u * kTile, sbase + slot_off(u));
-      } else {
-        stage_tile_bulk(p, list, nk, u * kTile, sbase + slot_off(u),
-                        sbase + L::kBar + 8u * static_cast<uint32_t>(u % L::kStages));
-      }
-    };
-    const auto wait_raw = [&](int u) {
-      if (!p.tma_stage) {
-        cp_async_wait_all();
-      } else {
-        const int sl = u % L::kStages;
-        mbar_wait(sbase + L::kBar + 8u * static_cast<uint32_t>(sl), (stage_phase >> sl) & 1u);
-        stage_phase ^= 1u << sl;
-      }
-    };
 
     // Raw tiles 0 .. kStages - 1 in flight while q is converted.
 #pragma unroll
     for (int u = 0; u < L::kStages; ++u)
-      if (u < ntiles) stage(u);
+      if (u < ntiles) stage_tile(p, list, nk, u * kTile, sbase + slot_off(u));
 
     // (cos, sin) of pos * freqs[j] for the epilogue's inverse RoPE, once per row (read after the
     // barriers below).
@@ -623,22 +550,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     wgmma::fence_operands(o);
 
     // Tiles 0 .. kNB - 2 dequantised (the loop then keeps kNB - 1 tiles ahead of P . V).
-    if (p.tma_stage) {
-#pragma unroll
-      for (int u = 0; u < L::kStages; ++u)
-        if (u < ntiles) wait_raw(u);
-    } else {
-      cp_async_wait_all();
-    }
+    cp_async_wait_all();
     __syncthreads();  // everyone's raw tiles landed
 #pragma unroll
     for (int u = 0; u < kNB - 1; ++u)
       if (u < ntiles)
-        decode_tile<kDecodeGroup>(list, nk, u * kTile, smem + slot_off(u), smem + kt_off(u),
-                                  p.swa_f16_scale);
+        decode_tile<kDecodeGroup>(list, nk, u * kTile, smem + slot_off(u), smem + kt_off(u));
     wgmma::fence_proxy_async_smem();  // q and kt: generic stores read by the async proxy
     __syncthreads();                  // kt complete; stage slots free
-    if (kNB - 1 < ntiles) stage(kNB - 1);
+    if (kNB - 1 < ntiles) stage_tile(p, list, nk, (kNB - 1) * kTile, sbase + slot_off(kNB - 1));
 
     float m_run[2], l_run[2];
 #pragma unroll
@@ -806,30 +726,28 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int u = ti + kNB - 1;
       if constexpr (kNB == 2) {
         if (u < ntiles) {
-          wait_raw(u);
+          cp_async_wait_all();
           __syncthreads();  // raw tile u visible; the exchange reads of kt[u % 2] are done
           WG_MARK(6);
-          decode_tile<kDecodeGroup>(list, nk, u * kTile, smem + slot_off(u), smem + kt_off(u),
-                                  p.swa_f16_scale);
+          decode_tile<kDecodeGroup>(list, nk, u * kTile, smem + slot_off(u), smem + kt_off(u));
           wgmma::fence_proxy_async_smem();
           WG_MARK(7);
           __syncthreads();  // kt[u % 2] complete for S_u; the stage is free
-          if (u + 1 < ntiles) stage(u + 1);
+          if (u + 1 < ntiles) stage_tile(p, list, nk, (u + 1) * kTile, sbase + slot_off(u + 1));
           WG_MARK(8);
         }
       } else {
-        if (u < ntiles || !p.tma_stage) wait_raw(u);  // raw tile u (the only copies in flight)
+        cp_async_wait_all();  // raw tile u (the only group in flight)
         // Raw tile u visible; every thread's wgmma on kt[u % 3] (S_{t-1}, P . V_{t-1}) are
         // complete (waited in step 3); the exchange reads are done; slot (u + 1) % 2 was decoded
         // (tile u - 1) in the previous iteration. Unconditional: it also guards the exchange
         // buffer.
         __syncthreads();
         WG_MARK(6);
-        if (u + 1 < ntiles) stage(u + 1);
+        if (u + 1 < ntiles) stage_tile(p, list, nk, (u + 1) * kTile, sbase + slot_off(u + 1));
         WG_MARK(8);
         if (u < ntiles) {
-          decode_tile<kDecodeGroup>(list, nk, u * kTile, smem + slot_off(u), smem + kt_off(u),
-                                  p.swa_f16_scale);
+          decode_tile<kDecodeGroup>(list, nk, u * kTile, smem + slot_off(u), smem + kt_off(u));
           wgmma::fence_proxy_async_smem();  // made visible by the next exchange barrier
         }
         WG_MARK(7);
@@ -887,9 +805,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     // No barrier: the next item's first list barrier orders these staging reads before its writes.
-    // tma_stage: and this thread's proxy fence before the async proxy's (its stage slots lie under
-    // the staging tile; decode_tile's reads of a slot are fenced the same way after each tile).
-    if (p.tma_stage) wgmma::fence_proxy_async_smem();
     WG_MARK(9);
   }  // work items
 #else

@@ -109,20 +109,6 @@ struct GpuModelOptions {
   // it takes the shape (heads % 64 == 0, sm_90); false: the mma.sync kernel. The same products;
   // fp32 sums in another order (1e-6 of the output apart in the op tests).
   bool attention_wgmma = true;
-  // With attention_wgmma, where its kernel runs (SparseAttentionParams::tma_stage and
-  // swa_f16_scale; the same bits either way, CudaV41.SparseAttentionWgmmaStagingAndSwaScale*):
-  // - attention_tma_stage: the key records staged by TMA bulk copies (one per key, lanes 0..3
-  //   of every warp, on an mbarrier per stage slot) instead of 16-byte cp.async by all 256
-  //   threads. r17 (H200, attn_probe at 384 rows, fp16): 213.1 -> 211.4 us per launch with
-  //   swa_f16_scale (the staging is bound by the SM's intake of ~17 KB per tile, not by issuing
-  //   it); attention.sparse 8.29 -> 8.25 ms per 64 x 6 decode step. With one warp issuing all 32
-  //   copies it was slower (218 -> 259 us: a warp's bulk copies issue lane by lane). On.
-  // - attention_swa_f16_scale: the SWA keys dequantised by one fp16 multiply by their
-  //   power-of-two scale instead of through fp32 (3x fewer conversion instructions on the SWA
-  //   tiles). r17: the probe's decode phase 34.8k -> 30.4k cycles per item, 218.2 -> 216.6 us
-  //   per launch; attention.sparse 8.52 -> 8.45 ms per 64 x 6 decode step. On.
-  bool attention_tma_stage = true;
-  bool attention_swa_f16_scale = true;
   // true: FP8-weight linears whose shape fits (out % 128, in % 128) run as FP8 x FP8 block-scaled
   // wgmma GEMMs on the e4m3 codes of the MXFP8 inputs (launch_fp8_wgmma_gemm: the tensor core's
   // FP8 accumulation over each 32-wide block, then fp32); false: the bf16 cuBLASLt GEMM on the

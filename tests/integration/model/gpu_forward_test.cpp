@@ -16,7 +16,6 @@
 #include <fstream>
 #include <functional>
 #include <map>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -2372,58 +2371,6 @@ TEST(GpuForward, AttnQuantEpilogueIsBitIdenticalInTheForward) {
   expect_bit_identical_forwards({off->get(), on->get(), graph->get()});
   if (testing::Test::HasFatalFailure()) return;
   EXPECT_GE(graph->get()->graph_replays(), 2);
-  std::filesystem::remove_all(dir);
-}
-
-// GpuModelOptions::attention_tma_stage and attention_swa_f16_scale (the wgmma attention's key
-// records staged by TMA bulk copies; SWA keys dequantised by an fp16 multiply by their scale) on
-// the wide model (64 heads: the wgmma attention): the forwards of expect_bit_identical_forwards
-// with both off, both on, and both on as CUDA graphs give the same logits bit for bit, in the
-// serving precision (single fp16, three key buffers) and in split precision (two). Written in
-// r17 (the op test, CudaV41.SparseAttentionWgmmaStagingAndSwaScaleAreBitIdentical, covers the
-// scales outside fp16's range, which real SWA entries do not reach).
-TEST(GpuForward, AttentionStagingAndSwaScaleAreBitIdentical) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
-  {
-    cuda::SparseAttentionParams wide;  // the wide model's attention shape
-    wide.rows = 1;
-    wide.heads = 64;
-    wide.use_wgmma = true;
-    if (!cuda::sparse_attention_wgmma_applies(wide))
-      GTEST_SKIP() << "the wgmma attention (sm_90a) does not run on this device";
-  }
-  const std::filesystem::path dir = make_temp_dir("gpu_forward_attn_staging");
-  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
-  for (const bool fast : {true, false}) {
-    SCOPED_TRACE(fast ? "single fp16" : "split precision");
-    arch::GpuModelOptions opt;
-    opt.max_seqs = 4;
-    opt.max_context = 256;
-    opt.max_rows = 512;
-    opt.attention_wgmma = true;
-    opt.fast_attention = fast;
-    opt.attention_tma_stage = false;
-    opt.attention_swa_f16_scale = false;
-    auto off = DeepseekV41Gpu::load(dir, opt);
-    ASSERT_TRUE(off) << off.error().to_string();
-    opt.attention_tma_stage = true;
-    opt.attention_swa_f16_scale = true;
-    auto on = DeepseekV41Gpu::load(dir, opt);
-    ASSERT_TRUE(on) << on.error().to_string();
-    std::vector<DeepseekV41Gpu*> models = {off->get(), on->get()};
-    std::optional<decltype(on)> graph;
-    if (fast) {
-      opt.cuda_graphs = true;
-      graph.emplace(DeepseekV41Gpu::load(dir, opt));
-      ASSERT_TRUE(*graph) << (*graph).error().to_string();
-      models.push_back((*graph)->get());
-    }
-    expect_bit_identical_forwards(models);
-    if (testing::Test::HasFatalFailure()) return;
-    if (graph) {
-      EXPECT_GE((*graph)->get()->graph_replays(), 2);
-    }
-  }
   std::filesystem::remove_all(dir);
 }
 
