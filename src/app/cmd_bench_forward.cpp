@@ -64,6 +64,7 @@ struct BenchForwardOptions {
   bool indexer_wgmma = true;
   bool indexer_fp8 = true;
   bool attention_wgmma = true;
+  bool attention_swa_f16_scale = false;
   bool fp8_wgmma = false;
   bool fp8_row_scaled = true;  // GpuModelOptions::fp8_row_scaled
   bool moe_grouped_wgmma = true;
@@ -250,6 +251,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.indexer_wgmma = opt.indexer_wgmma;
   go.indexer_fp8 = opt.indexer_fp8;
   go.attention_wgmma = opt.attention_wgmma;
+  go.attention_swa_f16_scale = opt.attention_swa_f16_scale;
   go.fp8_wgmma = opt.fp8_wgmma;
   go.fp8_row_scaled = opt.fp8_row_scaled;
   go.moe_grouped_wgmma = opt.moe_grouped_wgmma;
@@ -511,6 +513,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"indexer_wgmma", opt.indexer_wgmma},
               {"indexer_fp8", opt.indexer_fp8},
               {"attention_wgmma", opt.attention_wgmma},
+              {"attention_swa_f16_scale", opt.attention_swa_f16_scale},
               {"fp8_wgmma", opt.fp8_wgmma},
               {"fp8_row_scaled", opt.fp8_row_scaled},
               {"moe_grouped_wgmma", opt.moe_grouped_wgmma},
@@ -727,6 +730,10 @@ void register_bench_forward(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--attention-wgmma", opt->attention_wgmma,
                   "cuda: the sparse attention on the sm_90a wgmma kernel (false: mma.sync)")
+      ->capture_default_str();
+  cmd->add_option("--attention-swa-f16-scale", opt->attention_swa_f16_scale,
+                  "cuda: the wgmma attention (fp16) dequantises SWA keys by an fp16 multiply by "
+                  "their scale where it is an fp16 value (false: through fp32)")
       ->capture_default_str();
   cmd->add_option("--fp8-wgmma", opt->fp8_wgmma,
                   "cuda: FP8-weight linears as FP8 x FP8 wgmma GEMMs on the MXFP8 codes (false: "

@@ -2047,6 +2047,95 @@ TEST_F(CudaV41, SparseAttentionWgmmaPersistent) {
   }
 }
 
+// SparseAttentionParams::swa_f16_scale (SWA keys dequantised by an fp16 multiply by their
+// power-of-two scale where it is an fp16 value; single fp16 precision) gives the wgmma kernel's
+// output bit for bit, with the fp32 output and with the MXFP8 one (out_mxfp8_bf16), at 64 and 128
+// heads; split precision ignores it (the same bits too). The rows are the persistent test's kind
+// (more than two per SM, 0 to 384 keys, 1-key rows, SWA and FP4 keys in one tile). The SWA
+// records' block scales spread over 2^-30 .. 2^6 and 2^16 .. 2^19 (the latter blocks' codes small
+// enough that their keys stay finite in fp16): the fp16 multiply where 2^k is an fp16 value,
+// normal or subnormal, and the fp32 path below 2^-24 and above 2^15 inside one key. Written in
+// r17; the same test with the option behind a runtime flag passed on the H200 (branch
+// wip/attn-stage-f16s); this template form has not run on a GPU yet.
+TEST_F(CudaV41, SparseAttentionWgmmaSwaF16ScaleIsBitIdentical) {
+  if (cuda::device_info(0).compute_major != 9)
+    GTEST_SKIP() << "the wgmma kernel needs sm_90a (Hopper)";
+  std::mt19937 rng(43);
+  const int hd = 512, sk = 128, gk = 256;
+  const int64_t nglob = 1000;
+  const int64_t t = 2 * cuda::device_info(0).sm_count + 5;
+  auto ring = swa_records(sk, rng);
+  const int64_t rec = cpu::swa_row_bytes(hd);
+  ASSERT_EQ(rec, hd + hd / 32);
+  std::uniform_int_distribution<int> low(-30, 6), high(16, 19);
+  int fp32_blocks = 0, f16_blocks = 0;
+  for (int64_t r = 0; r < sk; ++r) {
+    uint8_t* row = ring.data() + r * rec;
+    for (int b = 0; b < hd / 32; ++b) {
+      const bool big = rng() % 8 == 0;
+      const int k = big ? high(rng) : low(rng);
+      row[hd + b] = static_cast<uint8_t>(127 + k);
+      if (big)  // |code| <= 0.1171875, so |key| <= 61440 at 2^19: finite in fp16
+        for (int c = 32 * b; c < 32 * b + 32; ++c)
+          row[c] = static_cast<uint8_t>((row[c] & 0x80) | (row[c] & 0x1F));
+      (k >= -24 && k <= 15 ? f16_blocks : fp32_blocks) += 1;
+    }
+  }
+  ASSERT_GT(fp32_blocks, 100);
+  ASSERT_GT(f16_blocks, 1000);
+  auto glob = fp4_records(nglob, hd, cpu::Fp4Record::kMainBlock16E4m3, rng, 0);
+  std::vector<int32_t> sidx(static_cast<size_t>(t * sk), -1), gidx(static_cast<size_t>(t * gk), -1);
+  std::vector<int32_t> pos(static_cast<size_t>(t));
+  for (int64_t r = 0; r < t; ++r) {
+    pos[static_cast<size_t>(r)] = 1000 + static_cast<int32_t>(r);
+    int nswa = static_cast<int>((r * 37) % (sk + 1)), nfp4 = static_cast<int>((r * 53) % (gk + 1));
+    if (r % 11 == 0) nswa = nfp4 = 0;
+    if (r % 11 == 1) nswa = 1, nfp4 = 0;
+    if (r % 11 == 2) nswa = 0, nfp4 = 1;
+    for (int i = 0; i < nswa; ++i)
+      sidx[static_cast<size_t>(r * sk + i)] = static_cast<int32_t>((7 * i + r) % sk);
+    for (int j = 0; j < nfp4; ++j)
+      gidx[static_cast<size_t>(r * gk + j)] = static_cast<int32_t>(rng() % nglob);
+  }
+  const auto f = compress_freqs();
+  for (int heads : {64, 128}) {
+    auto q = rnd(t * heads * hd, rng, -1, 1);
+    auto sink = rnd(heads, rng, -2, 2);
+    cuda::SparseAttentionParams p =
+        attention_params({q, t, heads, ring, sidx, glob, gidx, gk, sink, pos, f});
+    p.use_wgmma = true;
+    ASSERT_TRUE(cuda::sparse_attention_wgmma_applies(p));
+    for (bool split : {true, false}) {
+      p.split_precision = split;
+      const auto run = [&](bool f16s) {
+        p.swa_f16_scale = f16s;
+        float* o = nans(q.size());
+        p.out = o;
+        cuda::launch_sparse_attention(p, stream_);
+        return down(o, q.size());
+      };
+      const auto base = run(false);
+      int finite = 0;
+      for (const float x : base) finite += std::isfinite(x) ? 1 : 0;
+      ASSERT_EQ(finite, static_cast<int>(base.size())) << heads << " heads, split " << split;
+      const auto got = run(true);
+      EXPECT_EQ(0, std::memcmp(got.data(), base.data(), base.size() * 4))
+          << heads << " heads, split " << split;
+      // The MXFP8 output (the kQuantOut instantiations).
+      const auto run16 = [&](bool f16s) {
+        p.swa_f16_scale = f16s;
+        p.out = nullptr;
+        uint16_t* o16 = up(std::vector<uint16_t>(q.size(), 0xFFFF));
+        p.out_mxfp8_bf16 = o16;
+        cuda::launch_sparse_attention(p, stream_);
+        p.out_mxfp8_bf16 = nullptr;
+        return down(o16, q.size());
+      };
+      EXPECT_EQ(run16(false), run16(true)) << heads << " heads, split " << split << ", MXFP8";
+    }
+  }
+}
+
 // SparseAttentionParams::out_mxfp8_bf16 (the wgmma kernel's epilogue writes the MXFP8 fake-quant
 // of its output as bf16 bits) against the two launches it replaces: launch_sparse_attention with
 // the fp32 output, then launch_act_quant_mxfp8 (kBF16, 32-channel blocks along heads * 512) on

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -103,6 +104,7 @@ int main() {
       struct Variant {
         const char* name;
         void (*fn)(const SparseAttentionParams&, cudaStream_t);
+        bool f16s = false;  // SparseAttentionParams::swa_f16_scale (its own instantiations)
       };
       std::vector<Variant> variants;
       if (split) {
@@ -110,9 +112,12 @@ int main() {
       } else {
         variants.push_back({"2 bufs", attn_wg::launch<false, 2>});
         variants.push_back({"3 bufs", attn_wg::launch<false, 3>});
+        variants.push_back({"3 bufs f16s", attn_wg::launch<false, 3>, true});
       }
       p.use_wgmma = true;
+      std::vector<float> o_base;  // the last variant without swa_f16_scale: f16s's bits against it
       for (const Variant& v : variants) {
+        p.swa_f16_scale = v.f16s;
         MS_CUDA_CHECK(cudaMemset(out, 0xFF, q.size() * 4));  // NaN: unwritten outputs show
         unsigned long long wclk[16] = {};
 #ifdef MOESERVE_ATTN_CLOCKS
@@ -124,6 +129,15 @@ int main() {
         MS_CUDA_CHECK(cudaMemcpyFromSymbol(wclk, attn_wg::g_wg_clocks, sizeof(wclk)));
 #endif
         MS_CUDA_CHECK(cudaMemcpy(o_wg.data(), out, q.size() * 4, cudaMemcpyDeviceToHost));
+        if (!v.f16s) {
+          o_base = o_wg;
+        } else {
+          size_t differ = 0;
+          for (size_t i = 0; i < q.size(); ++i)
+            differ += std::memcmp(&o_wg[i], &o_base[i], 4) != 0 ? 1 : 0;
+          std::printf("rows %4d: %s: %zu of %zu outputs differ in their bits from 3 bufs\n", rows,
+                      v.name, differ, q.size());
+        }
         double num = 0, den = 1e-30;
         for (size_t i = 0; i < q.size(); ++i) {
           const double d = std::abs(static_cast<double>(o_wg[i]) - o_old[i]);
@@ -148,6 +162,7 @@ int main() {
         std::printf(" | total %.0f\n", wtotal);
         table.push_back({rows, split ? "hi+lo" : "fp16", v.name, us_old, us_wg, num / den});
       }
+      p.swa_f16_scale = false;
       cudaEventDestroy(e0);
       cudaEventDestroy(e1);
     }

@@ -1035,6 +1035,11 @@ struct SparseAttentionParams {
   // (heads % 64 == 0: one CTA per row and 64 heads, each key tile dequantised once); other shapes
   // take the mma.sync kernel. Same precision modes and results to rounding.
   bool use_wgmma = false;
+  // The wgmma kernel in single fp16 precision only (split precision and the other kernels ignore
+  // it): an SWA (FP8) key's codes dequantised by one fp16 multiply by their power-of-two block
+  // scale where that scale is an fp16 value (2^-24 .. 2^15), else through fp32 as without it.
+  // One rounding of the same exact product either way: the same bits. Its own instantiations.
+  bool swa_f16_scale = false;
 };
 void launch_sparse_attention(const SparseAttentionParams& p, Stream stream);
 // Whether launch_sparse_attention takes the wgmma kernel for p (use_wgmma, the shape, a Hopper

@@ -304,7 +304,13 @@ __device__ __forceinline__ void e2m1x8_to_f16(uint32_t x, __half2 s2, uint32_t (
 //   SWA: 8 e4m3 codes (8 bytes at 8 oct) times the ue8m0 scale (byte 512 + oct / 4), through
 //        fp32: code * 2^k is exact there, so one rounding to fp16 as the mma.sync kernel (whose
 //        fp16 multiply also rounds the exact product once), for every scale (no range branch).
-template <int kGroup>
+//        kF16Scale (SparseAttentionParams::swa_f16_scale): where 2^k is an fp16 value (k in
+//        -24 .. 15, normal or subnormal) one fp16 multiply of the codes' exact fp16 values by it
+//        instead (4 HMUL2 for 8 half -> float conversions, 8 FMUL and 4 packs): IEEE
+//        multiplication rounds the same exact product once to nearest, so the same fp16 bits.
+//        A template parameter: without it the code is the old one token for token (r17 measured
+//        the same change behind a runtime flag slowing the default path by ~5%).
+template <int kGroup, bool kF16Scale>
 __device__ __forceinline__ void decode_tile(const int32_t* list, int nk, int t0,
                                             const uint8_t* stage, uint8_t* kt) {
   static_assert(kItems % kGroup == 0, "whole groups of items");
@@ -341,14 +347,32 @@ __device__ __forceinline__ void decode_tile(const int32_t* list, int nk, int t0,
             __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(sb[j]), __NV_E4M3);
         e2m1x8_to_f16((oct & 1) != 0 ? raw[j].y : raw[j].x, __half2half2(__half(sr)), w);
       } else {
-        const float sc = v41::ue8m0_decode(sb[j]);
+        bool done = false;
+        if constexpr (kF16Scale) {
+          if (const int k = static_cast<int>(sb[j]) - 127; k >= -24 && k <= 15) {
+            const auto bits = static_cast<unsigned short>(k >= -14 ? (k + 15) << 10 : 1 << (k + 24));
+            const __half2 s2 = __half2half2(__ushort_as_half(bits));
 #pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          const uint32_t word = b < 2 ? raw[j].x : raw[j].y;
-          const __half2_raw pr = __nv_cvt_fp8x2_to_halfraw2(
-              static_cast<__nv_fp8x2_storage_t>((word >> (16 * (b & 1))) & 0xFFFFu), __NV_E4M3);
-          const float2 f = __half22float2(__half2(pr));
-          w[b] = h2_bits(__floats2half2_rn(f.x * sc, f.y * sc));
+            for (int b = 0; b < 4; ++b) {
+              const uint32_t word = b < 2 ? raw[j].x : raw[j].y;
+              const __half2_raw pr = __nv_cvt_fp8x2_to_halfraw2(
+                  static_cast<__nv_fp8x2_storage_t>((word >> (16 * (b & 1))) & 0xFFFFu),
+                  __NV_E4M3);
+              w[b] = h2_bits(__hmul2(__half2(pr), s2));
+            }
+            done = true;
+          }
+        }
+        if (!done) {
+          const float sc = v41::ue8m0_decode(sb[j]);
+#pragma unroll
+          for (int b = 0; b < 4; ++b) {
+            const uint32_t word = b < 2 ? raw[j].x : raw[j].y;
+            const __half2_raw pr = __nv_cvt_fp8x2_to_halfraw2(
+                static_cast<__nv_fp8x2_storage_t>((word >> (16 * (b & 1))) & 0xFFFFu), __NV_E4M3);
+            const float2 f = __half22float2(__half2(pr));
+            w[b] = h2_bits(__floats2half2_rn(f.x * sc, f.y * sc));
+          }
         }
       }
       *reinterpret_cast<uint4*>(kt + swz(kKtPanel, key, oct)) = make_uint4(w[0], w[1], w[2], w[3]);
@@ -378,7 +402,8 @@ __device__ __forceinline__ void issue_s(float (&s)[16], uint32_t q_half, uint32_
 }
 
 // kQuantOut: the epilogue writes p.out_mxfp8_bf16 (the MXFP8 fake-quant as bf16 bits), not p.out.
-template <bool kSplit, int kNB, bool kQuantOut>
+// kF16Scale: p.swa_f16_scale (decode_tile).
+template <bool kSplit, int kNB, bool kQuantOut, bool kF16Scale>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_attention_wgmma_kernel(SparseAttentionParams p) {
   pdl_wait();
@@ -555,7 +580,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int u = 0; u < kNB - 1; ++u)
       if (u < ntiles)
-        decode_tile<kDecodeGroup>(list, nk, u * kTile, smem + slot_off(u), smem + kt_off(u));
+        decode_tile<kDecodeGroup, kF16Scale>(list, nk, u * kTile, smem + slot_off(u),
+                                             smem + kt_off(u));
     wgmma::fence_proxy_async_smem();  // q and kt: generic stores read by the async proxy
     __syncthreads();                  // kt complete; stage slots free
     if (kNB - 1 < ntiles) stage_tile(p, list, nk, (kNB - 1) * kTile, sbase + slot_off(kNB - 1));
@@ -729,7 +755,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           cp_async_wait_all();
           __syncthreads();  // raw tile u visible; the exchange reads of kt[u % 2] are done
           WG_MARK(6);
-          decode_tile<kDecodeGroup>(list, nk, u * kTile, smem + slot_off(u), smem + kt_off(u));
+          decode_tile<kDecodeGroup, kF16Scale>(list, nk, u * kTile, smem + slot_off(u),
+                                               smem + kt_off(u));
           wgmma::fence_proxy_async_smem();
           WG_MARK(7);
           __syncthreads();  // kt[u % 2] complete for S_u; the stage is free
@@ -747,7 +774,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (u + 1 < ntiles) stage_tile(p, list, nk, (u + 1) * kTile, sbase + slot_off(u + 1));
         WG_MARK(8);
         if (u < ntiles) {
-          decode_tile<kDecodeGroup>(list, nk, u * kTile, smem + slot_off(u), smem + kt_off(u));
+          decode_tile<kDecodeGroup, kF16Scale>(list, nk, u * kTile, smem + slot_off(u),
+                                               smem + kt_off(u));
           wgmma::fence_proxy_async_smem();  // made visible by the next exchange barrier
         }
         WG_MARK(7);
@@ -815,10 +843,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Persistent grid: one CTA per SM at most (218 KB of shared memory and 256 x ~200 registers allow
 // one), each looping over work items (row, 64 heads), so a CTA's prologue and epilogue run under
 // the memory traffic of its neighbouring items (q prefetched into L2, stores not waited for).
-template <bool kSplit, int kNB, bool kQuantOut>
+template <bool kSplit, int kNB, bool kQuantOut, bool kF16Scale>
 void launch_output(const SparseAttentionParams& p, cudaStream_t stream) {
+  constexpr auto kernel = sparse_attention_wgmma_kernel<kSplit, kNB, kQuantOut, kF16Scale>;
   static const int sms = [] {
-    MS_CUDA_CHECK(cudaFuncSetAttribute(sparse_attention_wgmma_kernel<kSplit, kNB, kQuantOut>,
+    MS_CUDA_CHECK(cudaFuncSetAttribute(kernel,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(Smem<kSplit, kNB>::kBytes)));
     return device_sm_count();
@@ -826,18 +855,26 @@ void launch_output(const SparseAttentionParams& p, cudaStream_t stream) {
   const int64_t items = p.rows * (p.heads / kHeads);
   if (items <= 0) return;
   const auto grid = static_cast<unsigned>(std::min<int64_t>(items, sms));
-  MS_CUDA_CHECK(launch_kernel(sparse_attention_wgmma_kernel<kSplit, kNB, kQuantOut>, grid, kThreads,
-                              Smem<kSplit, kNB>::kBytes, stream, p));
+  MS_CUDA_CHECK(launch_kernel(kernel, grid, kThreads, Smem<kSplit, kNB>::kBytes, stream, p));
 }
 
-// The fp32 output, or the MXFP8 bf16 one when out_mxfp8_bf16 is set (its own instantiation: the
-// fp32 path's code is untouched by it).
+// The fp32 output, or the MXFP8 bf16 one when out_mxfp8_bf16 is set; in single fp16 precision
+// with swa_f16_scale, kF16Scale's instantiations (split precision ignores it). Each its own
+// instantiation: the default path's code is untouched by the others.
+template <bool kSplit, int kNB, bool kF16Scale>
+void launch_outputs(const SparseAttentionParams& p, cudaStream_t stream) {
+  if (p.out_mxfp8_bf16 != nullptr) {
+    launch_output<kSplit, kNB, true, kF16Scale>(p, stream);
+  } else {
+    launch_output<kSplit, kNB, false, kF16Scale>(p, stream);
+  }
+}
 template <bool kSplit, int kNB>
 void launch(const SparseAttentionParams& p, cudaStream_t stream) {
-  if (p.out_mxfp8_bf16 != nullptr) {
-    launch_output<kSplit, kNB, true>(p, stream);
+  if (!kSplit && p.swa_f16_scale) {
+    launch_outputs<kSplit, kNB, !kSplit>(p, stream);
   } else {
-    launch_output<kSplit, kNB, false>(p, stream);
+    launch_outputs<kSplit, kNB, false>(p, stream);
   }
 }
 }  // namespace attn_wg

@@ -109,6 +109,15 @@ struct GpuModelOptions {
   // it takes the shape (heads % 64 == 0, sm_90); false: the mma.sync kernel. The same products;
   // fp32 sums in another order (1e-6 of the output apart in the op tests).
   bool attention_wgmma = true;
+  // With attention_wgmma and fast_attention, where the wgmma kernel runs
+  // (SparseAttentionParams::swa_f16_scale, its own instantiations; the same bits): the SWA keys
+  // dequantised by one fp16 multiply by their power-of-two scale instead of through fp32 (3x
+  // fewer conversion instructions on the SWA tiles). r17 measured the same change behind runtime
+  // branches (branch wip/attn-stage-f16s): the probe's decode phase 34.8k -> 30.4k cycles per
+  // item, but the branches slowed the default path more. As a template parameter the default
+  // kernels' PTX is unchanged (checked with nvcc --ptx). Written in r17 after the device time
+  // ran out: not run. Off.
+  bool attention_swa_f16_scale = false;
   // true: FP8-weight linears whose shape fits (out % 128, in % 128) run as FP8 x FP8 block-scaled
   // wgmma GEMMs on the e4m3 codes of the MXFP8 inputs (launch_fp8_wgmma_gemm: the tensor core's
   // FP8 accumulation over each 32-wide block, then fp32); false: the bf16 cuBLASLt GEMM on the
