@@ -337,6 +337,35 @@ class CudaV41 : public ::testing::Test {
     return p;
   }
 
+  // Key selections of the persistent wgmma tests: t rows at positions 1000 + r, row r with
+  // (37 r) % (sk + 1) SWA keys and (53 r) % (gk + 1) FP4 keys drawn from nglob entries (none
+  // where r % 11 == 0, one SWA key where it is 1, one FP4 key where it is 2); with gaps, every
+  // third FP4 slot stays -1 (the list compacts).
+  struct PersistentRows {
+    std::vector<int32_t> sidx, gidx, pos;
+  };
+  static PersistentRows persistent_rows(int64_t t, int sk, int gk, int64_t nglob, bool gaps,
+                                        std::mt19937& rng) {
+    PersistentRows k{std::vector<int32_t>(static_cast<size_t>(t * sk), -1),
+                     std::vector<int32_t>(static_cast<size_t>(t * gk), -1),
+                     std::vector<int32_t>(static_cast<size_t>(t))};
+    for (int64_t r = 0; r < t; ++r) {
+      k.pos[static_cast<size_t>(r)] = 1000 + static_cast<int32_t>(r);
+      int nswa = static_cast<int>((r * 37) % (sk + 1)), nfp4 = static_cast<int>((r * 53) % (gk + 1));
+      if (r % 11 == 0) nswa = nfp4 = 0;
+      if (r % 11 == 1) nswa = 1, nfp4 = 0;
+      if (r % 11 == 2) nswa = 0, nfp4 = 1;
+      for (int i = 0; i < nswa; ++i)
+        k.sidx[static_cast<size_t>(r * sk + i)] = static_cast<int32_t>((7 * i + r) % sk);
+      for (int j = 0, n = 0; j < gk && n < nfp4; ++j) {
+        if (gaps && j % 3 == 2) continue;
+        k.gidx[static_cast<size_t>(r * gk + j)] = static_cast<int32_t>(rng() % nglob);
+        ++n;
+      }
+    }
+    return k;
+  }
+
   // The grouped GEMM's A: random rows after the MXFP8 fake-quant, as fp32 (the CPU reference's
   // input) and as their exact bf16 bits (the device's).
   struct Mxfp8Rows {
@@ -1988,22 +2017,7 @@ TEST_F(CudaV41, SparseAttentionWgmmaPersistent) {
   const int64_t t = 2 * cuda::device_info(0).sm_count + 5;
   auto ring = swa_records(sk, rng);
   auto glob = fp4_records(nglob, hd, cpu::Fp4Record::kMainBlock16E4m3, rng, 0);
-  std::vector<int32_t> sidx(static_cast<size_t>(t * sk), -1), gidx(static_cast<size_t>(t * gk), -1);
-  std::vector<int32_t> pos(static_cast<size_t>(t));
-  for (int64_t r = 0; r < t; ++r) {
-    pos[static_cast<size_t>(r)] = 1000 + static_cast<int32_t>(r);
-    int nswa = static_cast<int>((r * 37) % (sk + 1)), nfp4 = static_cast<int>((r * 53) % (gk + 1));
-    if (r % 11 == 0) nswa = nfp4 = 0;
-    if (r % 11 == 1) nswa = 1, nfp4 = 0;
-    if (r % 11 == 2) nswa = 0, nfp4 = 1;
-    for (int i = 0; i < nswa; ++i)
-      sidx[static_cast<size_t>(r * sk + i)] = static_cast<int32_t>((7 * i + r) % sk);
-    for (int j = 0, n = 0; j < gk && n < nfp4; ++j) {  // every third slot -1: the list compacts
-      if (j % 3 == 2) continue;
-      gidx[static_cast<size_t>(r * gk + j)] = static_cast<int32_t>(rng() % nglob);
-      ++n;
-    }
-  }
+  const auto [sidx, gidx, pos] = persistent_rows(t, sk, gk, nglob, true, rng);
   const auto f = compress_freqs();
   for (int heads : {64, 128}) {
     auto q = rnd(t * heads * hd, rng, -1, 1);
@@ -2084,19 +2098,7 @@ TEST_F(CudaV41, SparseAttentionWgmmaSwaF16ScaleIsBitIdentical) {
   ASSERT_GT(fp32_blocks, 100);
   ASSERT_GT(f16_blocks, 1000);
   auto glob = fp4_records(nglob, hd, cpu::Fp4Record::kMainBlock16E4m3, rng, 0);
-  std::vector<int32_t> sidx(static_cast<size_t>(t * sk), -1), gidx(static_cast<size_t>(t * gk), -1);
-  std::vector<int32_t> pos(static_cast<size_t>(t));
-  for (int64_t r = 0; r < t; ++r) {
-    pos[static_cast<size_t>(r)] = 1000 + static_cast<int32_t>(r);
-    int nswa = static_cast<int>((r * 37) % (sk + 1)), nfp4 = static_cast<int>((r * 53) % (gk + 1));
-    if (r % 11 == 0) nswa = nfp4 = 0;
-    if (r % 11 == 1) nswa = 1, nfp4 = 0;
-    if (r % 11 == 2) nswa = 0, nfp4 = 1;
-    for (int i = 0; i < nswa; ++i)
-      sidx[static_cast<size_t>(r * sk + i)] = static_cast<int32_t>((7 * i + r) % sk);
-    for (int j = 0; j < nfp4; ++j)
-      gidx[static_cast<size_t>(r * gk + j)] = static_cast<int32_t>(rng() % nglob);
-  }
+  const auto [sidx, gidx, pos] = persistent_rows(t, sk, gk, nglob, false, rng);
   const auto f = compress_freqs();
   for (int heads : {64, 128}) {
     auto q = rnd(t * heads * hd, rng, -1, 1);

@@ -2313,6 +2313,37 @@ TEST(GpuForward, GemmAutotuneIsDeterministicInAProcessAndGraphIsBitIdentical) {
   EXPECT_GE(same_fraction(r), kMinSameFraction);
 }
 
+// Whether the wgmma sparse attention takes the wide model's shape (64 heads) on this device.
+bool wide_wgmma_attention_runs() {
+  cuda::SparseAttentionParams wide;
+  wide.rows = 1;
+  wide.heads = 64;
+  wide.use_wgmma = true;
+  return cuda::sparse_attention_wgmma_applies(wide);
+}
+
+// The wide model in `dir` loaded three times: with `opt` (the wgmma attention, 4 sequences of
+// 256), with `on` applied to it, and that as CUDA graphs; expect_bit_identical_forwards, and the
+// graphs replay.
+void expect_option_bit_identical(const std::filesystem::path& dir, arch::GpuModelOptions opt,
+                                 const std::function<void(arch::GpuModelOptions&)>& on) {
+  opt.max_seqs = 4;
+  opt.max_context = 256;
+  opt.max_rows = 512;
+  opt.attention_wgmma = true;
+  auto off = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(off) << off.error().to_string();
+  on(opt);
+  auto with = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(with) << with.error().to_string();
+  opt.cuda_graphs = true;
+  auto graph = DeepseekV41Gpu::load(dir, opt);
+  ASSERT_TRUE(graph) << graph.error().to_string();
+  expect_bit_identical_forwards({off->get(), with->get(), graph->get()});
+  if (testing::Test::HasFatalFailure()) return;
+  EXPECT_GE(graph->get()->graph_replays(), 2);
+}
+
 // GpuModelOptions::attn_quant_epilogue (wo_a's input, the MXFP8 fake-quant of the attention
 // output as bf16 bits, written by the wgmma attention's epilogue instead of the fp32 output and
 // launch_act_quant_mxfp8) against the two launches, on the wide model (64 heads: the wgmma
@@ -2322,14 +2353,8 @@ TEST(GpuForward, GemmAutotuneIsDeterministicInAProcessAndGraphIsBitIdentical) {
 // graphs: the same wo_a input bits into the same GEMM, so every logit is bit-identical.
 TEST(GpuForward, AttnQuantEpilogueIsBitIdenticalInTheForward) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
-  {
-    cuda::SparseAttentionParams wide;  // the wide model's attention shape
-    wide.rows = 1;
-    wide.heads = 64;
-    wide.use_wgmma = true;
-    if (!cuda::sparse_attention_wgmma_applies(wide))
-      GTEST_SKIP() << "the wgmma attention (sm_90a) does not run on this device";
-  }
+  if (!wide_wgmma_attention_runs())
+    GTEST_SKIP() << "the wgmma attention (sm_90a) does not run on this device";
   const std::filesystem::path dir = make_temp_dir("gpu_forward_attn_quant_epilogue");
   ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
   const auto run = [&](bool on) {
@@ -2355,22 +2380,10 @@ TEST(GpuForward, AttnQuantEpilogueIsBitIdenticalInTheForward) {
   EXPECT_TRUE(ta.layer_out == tb.layer_out);
 
   arch::GpuModelOptions opt;
-  opt.max_seqs = 4;
-  opt.max_context = 256;
-  opt.max_rows = 512;
-  opt.attention_wgmma = true;
   opt.attn_quant_epilogue = false;
-  auto off = DeepseekV41Gpu::load(dir, opt);
-  ASSERT_TRUE(off) << off.error().to_string();
-  opt.attn_quant_epilogue = true;
-  auto on = DeepseekV41Gpu::load(dir, opt);
-  ASSERT_TRUE(on) << on.error().to_string();
-  opt.cuda_graphs = true;
-  auto graph = DeepseekV41Gpu::load(dir, opt);
-  ASSERT_TRUE(graph) << graph.error().to_string();
-  expect_bit_identical_forwards({off->get(), on->get(), graph->get()});
+  expect_option_bit_identical(dir, opt,
+                              [](arch::GpuModelOptions& o) { o.attn_quant_epilogue = true; });
   if (testing::Test::HasFatalFailure()) return;
-  EXPECT_GE(graph->get()->graph_replays(), 2);
   std::filesystem::remove_all(dir);
 }
 
@@ -2383,34 +2396,16 @@ TEST(GpuForward, AttnQuantEpilogueIsBitIdenticalInTheForward) {
 // time ran out (the runtime-flag form passed on the H200): not run yet.
 TEST(GpuForward, AttentionSwaF16ScaleIsBitIdentical) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
-  {
-    cuda::SparseAttentionParams wide;  // the wide model's attention shape
-    wide.rows = 1;
-    wide.heads = 64;
-    wide.use_wgmma = true;
-    if (!cuda::sparse_attention_wgmma_applies(wide))
-      GTEST_SKIP() << "the wgmma attention (sm_90a) does not run on this device";
-  }
+  if (!wide_wgmma_attention_runs())
+    GTEST_SKIP() << "the wgmma attention (sm_90a) does not run on this device";
   const std::filesystem::path dir = make_temp_dir("gpu_forward_attn_f16s");
   ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
   arch::GpuModelOptions opt;
-  opt.max_seqs = 4;
-  opt.max_context = 256;
-  opt.max_rows = 512;
-  opt.attention_wgmma = true;
   opt.fast_attention = true;
   opt.attention_swa_f16_scale = false;
-  auto off = DeepseekV41Gpu::load(dir, opt);
-  ASSERT_TRUE(off) << off.error().to_string();
-  opt.attention_swa_f16_scale = true;
-  auto on = DeepseekV41Gpu::load(dir, opt);
-  ASSERT_TRUE(on) << on.error().to_string();
-  opt.cuda_graphs = true;
-  auto graph = DeepseekV41Gpu::load(dir, opt);
-  ASSERT_TRUE(graph) << graph.error().to_string();
-  expect_bit_identical_forwards({off->get(), on->get(), graph->get()});
+  expect_option_bit_identical(dir, opt,
+                              [](arch::GpuModelOptions& o) { o.attention_swa_f16_scale = true; });
   if (testing::Test::HasFatalFailure()) return;
-  EXPECT_GE(graph->get()->graph_replays(), 2);
   std::filesystem::remove_all(dir);
 }
 
