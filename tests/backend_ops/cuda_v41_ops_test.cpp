@@ -351,7 +351,8 @@ class CudaV41 : public ::testing::Test {
                      std::vector<int32_t>(static_cast<size_t>(t))};
     for (int64_t r = 0; r < t; ++r) {
       k.pos[static_cast<size_t>(r)] = 1000 + static_cast<int32_t>(r);
-      int nswa = static_cast<int>((r * 37) % (sk + 1)), nfp4 = static_cast<int>((r * 53) % (gk + 1));
+      int nswa = static_cast<int>((r * 37) % (sk + 1));
+      int nfp4 = static_cast<int>((r * 53) % (gk + 1));
       if (r % 11 == 0) nswa = nfp4 = 0;
       if (r % 11 == 1) nswa = 1, nfp4 = 0;
       if (r % 11 == 2) nswa = 0, nfp4 = 1;

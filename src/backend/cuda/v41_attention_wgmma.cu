@@ -350,8 +350,8 @@ __device__ __forceinline__ void decode_tile(const int32_t* list, int nk, int t0,
         bool done = false;
         if constexpr (kF16Scale) {
           if (const int k = static_cast<int>(sb[j]) - 127; k >= -24 && k <= 15) {
-            const auto bits = static_cast<unsigned short>(k >= -14 ? (k + 15) << 10 : 1 << (k + 24));
-            const __half2 s2 = __half2half2(__ushort_as_half(bits));
+            const int bits = k >= -14 ? (k + 15) << 10 : 1 << (k + 24);  // 2^k as fp16 bits
+            const __half2 s2 = __half2half2(__ushort_as_half(static_cast<unsigned short>(bits)));
 #pragma unroll
             for (int b = 0; b < 4; ++b) {
               const uint32_t word = b < 2 ? raw[j].x : raw[j].y;
@@ -847,8 +847,7 @@ template <bool kSplit, int kNB, bool kQuantOut, bool kF16Scale>
 void launch_output(const SparseAttentionParams& p, cudaStream_t stream) {
   constexpr auto kernel = sparse_attention_wgmma_kernel<kSplit, kNB, kQuantOut, kF16Scale>;
   static const int sms = [] {
-    MS_CUDA_CHECK(cudaFuncSetAttribute(kernel,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+    MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(Smem<kSplit, kNB>::kBytes)));
     return device_sm_count();
   }();
