@@ -82,6 +82,9 @@ struct BenchForwardOptions {
   int moe_padded_quant_cpt = 0;
   bool moe_overflow_exit_empty = true;
   bool moe_overflow_side_stream = false;
+  bool moe_overflow_graph_if = false;
+  bool moe_quant_once = true;
+  int router_f32_slices = 0;
   int32_t rope_heads_per_thread = 8;
   bool moe_padded_skip_empty = true;
   int32_t moe_rs_max_pass = 192;
@@ -266,6 +269,9 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_padded_quant_cpt = opt.moe_padded_quant_cpt;
   go.moe_overflow_exit_empty = opt.moe_overflow_exit_empty;
   go.moe_overflow_side_stream = opt.moe_overflow_side_stream;
+  go.moe_overflow_graph_if = opt.moe_overflow_graph_if;
+  go.moe_quant_once = opt.moe_quant_once;
+  go.router_f32_slices = opt.router_f32_slices;
   go.rope_heads_per_thread = opt.rope_heads_per_thread;
   go.moe_padded_skip_empty = opt.moe_padded_skip_empty;
   go.moe_padded_min_rows = opt.moe_padded_min_rows;
@@ -529,6 +535,9 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"moe_padded_quant_cpt", opt.moe_padded_quant_cpt},
               {"moe_overflow_exit_empty", opt.moe_overflow_exit_empty},
               {"moe_overflow_side_stream", opt.moe_overflow_side_stream},
+              {"moe_overflow_graph_if", opt.moe_overflow_graph_if},
+              {"moe_quant_once", opt.moe_quant_once},
+              {"router_f32_slices", opt.router_f32_slices},
               {"rope_heads_per_thread", opt.rope_heads_per_thread},
               {"moe_padded_skip_empty", opt.moe_padded_skip_empty},
               {"moe_padded_min_rows", opt.moe_padded_min_rows},
@@ -794,6 +803,19 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--moe-overflow-side-stream", opt->moe_overflow_side_stream,
                   "cuda: with --moe-padded-fp8 and the shared expert's side stream, the "
                   "overflow's launches on the side stream, under the padded GEMMs")
+      ->capture_default_str();
+  cmd->add_option("--moe-overflow-graph-if", opt->moe_overflow_graph_if,
+                  "cuda: with --moe-padded-fp8, in CUDA graphs the overflow's launches sit in a "
+                  "graph IF node that runs them only when some hit passed the slots")
+      ->capture_default_str();
+  cmd->add_option("--moe-quant-once", opt->moe_quant_once,
+                  "cuda: with --moe-padded-fp8, the FFN input quantised to FP8 rows once for the "
+                  "shared expert and the padded experts")
+      ->capture_default_str();
+  cmd->add_option("--router-f32-slices", opt->router_f32_slices,
+                  "cuda: > 0: the router logits on our split-K fp32 GEMM with this many K "
+                  "slices (0: cuBLASLt)")
+      ->check(CLI::Range(0, 4096))
       ->capture_default_str();
   cmd->add_option("--rope-heads-per-thread", opt->rope_heads_per_thread,
                   "cuda: the RoPE launches' heads per thread (one angle for that many heads), 1..8")

@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 
 #include "backend/cuda/cuda_util.cuh"
+#include "backend/cuda/device_runtime.h"
 #include "backend/cuda/kernels.h"
 
 namespace moeserve::cuda {
@@ -119,6 +120,14 @@ int elementwise_blocks(int64_t n) {
   return static_cast<int>(blocks < 132 * 16 ? (blocks > 0 ? blocks : 1) : 132 * 16);
 }
 
+#if CUDART_VERSION >= 13000
+// graph_if_begin's condition: the IF node's body runs in this replay where *count > 0.
+__global__ void graph_if_kernel(cudaGraphConditionalHandle handle, const int32_t* count) {
+  pdl_wait();
+  cudaGraphSetConditional(handle, *count > 0 ? 1u : 0u);
+}
+#endif
+
 }  // namespace
 
 void launch_rms_norm(const RmsNormParams& p, Stream stream) {
@@ -150,6 +159,54 @@ void launch_fill_random(const FillParams& p, Stream stream) {
   if (count == 0) return;
   MS_CUDA_CHECK(launch_kernel(fill_kernel, elementwise_blocks(count), kElemThreads, 0,
                               as_cuda_stream(stream), p, count));
+}
+
+namespace {
+bool g_if_saved_pdl = false;  // the launch switch graph_if_begin turned off, restored by end
+}  // namespace
+
+bool graph_if_begin(void* stream, const int32_t* count, void* body_stream) {
+#if CUDART_VERSION >= 13000
+  const cudaStream_t s = as_cuda_stream(stream);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaGraph_t graph = nullptr;
+  const cudaGraphNode_t* deps = nullptr;
+  const cudaGraphEdgeData* edges = nullptr;
+  size_t n_deps = 0;
+  MS_CUDA_CHECK(cudaStreamGetCaptureInfo(s, &status, nullptr, &graph, &deps, &edges, &n_deps));
+  if (status != cudaStreamCaptureStatusActive) return false;
+  cudaGraphConditionalHandle handle = 0;
+  MS_CUDA_CHECK(cudaGraphConditionalHandleCreate(&handle, graph, 0, cudaGraphCondAssignDefault));
+  MS_CUDA_CHECK(launch_kernel(graph_if_kernel, 1, 1, 0, s, handle, count));
+  MS_CUDA_CHECK(cudaStreamGetCaptureInfo(s, &status, nullptr, &graph, &deps, &edges, &n_deps));
+  cudaGraphNodeParams params = {};
+  params.type = cudaGraphNodeTypeConditional;
+  params.conditional.handle = handle;
+  params.conditional.type = cudaGraphCondTypeIf;
+  params.conditional.size = 1;
+  cudaGraphNode_t node = nullptr;
+  // Plain (full) dependencies on the setter: a programmatic edge only joins two kernels.
+  MS_CUDA_CHECK(cudaGraphAddNode(&node, graph, deps, nullptr, n_deps, &params));
+  MS_CUDA_CHECK(
+      cudaStreamUpdateCaptureDependencies(s, &node, nullptr, 1, cudaStreamSetCaptureDependencies));
+  MS_CUDA_CHECK(cudaStreamBeginCaptureToGraph(as_cuda_stream(body_stream),
+                                              params.conditional.phGraph_out[0], nullptr, nullptr,
+                                              0, cudaStreamCaptureModeRelaxed));
+  g_if_saved_pdl = programmatic_launch();
+  set_programmatic_launch(false);
+  return true;
+#else
+  (void)stream;
+  (void)count;
+  (void)body_stream;
+  return false;
+#endif
+}
+
+void graph_if_end(void* body_stream) {
+  cudaGraph_t body = nullptr;
+  MS_CUDA_CHECK(cudaStreamEndCapture(as_cuda_stream(body_stream), &body));
+  set_programmatic_launch(g_if_saved_pdl);
 }
 
 }  // namespace moeserve::cuda

@@ -49,6 +49,19 @@ void graph_capture_begin(void* stream);
 void graph_launch(void* graph_exec, void* stream);
 void graph_destroy(void* graph_exec);
 
+// A conditional section of a capture (CUDA graph IF node, CUDA >= 13): while `stream` is being
+// captured, graph_if_begin adds a one-thread kernel that reads the int32 at `count` (device
+// memory) and an IF node after it, and starts capturing `body_stream` into the node's body; the
+// caller enqueues the section's work on body_stream and ends it with graph_if_end(body_stream).
+// In each replay the body then runs only where *count > 0 (after the work enqueued on `stream`
+// before the call), and the work enqueued on `stream` after the call follows the node. Returns
+// false, and adds nothing, when `stream` is not capturing (or the toolkit lacks the API): the
+// caller then enqueues the section on `stream` as usual, where it must be correct for any count.
+// Kernels enqueued into the body take no programmatic (PDL) edges: the launch switch is off
+// between begin and end (process-wide, as set_programmatic_launch) and restored by end.
+[[nodiscard]] bool graph_if_begin(void* stream, const int32_t* count, void* body_stream);
+void graph_if_end(void* body_stream);
+
 // Owning device allocation (bytes); moves, never copies.
 class DeviceMemory {
  public:

@@ -592,6 +592,26 @@ struct MoeRouterParams {
 };
 void launch_moe_router(const MoeRouterParams& p, Stream stream);
 
+// The router logits' fp32 GEMM as split-K slices for launch_moe_router's logit_slices:
+// out[s][t][e] = sum over k in slice s of x[t, k] * w[e, k], FFMA in increasing k (one
+// accumulator per output), slice s covering the 16-wide k chunks [s C / S, (s + 1) C / S) of the
+// C = hidden / 16 chunks. A 64 x 64 output tile per CTA (256 threads, 4 x 4 outputs each), so the
+// decode's 384 x 384 logits at S = 11 are 396 CTAs, three per SM of the H200's 132. fp32
+// throughout (model.md §5: fp32 routing), deterministic; another summation order than cuBLASLt's
+// FFMA GEMM. hidden % 16 == 0, 1 <= slices <= hidden / 16; x rows and w 16-byte aligned (ldx % 4
+// == 0).
+struct RouterLogitsParams {
+  const float* x = nullptr;  // [rows, hidden], pitch ldx
+  int64_t ldx = 0;
+  const float* w = nullptr;  // [experts, hidden], contiguous
+  int64_t rows = 0;
+  int64_t experts = 0;
+  int64_t hidden = 0;
+  int slices = 1;
+  float* out = nullptr;  // [slices][rows][experts]
+};
+void launch_router_logits_f32(const RouterLogitsParams& p, Stream stream);
+
 // One operand of a split-TF32 GEMM (an fp32-class product as ONE TF32 tensor-core GEMM of
 // K = 3 cols; the model's router logits, GpuModelOptions::router_split_tf32). Each x = hi + lo:
 // hi = x rounded to TF32 (the low 13 mantissa bits cleared, round to nearest even on the fp32

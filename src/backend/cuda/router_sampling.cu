@@ -147,6 +147,83 @@ __global__ void argmax_finish_kernel(ArgmaxParams p) {
     p.out[row] = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(p.scratch[row]));
 }
 
+// launch_router_logits_f32: CTA (blockIdx.x, blockIdx.y, blockIdx.z) = (expert tile, row tile,
+// slice). Thread (ty, tx) = (tid / 16, tid % 16) owns rows 4 ty .. + 4 and experts 4 tx .. + 4 of
+// the tile. Per 16-wide k chunk every thread loads one float4 of x and one of w (tile row tid / 4,
+// k 4 (tid % 4) .. + 4), stores them k-major into shared memory (As[k][m], Bs[k][n]; the next
+// chunk's loads are in flight meanwhile), and the 16 k steps read float4s of both.
+constexpr int kRlTile = 64;
+constexpr int kRlK = 16;
+constexpr int kRlThreads = 256;
+constexpr int kRlPitch = kRlTile + 4;  // 2-way bank conflicts on the k-major stores, not 4
+
+__global__ void __launch_bounds__(kRlThreads) router_logits_kernel(RouterLogitsParams p) {
+  pdl_wait();
+  __shared__ __align__(16) float as[2][kRlK][kRlPitch];
+  __shared__ __align__(16) float bs[2][kRlK][kRlPitch];
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+  const int64_t e0 = static_cast<int64_t>(blockIdx.x) * kRlTile;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kRlTile;
+  const int64_t chunks = p.hidden / kRlK;
+  const int64_t c0 = blockIdx.z * chunks / p.slices;
+  const int64_t c1 = (blockIdx.z + 1) * chunks / p.slices;
+  // Loads: tile row lr, k 4 lq .. + 4 of the chunk.
+  const int lr = tid >> 2, lq = tid & 3;
+  const bool a_ok = t0 + lr < p.rows, b_ok = e0 + lr < p.experts;
+  const float* ap = p.x + (a_ok ? (t0 + lr) * p.ldx : 0) + 4 * lq;
+  const float* bp = p.w + (b_ok ? (e0 + lr) * p.hidden : 0) + 4 * lq;
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 a_next = zero, b_next = zero;
+  const auto load = [&](int64_t c) {
+    a_next = a_ok ? __ldg(reinterpret_cast<const float4*>(ap + c * kRlK)) : zero;
+    b_next = b_ok ? __ldg(reinterpret_cast<const float4*>(bp + c * kRlK)) : zero;
+  };
+  const auto store = [&](int buf) {
+    as[buf][4 * lq + 0][lr] = a_next.x;
+    as[buf][4 * lq + 1][lr] = a_next.y;
+    as[buf][4 * lq + 2][lr] = a_next.z;
+    as[buf][4 * lq + 3][lr] = a_next.w;
+    bs[buf][4 * lq + 0][lr] = b_next.x;
+    bs[buf][4 * lq + 1][lr] = b_next.y;
+    bs[buf][4 * lq + 2][lr] = b_next.z;
+    bs[buf][4 * lq + 3][lr] = b_next.w;
+  };
+  float acc[4][4] = {};
+  if (c0 < c1) {
+    load(c0);
+    store(0);
+  }
+  __syncthreads();
+  for (int64_t c = c0; c < c1; ++c) {
+    const int buf = static_cast<int>((c - c0) & 1);
+    if (c + 1 < c1) load(c + 1);
+#pragma unroll
+    for (int k = 0; k < kRlK; ++k) {
+      const float4 a = *reinterpret_cast<const float4*>(&as[buf][k][4 * ty]);
+      const float4 b = *reinterpret_cast<const float4*>(&bs[buf][k][4 * tx]);
+      const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+    // The other buffer was last read in the previous chunk, before that chunk's barrier.
+    if (c + 1 < c1) store(buf ^ 1);
+    __syncthreads();
+  }
+  float* out = p.out + static_cast<int64_t>(blockIdx.z) * p.rows * p.experts;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t t = t0 + 4 * ty + i;
+    if (t >= p.rows) continue;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t e = e0 + 4 * tx + j;
+      if (e < p.experts) out[t * p.experts + e] = acc[i][j];
+    }
+  }
+}
+
 }  // namespace
 
 void launch_moe_router(const MoeRouterParams& p, Stream stream) {
@@ -170,6 +247,22 @@ void launch_moe_router(const MoeRouterParams& p, Stream stream) {
   }
   MS_CUDA_CHECK(launch_kernel(moe_router_kernel, static_cast<unsigned>(p.num_tokens),
                               kRouterThreads, smem, as_cuda_stream(stream), p));
+}
+
+void launch_router_logits_f32(const RouterLogitsParams& p, Stream stream) {
+  if (p.rows == 0 || p.experts == 0) return;
+  if (p.hidden <= 0 || p.hidden % kRlK != 0 || p.slices < 1 || p.slices > p.hidden / kRlK ||
+      p.ldx % 4 != 0 || p.ldx < p.hidden || reinterpret_cast<uintptr_t>(p.x) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || p.slices > 65535) {
+    detail::cuda_call_failed(__FILE__, __LINE__, "launch_router_logits_f32", "bad arguments",
+                             "hidden % 16 == 0, 1 <= slices <= hidden / 16, ldx >= hidden and "
+                             "ldx % 4 == 0, x and w 16-byte aligned");
+  }
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.experts, kRlTile)),
+                  static_cast<unsigned>(ceil_div(p.rows, kRlTile)),
+                  static_cast<unsigned>(p.slices));
+  MS_CUDA_CHECK(
+      launch_kernel(router_logits_kernel, grid, kRlThreads, 0, as_cuda_stream(stream), p));
 }
 
 void launch_argmax_rows(const ArgmaxParams& p, Stream stream) {

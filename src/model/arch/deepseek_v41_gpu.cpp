@@ -225,12 +225,16 @@ struct DeepseekV41Gpu::Impl {
   std::unique_ptr<cu::CublasLtGemm> lt;
   // The second stream of moe_shared_overlap, its cuBLASLt, and the fork / join events.
   void* side_stream = nullptr;
+  // moe_overflow_graph_if: the stream the IF node's body is captured from.
+  void* if_stream = nullptr;
   std::unique_ptr<cu::CublasLtGemm> side_lt;
   void* ev_fork = nullptr;
   void* ev_join = nullptr;
   // moe_overflow_side_stream: the slot plan is done (main stream) / the overflow is done (side).
   void* ev_plan = nullptr;
   void* ev_ov = nullptr;
+  // moe_quant_once with the side stream: f's FP8 codes are ready (side stream).
+  void* ev_quant = nullptr;
   EngramTokenMap token_map;
   bool random_weights = false;
   std::mt19937_64 rng{1234};
@@ -490,9 +494,10 @@ struct DeepseekV41Gpu::Impl {
     ws.clear();
     lt.reset();
     side_lt.reset();
-    for (void* e : {ev_fork, ev_join, ev_plan, ev_ov})
+    for (void* e : {ev_fork, ev_join, ev_plan, ev_ov, ev_quant})
       if (e != nullptr) cu::event_destroy(e);
     if (side_stream != nullptr) cu::stream_destroy(side_stream);
+    if (if_stream != nullptr) cu::stream_destroy(if_stream);
     if (stream != nullptr) cu::stream_destroy(stream);
   }
 
@@ -719,7 +724,9 @@ struct DeepseekV41Gpu::Impl {
       ev_join = cu::event_create_ordering();
       ev_plan = cu::event_create_ordering();
       ev_ov = cu::event_create_ordering();
+      ev_quant = cu::event_create_ordering();
     }
+    if (opt.moe_overflow_graph_if) if_stream = cu::stream_create();
     if (opt.layers.empty())
       for (int32_t l = 0; l < c.num_hidden_layers; ++l) opt.layers.push_back(l);
     layer_ids = opt.layers;
@@ -2134,7 +2141,8 @@ struct DeepseekV41Gpu::Impl {
   };
   PaddedMoe moe_padded_experts(Layer& L, int32_t local, int64_t C, int64_t cap, int64_t n, int k,
                                const float* f, const int32_t* perm, const float* pw,
-                               const int32_t* offsets, const int32_t* inv, bool fork_overflow) {
+                               const int32_t* offsets, const int32_t* inv, bool fork_overflow,
+                               const QuantRows* fq) {
     const int64_t d = c.hidden_size, inter = c.moe_intermediate_size;
     if (L.pf8_w13.bytes() == 0) {
       L.pf8_w13 = DeviceMemory(static_cast<size_t>(local * 2 * inter * d));
@@ -2228,10 +2236,21 @@ struct DeepseekV41Gpu::Impl {
     mark(GpuComponent::kMoe, "act_quant");
     if (opt.moe_padded_gather_quant) {
       // Each token row quantised once, then its codes and scale copied to its slot rows (the
-      // same bits as quantising per slot row: launch_gather_fp8_rows).
-      uint8_t* xt = buf<uint8_t>("moe_pad_xt8", n * d);
-      float* xts = buf<float>("moe_pad_xts", n);
-      quant(f, n, nullptr, d, xt, xts);
+      // same bits as quantising per slot row: launch_gather_fp8_rows). moe_quant_once: the
+      // codes the shared expert read (fq, the same launch on the same f).
+      const uint8_t* xt = nullptr;
+      const float* xts = nullptr;
+      if (fq != nullptr) {
+        if (side_stream != nullptr && !opt.profile) cu::stream_wait_event(stream, ev_quant);
+        xt = static_cast<const uint8_t*>(fq->data);
+        xts = fq->row_scale;
+      } else {
+        uint8_t* x8t = buf<uint8_t>("moe_pad_xt8", n * d);
+        float* xs8t = buf<float>("moe_pad_xts", n);
+        quant(f, n, nullptr, d, x8t, xs8t);
+        xt = x8t;
+        xts = xs8t;
+      }
       cu::GatherFp8RowsParams g;
       g.src = xt;
       g.ld_src = d;
@@ -2303,6 +2322,19 @@ struct DeepseekV41Gpu::Impl {
     return r;
   }
 
+  // moe_quant_once: whether layer L's MoE at n rows takes both the shared expert's row-scaled
+  // FP8 w1 + w3 and the padded experts' gathered FP8 rows (the same quantiser on the same f).
+  [[nodiscard]] bool quant_once_applies(const Layer& L, int64_t n, int k) const {
+    if (!opt.moe_quant_once || !opt.moe_padded_gather_quant || L.experts.empty() ||
+        L.experts.front().w1.kind == Linear::Kind::kF32)
+      return false;
+    const Linear& w13 = L.shared_w13;
+    if (w13.kind == Linear::Kind::kNone || !w13.act_quant || !fp8_rows_fits(w13)) return false;
+    const int64_t reps = std::max(opt.moe_ep_ranks, 1);
+    const int64_t e = c.routed_experts_of(L.id);
+    return padded_group_rows((n * k * reps + e - 1) / e) > 0;
+  }
+
   void moe(const RowSet& s, int32_t l, const float* f, float* y) {
     Layer& L = *layers[static_cast<size_t>(l)];
     const int64_t n = s.n, d = c.hidden_size, inter = c.moe_intermediate_size;
@@ -2314,7 +2346,27 @@ struct DeepseekV41Gpu::Impl {
     // after the router.
     const int32_t local = static_cast<int32_t>(L.experts.size());
     const bool overlap = side_stream != nullptr && !opt.profile && local > 0;
+    // moe_quant_once: f's row-scaled FP8 codes, for the shared expert's fused w1 + w3 and the
+    // padded experts' gather, from one launch before the fork.
+    // With the side stream the launch is its first (off the main stream's chain: the router's
+    // GEMM runs meanwhile), and the padded experts' gather waits for it (ev_quant).
+    std::optional<QuantRows> fq;
+    const bool quant_once = quant_once_applies(L, n, k);
+    if (opt.trace) trace.moe_quant_once[l] = quant_once;
     if (overlap) cu::event_record(ev_fork, stream);
+    if (quant_once) {
+      if (overlap) {
+        cu::stream_wait_event(side_stream, ev_fork);
+        std::swap(stream, side_stream);
+      }
+      mark(GpuComponent::kMoe, "act_quant");
+      fq = quant_rows_fp8(f, cu::ActivationType::kF32, d, n, d, "aq_ffn");
+      mark(GpuComponent::kMoe, "router");
+      if (overlap) {
+        std::swap(stream, side_stream);
+        cu::event_record(ev_quant, side_stream);
+      }
+    }
     cu::MoeRouterParams rp;
     rp.x = f;
     rp.ldx = d;
@@ -2349,6 +2401,23 @@ struct DeepseekV41Gpu::Impl {
       cu::launch_split_tf32(sp, stream);
       lt_gemm(cu::GemmPrecision::kTf32, fs, 3 * d, L.gate_split.as<float>(), 3 * d, z, e, n, e,
               3 * d);
+    } else if (const int64_t rs = std::min<int64_t>(opt.router_f32_slices, d / 16);
+               rs > 0 && d % 16 == 0 && !opt.exact_linears && !opt.trace) {
+      // router_f32_slices: our split-K FFMA GEMM (cuda::launch_router_logits_f32), the router
+      // kernel sums the slices in order.
+      z = buf<float>("moe_logit_slices", rs * n * e);
+      cu::RouterLogitsParams p;
+      p.x = f;
+      p.ldx = d;
+      p.w = L.gate.as<float>();
+      p.rows = n;
+      p.experts = e;
+      p.hidden = d;
+      p.slices = static_cast<int>(rs);
+      p.out = z;
+      cu::launch_router_logits_f32(p, stream);
+      rp.logit_slices = static_cast<int>(rs);
+      rp.slice_stride = n * e;
     } else if (const int64_t sk = opt.router_split_k;
                sk > 1 && d % sk == 0 && !opt.exact_linears && !opt.trace) {
       // router_split_k: slice s = f[:, s ks, +ks) · Wg[:, s ks, +ks)^T, the router sums them.
@@ -2411,9 +2480,11 @@ struct DeepseekV41Gpu::Impl {
       const Linear& w13 = L.shared_w13;
       float* gu = buf<float>("moe_gu", n * 2 * inter);
       if (w13.act_quant) {
-        const QuantRows qf = quant_rows(f, d, n, d, w13.kind, "aq_ffn",
-                                        fp8_wgmma_fits(L.shared.w1) && fp8_wgmma_fits(L.shared.w3),
-                                        fp8_rows_fits(w13));
+        const QuantRows qf =
+            fq ? *fq
+               : quant_rows(f, d, n, d, w13.kind, "aq_ffn",
+                            fp8_wgmma_fits(L.shared.w1) && fp8_wgmma_fits(L.shared.w3),
+                            fp8_rows_fits(w13));
         gemm_q(qf, d, n, w13, gu, 2 * inter);
       } else {
         linear(f, d, n, w13, gu, 2 * inter);
@@ -2478,7 +2549,7 @@ struct DeepseekV41Gpu::Impl {
     const bool ov_side = overlap && slot_rows > 0 && opt.moe_overflow_side_stream && !opt.moe_fp8;
     if (slot_rows > 0) {
       padded = moe_padded_experts(L, local, slot_rows, cap, n, k, f, perm, pw, offsets, inv,
-                                  ov_side);
+                                  ov_side, fq ? &*fq : nullptr);
       perm = padded->ov_row;
       pw = padded->ov_weight;
       offsets = padded->ov_offsets;
@@ -2633,6 +2704,12 @@ struct DeepseekV41Gpu::Impl {
         stream_k_launches +=
             cu::launch_grouped_mxfp4_gemm(g, stream) == cu::GroupedMxfp4Kernel::kWgmmaRsStreamK;
       };
+      // moe_overflow_graph_if: under capture, the overflow's launches below (everything up to
+      // the w2 launch) go into an IF node's body, run where the overflow has hits (total: the
+      // overflow offsets' last entry). Eager: no node, the launches as they are.
+      const bool in_if = padded && if_stream != nullptr && !ov_side &&
+                         cu::graph_if_begin(stream, total, if_stream);
+      if (in_if) std::swap(stream, if_stream);
       mark(GpuComponent::kMoe, padded ? "overflow" : "act_quant");
       cu::launch_act_quant_mxfp8(aq, stream);
       if (fuse) {
@@ -2647,6 +2724,10 @@ struct DeepseekV41Gpu::Impl {
       }
       mark(GpuComponent::kMoe, padded ? "overflow" : "w2");
       grouped(g2);
+      if (in_if) {
+        std::swap(stream, if_stream);
+        cu::graph_if_end(if_stream);
+      }
       if (ov_side) {
         std::swap(stream, side_stream);
         cu::event_record(ev_ov, side_stream);

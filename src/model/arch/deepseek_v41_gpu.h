@@ -227,6 +227,25 @@ struct GpuModelOptions {
   // (0.83 ms per 64 x 6 step, r16) then leave the main stream's chain. Written in r16 after the
   // device time ran out: not run. Off.
   bool moe_overflow_side_stream = false;
+  // With moe_padded_fp8, in CUDA graphs (not with moe_overflow_side_stream or moe_fp8): the
+  // overflow's four launches are captured into the body of a graph IF node (cuda::graph_if_begin)
+  // whose condition, set on the device by a one-thread kernel, is "some hit passed the slots"
+  // (the overflow offsets' total > 0). A replay without overflow (the decode's usual case)
+  // skips them; eager forwards launch them as before. The same kernels on the same inputs where
+  // they run: the same results. ncu (r18): the four take ~11 us of GPU time per layer at 64 x 6.
+  // Measured (H200, r18 call 3): no gain, decode 64 x 6 38.82 -> 39.00 ms (the setter kernel and
+  // the node cost about what the four early-exit launches did). Off.
+  bool moe_overflow_graph_if = false;
+  // With moe_padded_fp8 and moe_padded_gather_quant, where the shared expert's fused w1 + w3
+  // takes row-scaled FP8 input: the FFN input f is quantised once (launch_act_quant_fp8_rows,
+  // before the shared expert's fork), and both the shared expert's GEMM and the padded experts'
+  // gather read those codes and row scales, instead of two launches computing the same bits
+  // (ncu, r18: 8.6 us each per layer at 384 rows). With the side stream (moe_shared_overlap) the
+  // launch is the side stream's first, off the main stream's chain, and the gather waits for it
+  // (an event). Measured (H200, r18 call 5, on against off): prefill 8K after 128K 112.94 ->
+  // 112.12 ms; decode 64 x 6 38.83 / 38.84 ms and 64 x 1 19.79 / 19.94 ms (within the ±0.35 ms
+  // between runs: at decode the saved launch sat on the side stream). On: one launch fewer.
+  bool moe_quant_once = true;
   // The RoPE launches' heads per thread, 1..8 (cuda::RopeParams::heads_per_thread: one double
   // sincos per thread for that many heads; the same values). q's RoPE (64 heads) computes each
   // angle 64 times at 1. Written in r16; measured in r17 (H200): attention.rope_swa 0.94 ->
@@ -324,6 +343,18 @@ struct GpuModelOptions {
   // logits). 1: one GEMM. Measured no gain (H200, r9): the DEP32 decode's router part 2.50 ms
   // with one GEMM, 2.69 / 3.47 / 2.50 ms with 8 / 4 / 16 slices; step 51.7 vs 51.9 ms. Off.
   int router_split_k = 1;
+  // > 0: the router logits' fp32 GEMM as our split-K FFMA kernel (cuda::launch_router_logits_f32:
+  // 64 x 64 tiles, this many K slices, at most hidden / 16), the router kernel summing the slices
+  // in order; fp32 throughout, another summation order than cuBLASLt's. At decode 64 x 6 the
+  // 384 x 384 x 5120 logits take cuBLASLt's FFMA GEMM 46 + 7 us (split-K 7 and its reduction;
+  // ncu, r18) against an FFMA floor of ~23 us on the H200; 11 slices make 396 CTAs, three per SM.
+  // Taken before router_split_k; not with exact_linears, router_split_tf32 or trace (the trace
+  // reads whole logits). Measured (H200, r18 call 4, ncu): 57 us per layer at 11 slices, 79 at 8,
+  // 59 at 22, against cuBLASLt's 53; decode 64 x 6 38.58 -> 38.85 ms at 11. Its 4 x 4 outputs
+  // per thread read 3 shared-memory wavefronts per 16 FFMA per warp, so shared memory and the
+  // FFMA issue bound it together at ~45% of the FFMA rate; an 8 x 8 (or 8 x 4) register tile is
+  // the next step. 0: cuBLASLt.
+  int router_f32_slices = 0;
   // true: each mHC expand of the layer loop and the mixes that follow it on the updated x (the
   // ffn site's after the attention expand; the next layer's attention site's after the ffn
   // expand, where no Engram and no bounded-replay narrowing come between) run as one launch
@@ -432,6 +463,7 @@ struct GpuForwardTrace {
   // its automatic rule, as cuda::hc_expand_mixes_cluster_width reports it); 0: the two launches
   std::map<int32_t, int> mhc_cluster_width;
   std::map<int32_t, bool> shared_w13;  // shared expert's w1 + w3 as one GEMM (fuse_shared_w13)
+  std::map<int32_t, bool> moe_quant_once;  // f quantised once for both MoE paths (moe_quant_once)
   std::map<int32_t, bool> qkv_a;       // the attention's wq_a + wkv as one GEMM (fuse_qkv_a)
   // wo_a's input quantised in the attention's epilogue (attn_quant_epilogue)
   std::map<int32_t, bool> attn_quant_epilogue;

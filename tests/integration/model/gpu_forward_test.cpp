@@ -1673,6 +1673,16 @@ TEST(GpuForward, FusedSharedW13FallsBackWhereW1AndW3Differ) {
   std::filesystem::remove_all(dir);
 }
 
+// GpuModelOptions::router_f32_slices (the router logits on cuda::launch_router_logits_f32, whose
+// slices the router kernel sums; op test CudaOps.RouterLogitsF32MatchesDoubleProduct) in the
+// forward, on the wide model (hidden 256: 16 chunks, so 5 slices of 3 or 4 chunks): the short
+// greedy check against the CPU oracle, as every production path.
+TEST(GpuForward, RouterF32SlicesGreedyMatchesCpu) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  expect_wide_short_greedy("router_f32_slices 5",
+                           [](arch::GpuModelOptions& o) { o.router_f32_slices = 5; });
+}
+
 // GpuModelOptions::router_split_tf32 (off by default: the router logits as one TF32 GEMM on hi/lo
 // split operands) against the exact fp32 router GEMM, in the forward: the production path (with
 // exact_linears the router stays exact), the wide model (hidden 256: the split GEMM's K is 768;
@@ -2342,6 +2352,67 @@ void expect_option_bit_identical(const std::filesystem::path& dir, arch::GpuMode
   expect_bit_identical_forwards({off->get(), with->get(), graph->get()});
   if (testing::Test::HasFatalFailure()) return;
   EXPECT_GE(graph->get()->graph_replays(), 2);
+}
+
+// GpuModelOptions::moe_overflow_graph_if (the padded path's overflow launches captured into a
+// CUDA graph IF node that runs them only when some hit passed the slots) on the wide model with
+// moe_ep_ranks 40: at C = 64 slot rows the decode's hits pass the slots, so the replays run the
+// node's body; at C = 2048 none do, so they skip it. Either way an eager model with it off, an
+// eager one with it on (no node outside a capture) and a CUDA-graph one with it on give the same
+// logits bit for bit: a condition read wrongly drops overflow rows (or leaves them stale) and
+// shows in the logits.
+TEST(GpuForward, MoeOverflowGraphIfIsBitIdentical) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_moe_overflow_graph_if");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  for (const int64_t slots : {int64_t{64}, int64_t{2048}}) {
+    SCOPED_TRACE(fmt::format("{} slot rows per expert", slots));
+    arch::GpuModelOptions opt = overflowing_padded_options();
+    opt.moe_padded_group_rows = slots;
+    auto off = DeepseekV41Gpu::load(dir, opt);
+    ASSERT_TRUE(off) << off.error().to_string();
+    opt.moe_overflow_graph_if = true;
+    auto on = DeepseekV41Gpu::load(dir, opt);
+    ASSERT_TRUE(on) << on.error().to_string();
+    opt.cuda_graphs = true;
+    auto graph = DeepseekV41Gpu::load(dir, opt);
+    ASSERT_TRUE(graph) << graph.error().to_string();
+    expect_bit_identical_forwards({off->get(), on->get(), graph->get()});
+    if (testing::Test::HasFatalFailure()) return;
+    EXPECT_GE(graph->get()->graph_replays(), 2);
+    // The last forward was a replay: its hits past the slots, read back from the device.
+    const double over = graph->get()->last_cost().moe_overflow_rows;
+    if (slots == 64) {
+      EXPECT_GT(over, 0.0);
+    } else {
+      EXPECT_EQ(over, 0.0);
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// GpuModelOptions::moe_quant_once (the FFN input's row-scaled FP8 codes from one launch for the
+// shared expert's fused w1 + w3 and the padded experts' gather) on the wide model: a traced
+// prefill takes it in every MoE layer, and the forwards of expect_option_bit_identical with it
+// off, on, and on as CUDA graphs give the same logits bit for bit (the same quantiser on the same
+// f; a missing order between the launch and the shared expert's side stream shows as a race).
+TEST(GpuForward, MoeQuantOnceIsBitIdentical) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_moe_quant_once");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  const arch::GpuForwardTrace t = traced_prefill(dir, 13, [](arch::GpuModelOptions& o) {
+    o.moe_padded_fp8 = true;
+    o.moe_padded_min_rows = 1;
+    o.moe_quant_once = true;
+  });
+  ASSERT_FALSE(t.moe_quant_once.empty());
+  for (const auto& [l, on] : t.moe_quant_once) EXPECT_TRUE(on) << "layer " << l;
+  arch::GpuModelOptions opt = overflowing_padded_options();
+  opt.moe_shared_overlap = true;  // the side stream quantises, the main stream's gather waits
+  opt.moe_quant_once = false;
+  expect_option_bit_identical(dir, opt, [](arch::GpuModelOptions& o) { o.moe_quant_once = true; });
+  if (testing::Test::HasFatalFailure()) return;
+  std::filesystem::remove_all(dir);
 }
 
 // GpuModelOptions::attn_quant_epilogue (wo_a's input, the MXFP8 fake-quant of the attention
