@@ -2322,17 +2322,22 @@ struct DeepseekV41Gpu::Impl {
     return r;
   }
 
+  // The padded FP8 experts' slot rows C of layer L's MoE at n rows (0: the grouped path; always
+  // with the fp32 test experts).
+  [[nodiscard]] int64_t moe_slot_rows(const Layer& L, int64_t n, int k) const {
+    if (L.experts.empty() || L.experts.front().w1.kind == Linear::Kind::kF32) return 0;
+    const int64_t reps = std::max(opt.moe_ep_ranks, 1);
+    const int64_t e = c.routed_experts_of(L.id);
+    return padded_group_rows((n * k * reps + e - 1) / e);
+  }
+
   // moe_quant_once: whether layer L's MoE at n rows takes both the shared expert's row-scaled
   // FP8 w1 + w3 and the padded experts' gathered FP8 rows (the same quantiser on the same f).
   [[nodiscard]] bool quant_once_applies(const Layer& L, int64_t n, int k) const {
-    if (!opt.moe_quant_once || !opt.moe_padded_gather_quant || L.experts.empty() ||
-        L.experts.front().w1.kind == Linear::Kind::kF32)
-      return false;
+    if (!opt.moe_quant_once || !opt.moe_padded_gather_quant) return false;
     const Linear& w13 = L.shared_w13;
     if (w13.kind == Linear::Kind::kNone || !w13.act_quant || !fp8_rows_fits(w13)) return false;
-    const int64_t reps = std::max(opt.moe_ep_ranks, 1);
-    const int64_t e = c.routed_experts_of(L.id);
-    return padded_group_rows((n * k * reps + e - 1) / e) > 0;
+    return moe_slot_rows(L, n, k) > 0;
   }
 
   void moe(const RowSet& s, int32_t l, const float* f, float* y) {
@@ -2347,9 +2352,9 @@ struct DeepseekV41Gpu::Impl {
     const int32_t local = static_cast<int32_t>(L.experts.size());
     const bool overlap = side_stream != nullptr && !opt.profile && local > 0;
     // moe_quant_once: f's row-scaled FP8 codes, for the shared expert's fused w1 + w3 and the
-    // padded experts' gather, from one launch before the fork.
-    // With the side stream the launch is its first (off the main stream's chain: the router's
-    // GEMM runs meanwhile), and the padded experts' gather waits for it (ev_quant).
+    // padded experts' gather, from one launch. With the side stream the launch is its first (off
+    // the main stream's chain: the router's GEMM runs meanwhile), and the padded experts' gather
+    // waits for it (ev_quant).
     std::optional<QuantRows> fq;
     const bool quant_once = quant_once_applies(L, n, k);
     if (opt.trace) trace.moe_quant_once[l] = quant_once;
@@ -2540,7 +2545,7 @@ struct DeepseekV41Gpu::Impl {
     // moe_padded_fp8: the padded FP8 GEMMs take each expert's first C hits; the grouped path
     // below then runs on the overflow hits only (usually none), as stream-K launches where it
     // can (a grid of one CTA per SM, not one per possible pass).
-    const int64_t slot_rows = exact ? 0 : padded_group_rows((n * k * reps + e - 1) / e);
+    const int64_t slot_rows = moe_slot_rows(L, n, k);
     if (opt.trace) trace.moe_padded[l] = slot_rows;
     L.moe_slot_rows = slot_rows;
     std::optional<PaddedMoe> padded;
