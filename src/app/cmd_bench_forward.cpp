@@ -63,6 +63,7 @@ struct BenchForwardOptions {
   bool fast_attention = true;
   bool indexer_wgmma = true;
   bool indexer_fp8 = true;
+  bool indexer_cand_wgmma = true;
   bool attention_wgmma = true;
   bool attention_swa_f16_scale = false;
   bool fp8_wgmma = false;
@@ -97,6 +98,7 @@ struct BenchForwardOptions {
   int32_t router_split_k = 1;
   bool mhc_fuse_expand_mixes = true;
   bool attn_quant_epilogue = true;
+  bool attn_fp8_rows_epilogue = true;
   int32_t mhc_fused_rows_per_thread = 0;
   int32_t mhc_fused_cluster_width = 0;
   int32_t mhc_split_blocks = -1;
@@ -253,6 +255,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.fast_attention = opt.fast_attention;
   go.indexer_wgmma = opt.indexer_wgmma;
   go.indexer_fp8 = opt.indexer_fp8;
+  go.indexer_cand_wgmma = opt.indexer_cand_wgmma;
   go.attention_wgmma = opt.attention_wgmma;
   go.attention_swa_f16_scale = opt.attention_swa_f16_scale;
   go.fp8_wgmma = opt.fp8_wgmma;
@@ -286,6 +289,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.router_split_k = opt.router_split_k;
   go.mhc_fuse_expand_mixes = opt.mhc_fuse_expand_mixes;
   go.attn_quant_epilogue = opt.attn_quant_epilogue;
+  go.attn_fp8_rows_epilogue = opt.attn_fp8_rows_epilogue;
   go.mhc_fused_rows_per_thread = opt.mhc_fused_rows_per_thread;
   go.mhc_fused_cluster_width = opt.mhc_fused_cluster_width;
   go.mhc_split_blocks = opt.mhc_split_blocks;
@@ -518,6 +522,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"fast_attention", opt.fast_attention},
               {"indexer_wgmma", opt.indexer_wgmma},
               {"indexer_fp8", opt.indexer_fp8},
+              {"indexer_cand_wgmma", opt.indexer_cand_wgmma},
               {"attention_wgmma", opt.attention_wgmma},
               {"attention_swa_f16_scale", opt.attention_swa_f16_scale},
               {"fp8_wgmma", opt.fp8_wgmma},
@@ -552,6 +557,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"router_split_k", opt.router_split_k},
               {"mhc_fuse_expand_mixes", opt.mhc_fuse_expand_mixes},
               {"attn_quant_epilogue", opt.attn_quant_epilogue},
+              {"attn_fp8_rows_epilogue", opt.attn_fp8_rows_epilogue},
               {"mhc_fused_rows_per_thread", opt.mhc_fused_rows_per_thread},
               {"mhc_fused_cluster_width", opt.mhc_fused_cluster_width},
               {"mhc_split_blocks", opt.mhc_split_blocks},
@@ -737,6 +743,10 @@ void register_bench_forward(CLI::App& bench) {
                   "cuda: with --indexer-wgmma, that kernel on e4m3 operands (the FP4 block scales "
                   "folded in; false: bf16)")
       ->capture_default_str();
+  cmd->add_option("--indexer-cand-wgmma", opt->indexer_cand_wgmma,
+                  "cuda: with --indexer-wgmma and --indexer-fp8, the Reindex layers' candidate "
+                  "scores on e4m3 wgmma too (false: the mma.sync kernel, bf16)")
+      ->capture_default_str();
   cmd->add_option("--attention-wgmma", opt->attention_wgmma,
                   "cuda: the sparse attention on the sm_90a wgmma kernel (false: mma.sync)")
       ->capture_default_str();
@@ -883,6 +893,11 @@ void register_bench_forward(CLI::App& bench) {
                   "cuda: where the wgmma sparse attention and wo_a's bf16 GEMM run, the "
                   "attention's epilogue writes wo_a's MXFP8-quantised bf16 input (false: the fp32 "
                   "output, then the quantiser)")
+      ->capture_default_str();
+  cmd->add_option("--attn-fp8-rows-epilogue", opt->attn_fp8_rows_epilogue,
+                  "cuda: with --attn-quant-epilogue, where wo_a runs on the row-scaled FP8 GEMM "
+                  "and the attention has 64 heads, the epilogue writes wo_a's row-scaled FP8 "
+                  "operand itself (false: bf16 MXFP8 values, then the row quantiser)")
       ->capture_default_str();
   cmd->add_option("--mhc-fused-rows-per-thread", opt->mhc_fused_rows_per_thread,
                   "cuda: with --mhc-fuse-expand-mixes, the fused launch's rows per thread "

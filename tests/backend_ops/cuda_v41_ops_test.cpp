@@ -337,6 +337,27 @@ class CudaV41 : public ::testing::Test {
     return p;
   }
 
+  // The epilogue tests' wgmma attention launch (fp32 output, no RoPE): t rows at positions
+  // 50 + 13 r, each with its SWA window of sk ring entries and gk global picks in [-1, nglob),
+  // random q and sinks.
+  cuda::SparseAttentionParams epilogue_case(int64_t t, int heads, const std::vector<uint8_t>& ring,
+                                            const std::vector<uint8_t>& glob, int64_t nglob, int sk,
+                                            int gk, std::mt19937& rng) {
+    std::vector<int32_t> pos(static_cast<size_t>(t));
+    for (int64_t r = 0; r < t; ++r) pos[static_cast<size_t>(r)] = static_cast<int32_t>(50 + 13 * r);
+    std::vector<int32_t> sidx(static_cast<size_t>(t * sk));
+    cpu::swa_window_indices(pos.data(), t, sk, sk, 0, sidx.data());
+    std::vector<int32_t> gidx(static_cast<size_t>(t * gk));
+    std::uniform_int_distribution<int> pick(-1, static_cast<int>(nglob) - 1);
+    for (auto& g : gidx) g = pick(rng);
+    const auto q = rnd(t * static_cast<int64_t>(heads) * 512, rng, -1, 1);
+    const auto sink = rnd(heads, rng, -2, 2);
+    cuda::SparseAttentionParams p = attention_params(
+        {q, t, heads, ring, sidx, glob, gidx, gk, sink, pos, std::vector<double>{}});
+    p.use_wgmma = true;
+    return p;
+  }
+
   // Key selections of the persistent wgmma tests: t rows at positions 1000 + r, row r with
   // (37 r) % (sk + 1) SWA keys and (53 r) % (gk + 1) FP4 keys drawn from nglob entries (none
   // where r % 11 == 0, one SWA key where it is 1, one FP4 key where it is 2); with gaps, every
@@ -1468,23 +1489,60 @@ TEST_F(CudaV41, IndexerScores) {
 // and FP4 queries with q_exact_bf16. Keys and queries have per-32-dim block scales 2^-3..2^3 apart
 // within a vector, so a key block converted with the wrong scale, or dims paired with the wrong
 // query dims, shows. 1e-5 of max|ref| (fp32 accumulation).
+// A batch of indexer sequences over one key pool, cap records per sequence (sequence i's keys
+// from record i * cap): row positions first_pos + r (97 apart past 6 rows), the device descriptor
+// rows [first row, rows, first record, keys], and cpu::indexer_scores per sequence into ref
+// [rows, width] (cids: per-row candidate lists of nc ids, or null).
+struct IdxBatchSeq {
+  int64_t rows, keys, first_pos;
+};
+struct IdxBatch {
+  std::vector<int32_t> pos;
+  std::vector<int64_t> desc;
+  int64_t rows = 0, max_rows = 0, max_keys = 0;
+};
+IdxBatch idx_batch(const std::vector<IdxBatchSeq>& seqs, int64_t cap) {
+  IdxBatch b;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const IdxBatchSeq& s = seqs[i];
+    for (int64_t r = 0; r < s.rows; ++r)
+      b.pos.push_back(static_cast<int32_t>(s.first_pos + r * (s.rows > 6 ? 97 : 1)));
+    b.desc.insert(b.desc.end(), {b.rows, s.rows, static_cast<int64_t>(i) * cap, s.keys});
+    b.rows += s.rows;
+    b.max_rows = std::max(b.max_rows, s.rows);
+    b.max_keys = std::max(b.max_keys, s.keys);
+  }
+  return b;
+}
+std::vector<float> idx_batch_ref(const std::vector<IdxBatchSeq>& seqs, const IdxBatch& b,
+                                 int64_t cap, const std::vector<float>& q,
+                                 const std::vector<float>& w, int heads, int id,
+                                 const std::vector<uint8_t>& pool, int ratio, const int32_t* cids,
+                                 int64_t nc, int64_t width) {
+  std::vector<float> ref(static_cast<size_t>(b.rows * width), -kInf);
+  int64_t row = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const IdxBatchSeq& s = seqs[i];
+    if (s.rows > 0)
+      cpu::indexer_scores(q.data() + row * heads * id, w.data() + row * heads, s.rows, heads, id,
+                          pool.data() + static_cast<int64_t>(i) * cap * 68, s.keys,
+                          b.pos.data() + row, ratio, cids != nullptr ? cids + row * nc : nullptr,
+                          nc, 0.08838834764831845f, ref.data() + row * width, width);
+    row += s.rows;
+  }
+  return ref;
+}
+
 TEST_F(CudaV41, IndexerScoresBatched) {
   std::mt19937 rng(21);
   const int id = 128;
-  struct Seq {
-    int64_t rows, keys, first_pos;
-  };
-  const std::vector<Seq> seqs = {{3, 1000, 990}, {5, 0, 0},        {0, 500, 400},
-                                 {6, 77, 150},   {19, 4200, 3000}, {1, 2049, 2047}};
+  const std::vector<IdxBatchSeq> seqs = {{3, 1000, 990}, {5, 0, 0},        {0, 500, 400},
+                                         {6, 77, 150},   {19, 4200, 3000}, {1, 2049, 2047}};
   const int64_t cap = 4300;  // pool records per sequence
   auto pool = fp4_records(static_cast<int64_t>(seqs.size()) * cap, id,
                           cpu::Fp4Record::kIndexBlock32Ue8m0, rng, 3);
-  int64_t rows = 0, max_rows = 0, max_keys = 0;
-  for (const Seq& s : seqs) {
-    rows += s.rows;
-    max_rows = std::max(max_rows, s.rows);
-    max_keys = std::max(max_keys, s.keys);
-  }
+  const IdxBatch batch = idx_batch(seqs, cap);
+  const int64_t rows = batch.rows, max_rows = batch.max_rows, max_keys = batch.max_keys;
   const int64_t nc = 2100;
   for (const int heads : {32, 64})
     for (const bool exact : {true, false})
@@ -1497,16 +1555,6 @@ TEST_F(CudaV41, IndexerScoresBatched) {
           scale_blocks32(q, rng, 3);
           if (exact) fq_fp4_block32_ue8m0(q, q);
           auto w = rnd(rows * heads, rng, -0.3f, 0.3f);
-          std::vector<int32_t> pos;
-          std::vector<int64_t> desc;
-          int64_t row = 0;
-          for (size_t i = 0; i < seqs.size(); ++i) {
-            const Seq& s = seqs[i];
-            for (int64_t r = 0; r < s.rows; ++r)
-              pos.push_back(static_cast<int32_t>(s.first_pos + r * (s.rows > 6 ? 97 : 1)));
-            desc.insert(desc.end(), {row, s.rows, static_cast<int64_t>(i) * cap, s.keys});
-            row += s.rows;
-          }
           std::vector<int32_t> cids(static_cast<size_t>(rows * nc));
           for (int64_t r = 0; r < rows; ++r)
             for (int64_t c = 0; c < nc; ++c)
@@ -1514,31 +1562,22 @@ TEST_F(CudaV41, IndexerScoresBatched) {
                   c % 5 == 0 ? static_cast<int32_t>(c % 97) - 2  // -2, -1 and small ids
                              : std::uniform_int_distribution<int>(-1, 4400)(rng);
           const int64_t width = cand ? nc : max_keys;
-          std::vector<float> ref(static_cast<size_t>(rows * width), -kInf);
-          row = 0;
-          for (size_t i = 0; i < seqs.size(); ++i) {
-            const Seq& s = seqs[i];
-            if (s.rows > 0)
-              cpu::indexer_scores(q.data() + row * heads * id, w.data() + row * heads, s.rows,
-                                  heads, id, pool.data() + static_cast<int64_t>(i) * cap * 68,
-                                  s.keys, pos.data() + row, ratio,
-                                  cand ? cids.data() + row * nc : nullptr, nc, 0.08838834764831845f,
-                                  ref.data() + row * width, width);
-            row += s.rows;
-          }
+          const std::vector<float> ref =
+              idx_batch_ref(seqs, batch, cap, q, w, heads, id, pool, ratio,
+                            cand ? cids.data() : nullptr, nc, width);
           cuda::IndexerScoreParams p;
           p.q = up(q);
           p.w = up(w);
           p.rows = rows;
           p.heads = heads;
           p.keys = up(pool);
-          p.pos = up(pos);
+          p.pos = up(batch.pos);
           p.ratio = ratio;
           p.candidates = cand ? up(cids) : nullptr;
           p.n_cand = cand ? nc : 0;
           p.ld = width;
           p.n_seqs = static_cast<int>(seqs.size());
-          p.seqs = up(desc);
+          p.seqs = up(batch.desc);
           p.max_seq_rows = max_rows;
           p.max_seq_keys = max_keys;
           p.q_exact_bf16 = exact;
@@ -1660,6 +1699,102 @@ TEST_F(CudaV41, IndexerScoresWgmmaRowSlots) { check_indexer_wgmma_row_slots(fals
 TEST_F(CudaV41, IndexerScoresFp8RowSlots) {
   check_indexer_wgmma_row_slots(true, 3, 2e-3);
   check_indexer_wgmma_row_slots(true, 8, 2e-3);
+}
+
+// IndexerScoreParams::cand_wgmma (the candidates' scores on e4m3 wgmma, one row per CTA, the
+// records through a cp.async ring) against cpu::indexer_scores: batched sequences of 0-19 rows,
+// sequences without keys, candidate lists with ids that are negative, past the pool, past the
+// row's visible keys (causal ratio 1 and 2) and repeated; and lists made of candidate blocks (8
+// aligned consecutive ids, as launch_blocks_to_candidates writes: the kernel copies those whole),
+// some past the visible keys, with unaligned runs and loose ids between them; 2100 candidates (a
+// second 2048-column chunk ending inside a 64-key tile) and 100 (fewer tiles than the ring has
+// stages); per-32-dim
+// key scales 2^-3..2^3 apart (the folding's fast path) and 2^-8..2^8 (the rounding path). The
+// -inf pattern exactly, no NaN, and within 2e-3 of max|ref| (Hopper's ~14-bit k32 sums, as
+// IndexerScoresFp8RowSlots); the same launch without cand_wgmma (the mma.sync kernel) within
+// 1e-5, as a check of the data.
+TEST_F(CudaV41, IndexerScoresCandidatesWgmma) {
+  std::mt19937 rng(29);
+  const int id = 128, heads = 32;
+  const std::vector<IdxBatchSeq> seqs = {{3, 1000, 990}, {5, 0, 0},        {0, 500, 400},
+                                         {6, 77, 150},   {19, 4200, 3000}, {1, 2049, 2047}};
+  const int64_t cap = 4300;
+  const IdxBatch batch = idx_batch(seqs, cap);
+  const int64_t rows = batch.rows, max_rows = batch.max_rows;
+  double worst = 0.0;
+  for (const int spread : {3, 8})
+    for (const bool blocks : {false, true})
+      for (const int64_t nc : {int64_t{2100}, int64_t{100}})
+        for (const int ratio : {1, 2}) {
+          if (blocks && spread == 8) continue;
+          SCOPED_TRACE("key spread " + std::to_string(spread) + " candidates " +
+                       std::to_string(nc) + " ratio " + std::to_string(ratio) +
+                       (blocks ? " blocks" : " loose ids"));
+          auto pool = fp4_records(static_cast<int64_t>(seqs.size()) * cap, id,
+                                  cpu::Fp4Record::kIndexBlock32Ue8m0, rng, spread);
+          auto q = rnd(rows * heads * id, rng, -1, 1);
+          scale_blocks32(q, rng, 3);
+          fq_fp4_block32_ue8m0(q, q);
+          auto w = rnd(rows * heads, rng, -0.3f, 0.3f);
+          std::vector<int32_t> cids(static_cast<size_t>(rows * nc));
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < nc; ++c)
+              cids[static_cast<size_t>(r * nc + c)] =
+                  c % 5 == 0 ? static_cast<int32_t>(c % 97) - 2  // -2, -1, small and repeated ids
+                             : std::uniform_int_distribution<int>(-1, 4400)(rng);
+          if (blocks)
+            for (int64_t r = 0; r < rows; ++r)
+              for (int64_t c0 = 0; c0 < nc; c0 += 8) {
+                const int kind = std::uniform_int_distribution<int>(0, 9)(rng);
+                const int b = std::uniform_int_distribution<int>(0, 4400 / 8)(rng);
+                for (int64_t j = 0; j < 8 && c0 + j < nc; ++j) {
+                  int32_t& cid = cids[static_cast<size_t>(r * nc + c0 + j)];
+                  if (kind < 8)
+                    cid = static_cast<int32_t>(8 * b + j);  // a block
+                  else if (kind == 8)
+                    cid = static_cast<int32_t>(8 * b + 3 + j);  // unaligned run
+                }
+              }
+          const std::vector<float> ref =
+              idx_batch_ref(seqs, batch, cap, q, w, heads, id, pool, ratio, cids.data(), nc, nc);
+          cuda::IndexerScoreParams p;
+          p.q = up(q);
+          p.w = up(w);
+          p.rows = rows;
+          p.heads = heads;
+          p.keys = up(pool);
+          p.pos = up(batch.pos);
+          p.ratio = ratio;
+          p.candidates = up(cids);
+          p.n_cand = nc;
+          p.ld = nc;
+          p.n_seqs = static_cast<int>(seqs.size());
+          p.seqs = up(batch.desc);
+          p.max_seq_rows = max_rows;
+          p.max_seq_keys = 4200;
+          p.q_exact_bf16 = true;
+          p.use_wgmma = true;
+          p.use_fp8 = true;
+          for (const bool cw : {false, true}) {
+            SCOPED_TRACE(cw ? "cand_wgmma" : "mma.sync");
+            float* o = nans(ref.size());
+            p.scores = o;
+            p.cand_wgmma = cw;
+            cuda::launch_indexer_scores(p, stream_);
+            const auto got = down(o, ref.size());
+            const double err = rel_err(got, ref);
+            if (cw) worst = std::max(worst, err);
+            EXPECT_LE(err, cw ? 2e-3 : 1e-5);
+            size_t inf_mismatch = 0, nan_count = 0;
+            for (size_t i = 0; i < ref.size(); ++i) {
+              inf_mismatch += std::isinf(ref[i]) != std::isinf(got[i]) ? 1 : 0;
+              nan_count += std::isnan(got[i]) ? 1 : 0;
+            }
+            EXPECT_EQ(inf_mismatch, 0u);
+            EXPECT_EQ(nan_count, 0u);
+          }
+        }
+  std::printf("indexer candidates, e4m3 wgmma: worst max|err| / max|ref| %.3g\n", worst);
 }
 
 // The single-sequence form with q_exact_bf16 (FP4 queries, one MMA per tile) equals the hi/lo
@@ -2163,18 +2298,7 @@ TEST_F(CudaV41, SparseAttentionWgmmaQuantEpilogueIsBitIdentical) {
     const int64_t t = cs.rows;
     const int heads = cs.heads;
     const int64_t cols = static_cast<int64_t>(heads) * hd;
-    std::vector<int32_t> pos(static_cast<size_t>(t));
-    for (int64_t r = 0; r < t; ++r) pos[static_cast<size_t>(r)] = static_cast<int32_t>(50 + 13 * r);
-    std::vector<int32_t> sidx(static_cast<size_t>(t * sk));
-    cpu::swa_window_indices(pos.data(), t, sk, sk, 0, sidx.data());
-    std::vector<int32_t> gidx(static_cast<size_t>(t * gk));
-    std::uniform_int_distribution<int> pick(-1, static_cast<int>(nglob) - 1);
-    for (auto& g : gidx) g = pick(rng);
-    const auto q = rnd(t * cols, rng, -1, 1);
-    const auto sink = rnd(heads, rng, -2, 2);
-    cuda::SparseAttentionParams p = attention_params(
-        {q, t, heads, ring, sidx, glob, gidx, gk, sink, pos, std::vector<double>{}});
-    p.use_wgmma = true;
+    cuda::SparseAttentionParams p = epilogue_case(t, heads, ring, glob, nglob, sk, gk, rng);
     const size_t n = static_cast<size_t>(t * cols);
     for (const bool rope : {true, false}) {
       p.freqs = rope ? up(f) : nullptr;
@@ -2223,10 +2347,90 @@ TEST_F(CudaV41, SparseAttentionWgmmaQuantEpilogueIsBitIdentical) {
   }
 }
 
+// SparseAttentionParams::out_fp8_rows (the wgmma kernel's epilogue writes wo_a's row-scaled FP8
+// operand) against the two launches it replaces: the out_mxfp8_bf16 epilogue (itself checked
+// against the fp32 output above), then launch_act_quant_fp8_rows (kBF16) on those bf16 values.
+// Codes and row scales bit-identical at 1, 6 and 384 rows (384: CTAs loop over items), 64 heads,
+// split and single fp16 precision, with the inverse RoPE; main entries with per-block exponents
+// spread over 2^-6..2^6, so the 32-channel blocks of a row take different scales and most codes
+// are refolded. The fp32 and bf16 outputs are not written.
+TEST_F(CudaV41, SparseAttentionWgmmaFp8RowsEpilogueIsBitIdentical) {
+  if (cuda::device_info(0).compute_major != 9)
+    GTEST_SKIP() << "the wgmma kernel needs sm_90a (Hopper)";
+  std::mt19937 rng(47);
+  const int hd = 512, sk = 128, gk = 256, heads = 64;
+  const int64_t nglob = 1000, cols = static_cast<int64_t>(heads) * hd;
+  auto ring = swa_records(sk, rng);
+  auto glob = fp4_records(nglob, hd, cpu::Fp4Record::kMainBlock16E4m3, rng, 6);
+  const auto f = compress_freqs();
+  for (const int64_t t : {int64_t{1}, int64_t{6}, int64_t{384}}) {
+    cuda::SparseAttentionParams p = epilogue_case(t, heads, ring, glob, nglob, sk, gk, rng);
+    p.freqs = up(f);
+    const size_t n = static_cast<size_t>(t * cols);
+    for (const bool split : {true, false}) {
+      SCOPED_TRACE(testing::Message() << t << " rows, split " << split);
+      p.split_precision = split;
+      // The two launches.
+      uint16_t* o16 = up(std::vector<uint16_t>(n, 0x7FC1));
+      p.out = nullptr;
+      p.out_mxfp8_bf16 = o16;
+      cuda::launch_sparse_attention(p, stream_);
+      uint8_t* ref8 = up(std::vector<uint8_t>(n, 0x7F));
+      float* ref_rs = nans(static_cast<size_t>(t));
+      cuda::ActQuantFp8RowsParams ap;
+      ap.x = o16;
+      ap.x_type = cuda::ActivationType::kBF16;
+      ap.ldx = cols;
+      ap.rows = t;
+      ap.cols = cols;
+      ap.out = ref8;
+      ap.ldo = cols;
+      ap.row_scale = ref_rs;
+      cuda::launch_act_quant_fp8_rows(ap, stream_);
+      // The fused epilogue.
+      uint8_t* got8 = up(std::vector<uint8_t>(n, 0x7F));
+      float* got_rs = nans(static_cast<size_t>(t));
+      uint16_t* unused16 = up(std::vector<uint16_t>(n, 0x7FC1));
+      p.out_mxfp8_bf16 = nullptr;
+      p.out_fp8_rows = got8;
+      p.out_row_scale = got_rs;
+      ASSERT_TRUE(cuda::sparse_attention_wgmma_applies(p));
+      cuda::launch_sparse_attention(p, stream_);
+      p.out_fp8_rows = nullptr;
+      p.out_row_scale = nullptr;
+      const auto ref = down(ref8, n), got = down(got8, n);
+      const auto rs_ref = down(ref_rs, static_cast<size_t>(t));
+      const auto rs_got = down(got_rs, static_cast<size_t>(t));
+      const auto b16 = down(o16, n);
+      size_t diff = 0, nonzero = 0, refolded = 0;
+      for (size_t i = 0; i < n; ++i) {
+        diff += got[i] != ref[i];
+        nonzero += (ref[i] & 0x7F) != 0;
+      }
+      // Values the refold onto the row's scale moved (code x row scale != the MXFP8 value): the
+      // data exercises the refold, not only the block codes.
+      for (size_t i = 0; i < n; ++i)
+        refolded +=
+            bf16_to_float(b16[i]) != e4m3_to_float(ref[i]) * rs_ref[i / static_cast<size_t>(cols)];
+      EXPECT_EQ(diff, 0u) << "of " << n;
+      EXPECT_GT(nonzero, n / 2) << "mostly zero codes: a weak test";
+      EXPECT_GT(refolded, 0u) << "no value moved by the refold: the refold is untested";
+      for (int64_t r = 0; r < t; ++r) {
+        ASSERT_TRUE(std::isfinite(rs_ref[static_cast<size_t>(r)]));
+        EXPECT_EQ(rs_got[static_cast<size_t>(r)], rs_ref[static_cast<size_t>(r)]) << "row " << r;
+      }
+      const auto u16 = down(unused16, n);
+      EXPECT_TRUE(std::all_of(u16.begin(), u16.end(), [](uint16_t x) { return x == 0x7FC1; }));
+    }
+  }
+}
+
 // out_mxfp8_bf16 where the wgmma kernel does not take the launch is refused as bad arguments
 // (only its epilogue has the output), and sparse_attention_wgmma_applies says so beforehand: 16
 // heads (the mma.sync kernel's shape), use_wgmma off, the output not 8-byte aligned; and
-// launch_sparse_attention_f64 with it set. On Hopper the launch they are variations of runs.
+// launch_sparse_attention_f64 with it set. Likewise out_fp8_rows without out_row_scale, with 128
+// heads, not 4-byte aligned, or together with out_mxfp8_bf16. On Hopper the launch they are
+// variations of runs.
 TEST_F(CudaV41, SparseAttentionQuantEpilogueRefusedOffTheWgmmaKernel) {
   std::mt19937 rng(43);
   const int hd = 512, sk = 128;
@@ -2246,9 +2450,17 @@ TEST_F(CudaV41, SparseAttentionQuantEpilogueRefusedOffTheWgmmaKernel) {
   ok.use_wgmma = true;
   auto* out16 = up(std::vector<uint16_t>(static_cast<size_t>(t * 64 * hd + 8), 0));
   ok.out_mxfp8_bf16 = out16;
+  auto* out8 = up(std::vector<uint8_t>(static_cast<size_t>(t * 64 * hd + 8), 0));
+  float* out_rs = nans(static_cast<size_t>(t));
   if (cuda::device_info(0).compute_major == 9) {
     EXPECT_TRUE(cuda::sparse_attention_wgmma_applies(ok));
     cuda::launch_sparse_attention(ok, stream_);
+    cuda::SparseAttentionParams rows = ok;  // the row-scaled FP8 output, accepted
+    rows.out_mxfp8_bf16 = nullptr;
+    rows.out_fp8_rows = out8;
+    rows.out_row_scale = out_rs;
+    EXPECT_TRUE(cuda::sparse_attention_wgmma_applies(rows));
+    cuda::launch_sparse_attention(rows, stream_);
     backend_->synchronize();
   }
   using Spoil = std::function<void(cuda::SparseAttentionParams&)>;
@@ -2256,6 +2468,32 @@ TEST_F(CudaV41, SparseAttentionQuantEpilogueRefusedOffTheWgmmaKernel) {
       {"16 heads", [](auto& p) { p.heads = 16; }},
       {"use_wgmma off", [](auto& p) { p.use_wgmma = false; }},
       {"out alignment", [&](auto& p) { p.out_mxfp8_bf16 = out16 + 2; }},
+      // out_fp8_rows: without its row scales, with 128 heads (an item is not a row), misaligned,
+      // together with out_mxfp8_bf16.
+      {"fp8 rows without row scales",
+       [&](auto& p) {
+         p.out_mxfp8_bf16 = nullptr;
+         p.out_fp8_rows = out8;
+       }},
+      {"fp8 rows, 128 heads",
+       [&](auto& p) {
+         p.heads = 128;
+         p.rows = 1;
+         p.out_mxfp8_bf16 = nullptr;
+         p.out_fp8_rows = out8;
+         p.out_row_scale = out_rs;
+       }},
+      {"fp8 rows alignment",
+       [&](auto& p) {
+         p.out_mxfp8_bf16 = nullptr;
+         p.out_fp8_rows = out8 + 2;
+         p.out_row_scale = out_rs;
+       }},
+      {"fp8 rows and bf16",
+       [&](auto& p) {
+         p.out_fp8_rows = out8;
+         p.out_row_scale = out_rs;
+       }},
   };
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   for (const auto& [name, spoil] : bad) {

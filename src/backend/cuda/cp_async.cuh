@@ -17,6 +17,14 @@ __device__ __forceinline__ void copy16(uint32_t dst, const void* src, bool valid
                : "memory");
 }
 
+// 4 bytes through L1 (cp.async.ca: the only form for fewer than 16 bytes); valid == false writes 4
+// zero bytes instead. For records that are only 4-byte aligned (the 68-byte FP4 index keys).
+__device__ __forceinline__ void copy4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 // Waits until at most kPending of this thread's committed groups are still in flight.

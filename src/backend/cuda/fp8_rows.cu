@@ -24,24 +24,8 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxCols = 65536;
 
-// 2^d as a float for d in [-40, 1].
+// 2^d as a float for d in [-40, 6].
 __device__ __forceinline__ float pow2(int d) { return __uint_as_float(static_cast<uint32_t>(127 + d) << 23); }
-
-// Four e4m3 codes (one word) refolded by 2^d.
-__device__ __forceinline__ uint32_t refold4(uint32_t codes, float f) {
-  uint32_t out = 0;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint16_t pair = static_cast<uint16_t>(codes >> (16 * h));
-    uint32_t h2;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(pair));
-    const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&h2));
-    uint16_t q;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(q) : "f"(v.y * f), "f"(v.x * f));
-    out |= static_cast<uint32_t>(q) << (16 * h);
-  }
-  return out;
-}
 
 // The CTA's largest v (blockDim.x a multiple of 32; red holds blockDim.x / 32 words).
 __device__ __forceinline__ uint32_t block_max_u32(uint32_t v, uint32_t* red) {
@@ -128,19 +112,15 @@ __device__ __forceinline__ void quant_chunk(const ActQuantFp8RowsParams& p, int6
   for (int e = 0; e < 4; ++e) mag = max(mag, max((lo >> (8 * e)) & 0x7Fu, (hi >> (8 * e)) & 0x7Fu));
   mag = max(mag, __shfl_xor_sync(0xFFFFFFFFu, mag, 1));
   mag = max(mag, __shfl_xor_sync(0xFFFFFFFFu, mag, 2));
-  const uint32_t ref = v41::mxfp8_scale(v41::e4m3_decode(mag) * sc.s).code;
+  const uint32_t ref = v41::fp8_rows_block_ref(mag, sc);
   if (live) m = max(m, ref);
 }
 
 // A chunk's codes refolded onto the row's reference code R and stored (kperm_fp8 as asked).
 __device__ __forceinline__ void store_chunk(const ActQuantFp8RowsParams& p, int64_t r, int64_t c,
                                             uint2 q, uint32_t code, uint32_t R) {
-  const int d = static_cast<int>(code) - static_cast<int>(R);  // <= 1
-  if (d != 0) {
-    const float f = pow2(max(d, -40));
-    q.x = refold4(q.x, f);
-    q.y = refold4(q.y, f);
-  }
+  q.x = v41::fp8_rows_refold4(q.x, code, R);
+  q.y = v41::fp8_rows_refold4(q.y, code, R);
   if (p.kperm_fp8) {
     // Natural k [c, c + 8) of a 64-wide block is k = 16 t + 8 s + 4 j + e with 2 t + s =
     // (c % 64) / 8: words j = 0 and 1 go to columns 32 s + 4 t and 32 s + 16 + 4 t.
@@ -236,10 +216,9 @@ __global__ void __launch_bounds__(kThreads) fold_fp8_block_rows_kernel(const uin
     for (int64_t b = threadIdx.x; b < kb; b += kThreads) m = max(m, static_cast<uint32_t>(s[b]));
     const uint32_t R = block_max_u32(m, red);
     for (int64_t c = threadIdx.x * 4; c < k; c += kThreads * 4) {
-      const int d = static_cast<int>(s[c / 32]) - static_cast<int>(R);
       uint32_t q;
       memcpy(&q, w + r * k + c, 4);
-      if (d != 0) q = refold4(q, pow2(max(d, -40)));
+      q = v41::fp8_rows_refold4(q, s[c / 32], R);
       memcpy(out + r * k + c, &q, 4);
     }
     if (threadIdx.x == 0) row_scale[r] = v41::ue8m0_decode(R);

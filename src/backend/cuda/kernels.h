@@ -962,7 +962,8 @@ struct IndexerScoreParams {
   bool q_exact_bf16 = false;
   // Hopper (sm_90a) only, off by default: warpgroup MMA (wgmma, m64nNk16, N = 32 x rows of a
   // sequence per CTA) instead of mma.sync. Taken only with q_exact_bf16, no candidates and
-  // heads == 32; every other shape runs the mma.sync kernels whatever this says. Same numbers:
+  // heads == 32 (candidates: cand_wgmma below); every other shape runs the mma.sync kernels
+  // whatever this says. Same numbers:
   // bf16 products, fp32 accumulation (summation order differs, so not bit-identical).
   bool use_wgmma = false;
   // With use_wgmma (where that kernel runs): e4m3 operands (wgmma m64nNk32, twice the bf16 rate)
@@ -973,8 +974,15 @@ struct IndexerScoreParams {
   // e4m3. The sums differ: Hopper adds each k32 step's products and the accumulator with ~14
   // significant bits (truncating) where the bf16 kernel sums in fp32 (v41_select.cu, kFp8).
   bool use_fp8 = false;
+  // With use_wgmma and use_fp8, candidates, q_exact_bf16 and 32 heads: the candidates' scores on
+  // e4m3 wgmma too (one row per CTA, the gathered records through a cp.async ring), instead of the
+  // mma.sync kernel. use_fp8's operands and sums.
+  bool cand_wgmma = false;
 };
 void launch_indexer_scores(const IndexerScoreParams& p, Stream stream);
+// Whether launch_indexer_scores runs p's candidates on the e4m3 wgmma kernel (cand_wgmma and the
+// conditions it names).
+[[nodiscard]] bool indexer_cand_wgmma_applies(const IndexerScoreParams& p);
 
 // Exact row top-k (k <= 2048; -inf and NaN dropped; sorted by score desc, ties -> lower index;
 // -1 / -inf padding): one block per row, a radix select over the order-preserving score bits
@@ -1048,6 +1056,14 @@ struct SparseAttentionParams {
   // (8-byte aligned); otherwise launch_sparse_attention aborts as bad arguments, and so does
   // launch_sparse_attention_f64 whenever it is set.
   uint16_t* out_mxfp8_bf16 = nullptr;
+  // Optional, instead of out and out_mxfp8_bf16: the wgmma kernel's epilogue writes the row-scaled
+  // FP8 operand of each output row (wo_a's input): the e4m3 codes [rows, heads * head_dim] (4-byte
+  // aligned) and the row scales [rows] that launch_act_quant_fp8_rows writes from
+  // out_mxfp8_bf16's values (ActivationType::kBF16), bit for bit, without the bf16 round trip
+  // through memory. Both set or neither; heads == 64 (a work item is then a whole row); set only
+  // where sparse_attention_wgmma_applies(p), as out_mxfp8_bf16.
+  uint8_t* out_fp8_rows = nullptr;
+  float* out_row_scale = nullptr;
   // true: q and P as fp16 hi + lo pairs (about fp32; the GPU-vs-CPU model tests rely on it).
   // false: single fp16 operands (2^-11 relative; twice the MMA rate), FlashMLA's precision class.
   bool split_precision = true;

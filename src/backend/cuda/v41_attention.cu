@@ -579,7 +579,11 @@ void launch_sparse_attention_wgmma(const SparseAttentionParams& p, cudaStream_t 
 
 bool sparse_attention_wgmma_applies(const SparseAttentionParams& p) {
   return p.use_wgmma && sparse_attention_wgmma_fits(p) &&
-         reinterpret_cast<uintptr_t>(p.out_mxfp8_bf16) % 8 == 0;
+         reinterpret_cast<uintptr_t>(p.out_mxfp8_bf16) % 8 == 0 &&
+         (p.out_fp8_rows == nullptr) == (p.out_row_scale == nullptr) &&
+         (p.out_fp8_rows == nullptr ||
+          (p.heads == 64 && p.out_mxfp8_bf16 == nullptr &&
+           reinterpret_cast<uintptr_t>(p.out_fp8_rows) % 4 == 0));
 }
 
 void launch_sparse_attention(const SparseAttentionParams& p, Stream stream) {
@@ -592,11 +596,14 @@ void launch_sparse_attention(const SparseAttentionParams& p, Stream stream) {
     launch_sparse_attention_wgmma(p, st);
     return;
   }
-  // The MXFP8 bf16 output is the wgmma kernel's epilogue only (the mma.sync kernel writes fp32).
-  if (p.out_mxfp8_bf16 != nullptr)
+  // The MXFP8 bf16 and row-scaled FP8 outputs are the wgmma kernel's epilogues only (the
+  // mma.sync kernel writes fp32).
+  if (p.out_mxfp8_bf16 != nullptr || p.out_fp8_rows != nullptr || p.out_row_scale != nullptr)
     detail::cuda_call_failed(__FILE__, __LINE__, "launch_sparse_attention", "bad arguments",
-                             "out_mxfp8_bf16: use_wgmma, a shape and device the wgmma kernel "
-                             "takes (sparse_attention_wgmma_applies), 8-byte aligned");
+                             "out_mxfp8_bf16 / out_fp8_rows: use_wgmma, a shape and device the "
+                             "wgmma kernel takes (sparse_attention_wgmma_applies), 8-byte / "
+                             "4-byte aligned; out_fp8_rows with out_row_scale, 64 heads and no "
+                             "out_mxfp8_bf16");
   if (p.heads % 32 == 0 && MOESERVE_ATTN_MT == 2) {
     if (p.split_precision) launch_flash<MOESERVE_ATTN_MT, true>(p, st);
     else launch_flash<MOESERVE_ATTN_MT, false>(p, st);
@@ -611,9 +618,10 @@ void launch_sparse_attention_f64(const SparseAttentionParams& p, Stream stream) 
   if (p.head_dim != kHd || p.swa_k + p.glob_k > kMaxKeys)
     detail::cuda_call_failed(__FILE__, __LINE__, "sparse attention shape",
                              "head_dim 512, swa_k + glob_k <= 1024", "");
-  if (p.out_mxfp8_bf16 != nullptr)
+  if (p.out_mxfp8_bf16 != nullptr || p.out_fp8_rows != nullptr || p.out_row_scale != nullptr)
     detail::cuda_call_failed(__FILE__, __LINE__, "launch_sparse_attention_f64", "bad arguments",
-                             "out_mxfp8_bf16 unset (fp32 output only)");
+                             "out_mxfp8_bf16, out_fp8_rows, out_row_scale unset (fp32 output "
+                             "only)");
   const dim3 grid(static_cast<unsigned>(p.rows), static_cast<unsigned>(p.heads));
   MS_CUDA_CHECK(
       launch_kernel(sparse_attention_f64_kernel, grid, kF64Threads, 0, as_cuda_stream(stream), p));

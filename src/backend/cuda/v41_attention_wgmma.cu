@@ -16,7 +16,7 @@
 // contiguous bytes per instruction with the RoPE pairs rotated from the table. The epilogue's
 // code is a short loop: the old per-element inline sincos made it ~100 KB of straight-line SASS,
 // fetched from L2 once per CTA.
-// With SparseAttentionParams::out_mxfp8_bf16 (the kQuantOut instantiations) the epilogue writes
+// With SparseAttentionParams::out_mxfp8_bf16 (the kOutMxfp8Bf16 instantiations) the epilogue writes
 // the bf16 bits of the output's MXFP8 fake-quant instead of the fp32 values: the input of the
 // attention's output projection (wo_a), which otherwise reads the fp32 output back through
 // launch_act_quant_mxfp8 (at 384 rows and 64 heads a 50 MB fp32 write plus its read, per layer).
@@ -24,6 +24,12 @@
 // block is the 4 values of 8 consecutive lanes: the block's amax takes 3 shuffles, then the
 // values are rounded with the act-quant kernel's functions (v41_device.cuh), bit for bit its
 // output.
+// With out_fp8_rows (kOutFp8Rows; 64 heads, so that an item is a whole row) it writes wo_a's
+// row-scaled FP8 operand instead: pass 1 rounds each lane's 4 values as above and quantises them
+// as launch_act_quant_fp8_rows does (block codes, scale code, reference code) back into the
+// lane's own staging slot; a CTA max gives the row's reference code R; pass 2 stores the codes
+// refolded onto R (4 bytes per lane) and the row scale. The launch it replaces read 64 KB of bf16
+// per row and wrote 32 KB of codes (24 us per decode layer at 384 rows).
 //
 // Per tile of 32 keys (K = V: one fp16 copy serves both products):
 //   S = Q . K^T   m64n32k16, A = q * scale * 2^8 (fp16; hi and lo parts in split precision) and
@@ -243,12 +249,13 @@ __device__ __forceinline__ void st_global_v4(float* ptr, float4 v) {
                : "memory");
 }
 
-// The MXFP8 fake-quant of 4 consecutive channels per lane, stored as bf16 bits (one 8-byte store):
-// lanes 8 i .. 8 i + 7 hold one 32-channel block (warp-collective: every lane calls it). The
-// rule and operations of launch_act_quant_mxfp8's vector kernel (amax from 0 over |v| with
-// fmaxf, which is order-independent; v41::mxfp8_scale and mxfp8_round2; bf16 round to nearest),
-// so the bits are its kBF16 output's.
-__device__ __forceinline__ void st_global_mxfp8_bf16x4(uint16_t* ptr, float4 v) {
+// The MXFP8 fake-quant of 4 consecutive channels per lane as bf16 pairs lo, hi: lanes 8 i .. 8 i
+// + 7 hold one 32-channel block (warp-collective: every lane calls it). The rule and operations
+// of launch_act_quant_mxfp8's vector kernel (amax from 0 over |v| with fmaxf, which is
+// order-independent; v41::mxfp8_scale and mxfp8_round2; bf16 round to nearest), so the bits are
+// its kBF16 output's. Returns the block's amax; its scale in sc.
+__device__ __forceinline__ float mxfp8_bf16x4(float4 v, v41::Mxfp8Scale& sc, __nv_bfloat162& lo,
+                                              __nv_bfloat162& hi) {
   float a = 0.0f;
   a = fmaxf(a, fabsf(v.x));
   a = fmaxf(a, fabsf(v.y));
@@ -257,13 +264,52 @@ __device__ __forceinline__ void st_global_mxfp8_bf16x4(uint16_t* ptr, float4 v) 
   a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
   a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
   a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
-  const v41::Mxfp8Scale sc = v41::mxfp8_scale(a);
-  const __nv_bfloat162 lo = __float22bfloat162_rn(v41::mxfp8_round2(v.x, v.y, sc));
-  const __nv_bfloat162 hi = __float22bfloat162_rn(v41::mxfp8_round2(v.z, v.w, sc));
+  sc = v41::mxfp8_scale(a);
+  lo = __float22bfloat162_rn(v41::mxfp8_round2(v.x, v.y, sc));
+  hi = __float22bfloat162_rn(v41::mxfp8_round2(v.z, v.w, sc));
+  return a;
+}
+
+// mxfp8_bf16x4's bits stored (one 8-byte store).
+__device__ __forceinline__ void st_global_mxfp8_bf16x4(uint16_t* ptr, float4 v) {
+  v41::Mxfp8Scale sc;
+  __nv_bfloat162 lo, hi;
+  mxfp8_bf16x4(v, sc, lo, hi);
   asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(ptr),
                "r"(*reinterpret_cast<const uint32_t*>(&lo)),
                "r"(*reinterpret_cast<const uint32_t*>(&hi))
                : "memory");
+}
+
+// kOut, the epilogue's output: fp32, the MXFP8 fake-quant as bf16 bits, or row-scaled FP8.
+constexpr int kOutF32 = 0, kOutMxfp8Bf16 = 1, kOutFp8Rows = 2;
+
+// kOutFp8Rows, pass 1, per lane of 4 consecutive channels (a 32-channel block is 8 consecutive
+// lanes; warp-collective): the values mxfp8_bf16x4 rounds (st_global_mxfp8_bf16x4's), widened
+// back from bf16 exactly, then act_quant_fp8_rows's quantiser on them (fp8_rows.cu quant_chunk:
+// the block's MXFP8 scale and codes of those values, and its reference code, maxed into m). So
+// the codes, and after the refold onto the row's R the output, are that launch's on
+// out_mxfp8_bf16 bit for bit (finite values). The quantiser's two block maxima need no shuffles
+// here: the MXFP8 rounding is odd and monotone in |v| (e4m3 round-to-nearest-even with saturation,
+// times a power of two; the bf16 rounding of its exact result is the identity), so the largest
+// |rounded value| of the block is the rounded amax, and the largest code magnitude under the new
+// scale is that value's code. (A first form reduced both over the 8 lanes: 6 more dependent
+// shuffles per chunk; the attention grew by ~28 us per decode layer, more than the launch it
+// replaced.)
+__device__ __forceinline__ void fp8_rows_quant4(float4 v, uint32_t& q, uint32_t& code,
+                                                uint32_t& m) {
+  v41::Mxfp8Scale sc;
+  __nv_bfloat162 lo, hi;
+  const float a = mxfp8_bf16x4(v, sc, lo, hi);
+  const float x[4] = {__low2float(lo), __high2float(lo), __low2float(hi), __high2float(hi)};
+  const float a2 = v41::mxfp8_round(a, sc);  // the block's largest |x|
+  const v41::Mxfp8Scale sc2 = v41::mxfp8_scale(a2);
+  q = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) q |= v41::mxfp8_code(x[e], sc2) << (8 * e);
+  const uint32_t mag = v41::mxfp8_code(a2, sc2) & 0x7Fu;  // the block's largest code magnitude
+  code = sc2.code;
+  m = max(m, v41::fp8_rows_block_ref(mag, sc2));
 }
 
 // Global-memory lines of [ptr, ptr + bytes) into L2 (fire and forget), spread over the CTA.
@@ -401,9 +447,10 @@ __device__ __forceinline__ void issue_s(float (&s)[16], uint32_t q_half, uint32_
   }
 }
 
-// kQuantOut: the epilogue writes p.out_mxfp8_bf16 (the MXFP8 fake-quant as bf16 bits), not p.out.
-// kF16Scale: p.swa_f16_scale (decode_tile).
-template <bool kSplit, int kNB, bool kQuantOut, bool kF16Scale>
+// kOut: what the epilogue writes (kOutF32: p.out; kOutMxfp8Bf16: p.out_mxfp8_bf16, the MXFP8
+// fake-quant as bf16 bits; kOutFp8Rows: p.out_fp8_rows and p.out_row_scale, the row-scaled FP8
+// operand of those values). kF16Scale: p.swa_f16_scale (decode_tile).
+template <bool kSplit, int kNB, int kOut, bool kF16Scale>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_attention_wgmma_kernel(SparseAttentionParams p) {
   pdl_wait();
@@ -413,6 +460,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kDecodeGroup = kNB == 2 ? kItems : kItems / 2;
   extern __shared__ unsigned char smem_raw[];
   __shared__ int32_t warp_count[kListRounds][kThreads / 32];
+  [[maybe_unused]] __shared__ uint32_t rows_red[kThreads / 32];  // kOutFp8Rows: the row's R
 #ifdef MOESERVE_ATTN_CLOCKS
   long long clk_ = clock64();
 #endif
@@ -787,8 +835,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Epilogue. out = O / (l 2^8), inverse RoPE on the trailing rd channels, through the O staging
     // tile: o[4 i + 2 h + v] is head r0 + 8 h, channel 256 wg + 8 i + 2 tq + v; then each warp
     // stores 512 contiguous bytes of one head per instruction (float4s), the RoPE pairs from the
-    // table (kQuantOut: 256 bytes of bf16 bits, each lane's 4 values quantised with their
-    // 32-channel block). The stores are not waited for: the next item starts under them.
+    // table (kOutMxfp8Bf16: 256 bytes of bf16 bits, each lane's 4 values quantised with their
+    // 32-channel block; kOutFp8Rows: below). The stores are not waited for: the next item starts
+    // under them.
     __syncthreads();  // both warpgroups' wgmma are complete: q, kt and the stage are free
     {
       float* const ot = reinterpret_cast<float*>(smem);
@@ -805,8 +854,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();  // the staging tile is complete (and the RoPE table)
     {
       const float* const ot = reinterpret_cast<const float*>(smem);
-      float* const out = kQuantOut ? nullptr : p.out + (t * p.heads + h0) * kHd;
-      uint16_t* const out16 = kQuantOut ? p.out_mxfp8_bf16 + (t * p.heads + h0) * kHd : nullptr;
+      [[maybe_unused]] uint32_t rows_m = 0;  // kOutFp8Rows: this thread's largest reference code
+      float* const out = kOut == kOutF32 ? p.out + (t * p.heads + h0) * kHd : nullptr;
+      uint16_t* const out16 =
+          kOut == kOutMxfp8Bf16 ? p.out_mxfp8_bf16 + (t * p.heads + h0) * kHd : nullptr;
       const int rope0 = p.freqs != nullptr ? kHd - p.rd : kHd;  // first rotated channel
       const auto rotate = [&](float& a, float& b, int c) {
         if (c >= rope0) {
@@ -825,11 +876,41 @@ __global__ void __launch_bounds__(kThreads, 1)
           rotate(v.x, v.y, c);
           rotate(v.z, v.w, c + 2);
         }
-        if constexpr (kQuantOut) {
+        if constexpr (kOut == kOutMxfp8Bf16) {
           st_global_mxfp8_bf16x4(out16 + head * kHd + c, v);
+        } else if constexpr (kOut == kOutFp8Rows) {
+          // Pass 1: the chunk's codes and its block's scale code back into its own staging slot
+          // (only this thread reads it again); the block's reference code into m.
+          uint32_t q, code;
+          fp8_rows_quant4(v, q, code, rows_m);
+          *reinterpret_cast<uint2*>(const_cast<float*>(ot) + head * kOStride + c) =
+              make_uint2(q, code);
         } else {
           st_global_v4(out + head * kHd + c, v);
         }
+      }
+      if constexpr (kOut == kOutFp8Rows) {
+        // The item is the whole row (heads == kHeads): R = the row's largest reference code, then
+        // pass 2 stores each chunk's codes refolded onto it (4 bytes per lane, 128 contiguous
+        // bytes per warp) and thread 0 the row scale. rows_red is read after the barrier and
+        // written again only in the next item's epilogue, many barriers later.
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) rows_m = max(rows_m, __shfl_xor_sync(0xFFFFFFFFu, rows_m, o));
+        if (lane == 0) rows_red[warp] = rows_m;
+        __syncthreads();
+        uint32_t R = 0;
+#pragma unroll
+        for (int i = 0; i < kThreads / 32; ++i) R = max(R, rows_red[i]);
+        uint8_t* const out8 = p.out_fp8_rows + t * static_cast<int64_t>(kHeads * kHd);
+#pragma unroll 4
+        for (int k = 0; k < kHeads * kHd / 4 / kThreads; ++k) {
+          const int j = tid + k * kThreads;
+          const int head = j >> 7, c = 4 * (j & 127);
+          const uint2 qc = *reinterpret_cast<const uint2*>(ot + head * kOStride + c);
+          const uint32_t q = v41::fp8_rows_refold4(qc.x, qc.y, R);
+          asm volatile("st.global.b32 [%0], %1;\n" ::"l"(out8 + head * kHd + c), "r"(q) : "memory");
+        }
+        if (tid == 0) p.out_row_scale[t] = v41::ue8m0_decode(R);
       }
     }
     // No barrier: the next item's first list barrier orders these staging reads before its writes.
@@ -843,9 +924,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Persistent grid: one CTA per SM at most (218 KB of shared memory and 256 x ~200 registers allow
 // one), each looping over work items (row, 64 heads), so a CTA's prologue and epilogue run under
 // the memory traffic of its neighbouring items (q prefetched into L2, stores not waited for).
-template <bool kSplit, int kNB, bool kQuantOut, bool kF16Scale>
+template <bool kSplit, int kNB, int kOut, bool kF16Scale>
 void launch_output(const SparseAttentionParams& p, cudaStream_t stream) {
-  constexpr auto kernel = sparse_attention_wgmma_kernel<kSplit, kNB, kQuantOut, kF16Scale>;
+  constexpr auto kernel = sparse_attention_wgmma_kernel<kSplit, kNB, kOut, kF16Scale>;
   static const int sms = [] {
     MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(Smem<kSplit, kNB>::kBytes)));
@@ -857,15 +938,18 @@ void launch_output(const SparseAttentionParams& p, cudaStream_t stream) {
   MS_CUDA_CHECK(launch_kernel(kernel, grid, kThreads, Smem<kSplit, kNB>::kBytes, stream, p));
 }
 
-// The fp32 output, or the MXFP8 bf16 one when out_mxfp8_bf16 is set; in single fp16 precision
+// The fp32 output, the MXFP8 bf16 one when out_mxfp8_bf16 is set, or the row-scaled FP8 one when
+// out_fp8_rows is; in single fp16 precision
 // with swa_f16_scale, kF16Scale's instantiations (split precision ignores it). Each its own
 // instantiation: the default path's code is untouched by the others.
 template <bool kSplit, int kNB, bool kF16Scale>
 void launch_outputs(const SparseAttentionParams& p, cudaStream_t stream) {
-  if (p.out_mxfp8_bf16 != nullptr) {
-    launch_output<kSplit, kNB, true, kF16Scale>(p, stream);
+  if (p.out_fp8_rows != nullptr) {
+    launch_output<kSplit, kNB, kOutFp8Rows, kF16Scale>(p, stream);
+  } else if (p.out_mxfp8_bf16 != nullptr) {
+    launch_output<kSplit, kNB, kOutMxfp8Bf16, kF16Scale>(p, stream);
   } else {
-    launch_output<kSplit, kNB, false, kF16Scale>(p, stream);
+    launch_output<kSplit, kNB, kOutF32, kF16Scale>(p, stream);
   }
 }
 template <bool kSplit, int kNB>

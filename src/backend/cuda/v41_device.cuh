@@ -113,6 +113,35 @@ __device__ __forceinline__ float mxfp8_round(float v, Mxfp8Scale sc) {
   return mxfp8_round2(v, 0.0f, sc).x;
 }
 
+// Row-scaled FP8 (kernels.h "Row-scaled FP8", fp8_rows.cu): the reference code of a 32-wide block
+// whose MXFP8 codes under scale sc have the largest magnitude code mag (the MXFP8 rule on the
+// block's own output amax, so that it depends on the MXFP8 values only, not on their encoding).
+__device__ __forceinline__ uint32_t fp8_rows_block_ref(uint32_t mag, Mxfp8Scale sc) {
+  return mxfp8_scale(e4m3_decode(mag) * sc.s).code;
+}
+// Four e4m3 codes (one word, the first in the low byte) of a block with scale code `code`
+// refolded onto the row's reference code R: e4m3_rn(e4m3(q) * 2^(code - R)) (code - R <= 1 for
+// activations; clamped at -40, where every e4m3 value rounds to 0). The decode is exact (the
+// hardware e4m3 -> f16 conversion), the product by a power of two exact in fp32, the encode the
+// saturating round-to-nearest-even cvt.
+__device__ __forceinline__ uint32_t fp8_rows_refold4(uint32_t codes, uint32_t code, uint32_t R) {
+  const int d = static_cast<int>(code) - static_cast<int>(R);
+  if (d == 0) return codes;
+  const float f = __uint_as_float(static_cast<uint32_t>(127 + max(d, -40)) << 23);
+  uint32_t out = 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint16_t pair = static_cast<uint16_t>(codes >> (16 * h));
+    uint32_t h2;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(pair));
+    const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&h2));
+    uint16_t q;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(q) : "f"(v.y * f), "f"(v.x * f));
+    out |= static_cast<uint32_t>(q) << (16 * h);
+  }
+  return out;
+}
+
 // ---- e2m1 -> e4m3 with a power-of-two shift (the FP8 indexer, v41_select.cu; the FP8 grouped
 // GEMM probe, tools/device/moe_fp8_probe.cu) ----------------------------------------------------
 

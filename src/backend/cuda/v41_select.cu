@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/cuda_util.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/mma.cuh"
@@ -510,6 +511,42 @@ __device__ __forceinline__ void idx_load_q8(const IndexerScoreParams& p, int64_t
   }
 }
 
+// kFp8's query operand: columns n = 32 row slot + head of rows row0 .. row0 + nrows - 1 (kN / 32
+// slots; slots past nrows are zero) as e4m3 in the B layout (one panel: column n's 128 dims in one
+// swizzled row), each column shifted by its own 2^-s and its weight ws[n] by 2^s (the kFp8 note).
+// Item i = (column n, 8 dims c8): the 16 items of a column are 16 consecutive lanes (their max: 4
+// shuffles); kN * 16 is a multiple of the block, so every lane of a warp runs every step.
+template <int kN>
+__device__ __forceinline__ void wg_fill_q_fp8(const IndexerScoreParams& p, int64_t row0, int nrows,
+                                              bool q_vec, uint8_t* qs, float* ws) {
+  for (int i = threadIdx.x; i < kN * 16; i += kWgThreads) {
+    const int n = i >> 4, c8 = i & 15;
+    const int slot = n >> 5;
+    float a[8] = {};
+    if (slot < nrows) idx_load_q8(p, row0 + slot, n & 31, 8 * c8, q_vec, a);
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(a[j]));
+#pragma unroll
+    for (int o = 1; o < 16; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+    // s = floor(log2 M) - 8 from M's exponent field (0: M is 0 or subnormal, s = 0), kept in
+    // [-126, 126] so that 2^s and 2^-s are normal floats.
+    const int ebits = static_cast<int>((__float_as_uint(m) >> 23) & 0xFFu);
+    const int sh = ebits == 0 ? 0 : min(max(ebits - 135, -126), 126);
+    const float inv = __int_as_float((127 - sh) << 23);
+    uint32_t wv[4];  // e4m3 pairs, the first value in the low byte
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      wv[j] = static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(
+          make_float2(a[2 * j] * inv, a[2 * j + 1] * inv), __NV_SATFINITE, __NV_E4M3));
+    *reinterpret_cast<uint2*>(qs + n * kWgRowBytes + (((c8 >> 1) ^ (n & 7)) << 4) + 8 * (c8 & 1)) =
+        make_uint2(wv[0] | (wv[1] << 16), wv[2] | (wv[3] << 16));
+    if (c8 == 0)
+      ws[n] = slot < nrows ? p.w[(row0 + slot) * p.heads + (n & 31)] * __int_as_float((127 + sh) << 23)
+                           : 0.0f;
+  }
+}
+
 // CTAs per SM the registers are sized for: 3 for kFp8 up to 6 row slots (168 registers, no
 // spills; ~43 KB of shared memory each), else 2.
 constexpr int wg_min_ctas(int rows, bool fp8) { return fp8 && rows <= 6 ? 3 : 2; }
@@ -558,36 +595,7 @@ __global__ void __launch_bounds__(kWgThreads, wg_min_ctas(kRows, kFp8))
   }
   const bool q_vec = (reinterpret_cast<uintptr_t>(p.q) & 15u) == 0;
   if constexpr (kFp8) {
-    // q -> e4m3 in the B layout (one panel: column n's 128 dims in one swizzled row), each column
-    // shifted by its own 2^-s and its weight by 2^s (the kFp8 note). Item i = (column n, 8 dims
-    // c8): the 16 items of a column are 16 consecutive lanes (their max: 4 shuffles); kN * 16 is a
-    // multiple of the block, so every lane of a warp runs every step.
-    for (int i = tid; i < kN * 16; i += kWgThreads) {
-      const int n = i >> 4, c8 = i & 15;
-      const int slot = n >> 5;
-      float a[8] = {};
-      if (slot < nrows) idx_load_q8(p, row0 + slot, n & 31, 8 * c8, q_vec, a);
-      float m = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) m = fmaxf(m, fabsf(a[j]));
-#pragma unroll
-      for (int o = 1; o < 16; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-      // s = floor(log2 M) - 8 from M's exponent field (0: M is 0 or subnormal, s = 0), kept in
-      // [-126, 126] so that 2^s and 2^-s are normal floats.
-      const int ebits = static_cast<int>((__float_as_uint(m) >> 23) & 0xFFu);
-      const int sh = ebits == 0 ? 0 : min(max(ebits - 135, -126), 126);
-      const float inv = __int_as_float((127 - sh) << 23);
-      uint32_t wv[4];  // e4m3 pairs, the first value in the low byte
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        wv[j] = static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(
-            make_float2(a[2 * j] * inv, a[2 * j + 1] * inv), __NV_SATFINITE, __NV_E4M3));
-      *reinterpret_cast<uint2*>(qs + n * kWgRowBytes + (((c8 >> 1) ^ (n & 7)) << 4) + 8 * (c8 & 1)) =
-          make_uint2(wv[0] | (wv[1] << 16), wv[2] | (wv[3] << 16));
-      if (c8 == 0)
-        ws[n] = slot < nrows ? p.w[(row0 + slot) * p.heads + (n & 31)] * __int_as_float((127 + sh) << 23)
-                             : 0.0f;
-    }
+    wg_fill_q_fp8<kN>(p, row0, nrows, q_vec, qs, ws);
   } else {
     for (int i = tid; i < kRows * 32; i += kWgThreads)
       ws[i] = i / 32 < nrows ? p.w[(row0 + i / 32) * p.heads + i % 32] : 0.0f;
@@ -725,6 +733,223 @@ __global__ void __launch_bounds__(kWgThreads, wg_min_ctas(kRows, kFp8))
     const int64_t r = i / n_tail, cc = c_tail + i % n_tail;
     p.scores[(row0 + r) * p.ld + cc] = -INFINITY;
   }
+#else
+  __trap();  // sm_90a only (wgmma); the launcher is only reached with use_wgmma.
+#endif
+}
+
+// ---- indexer scores over per-row candidates, Hopper warpgroup MMA on e4m3 ----------------------
+//
+// IndexerScoreParams::cand_wgmma: the Reindex layers' scores (each row its own candidate list of
+// key ids) on kFp8's operands (keys and queries with their block scales folded into e4m3, taken out
+// again in the epilogue): one row per CTA, D[key, head] with M = 64 gathered keys (A) and N = 32
+// heads (B, resident), K = 128 (four m64n32k32 steps), one warpgroup, several CTAs per SM.
+// The mma.sync kernel's candidate form waits each tile on a dependent pair of loads (the id, then
+// the record) with one tile of lookahead. Here:
+//  - the chunk's candidate ids (checked against the row's visible keys: -1 = missing) go to shared
+//    memory once, coalesced;
+//  - the records travel through a ring of kCwStages tiles, issued kCwStages - 2 tiles before
+//    their conversion, keys at a stride of 17 words (odd: the conversion's reads, 32 keys of a
+//    warp at the same word, hit distinct banks). A tile is 8 groups of 8 candidates, 544 bytes of
+//    ring each, copied as 34 16-byte chunks (thread i: chunks i, i + 128, i + 256 of the tile's
+//    272). A group whose 8 ids are one whole candidate block (8 b .. 8 b + 7, all visible; what
+//    launch_blocks_to_candidates writes) is 544 contiguous, 16-byte aligned bytes of the pool:
+//    each chunk is one cp.async.cg. Any other group copies a chunk's 4 words one by one
+//    (cp.async.ca, 4 bytes: the 68-byte records are only 4-byte aligned), zeros for missing keys.
+//    (The first form copied every record 4 bytes at a time: ncu, 64 x 6: 360 us per Reindex
+//    layer at 63% issue, with 9 copies and their address arithmetic per thread and tile.)
+// Per tile it: the MMAs on kt[it & 1]; the copies of tile it + kCwStages into the slot tile it
+// left (converted in the previous iteration, before its barrier); tile it + 1 converted into the
+// other buffer (wg_store_key_fp8); wait for tile it + 2's copies; the epilogue (relu, weights, the
+// head sum in a quad, -inf for missing keys); one CTA barrier (which also publishes tile it + 2's
+// records to every thread).
+constexpr int kCwChunk = 2048;  // candidate columns per CTA
+constexpr int kCwStages = 5;    // record ring depth in tiles
+constexpr int kCwKeyWords = kIdxRec / 4;  // 17
+constexpr int kCwTileWords = kWgTile * kCwKeyWords;
+constexpr int kCwGroupChunks = 8 * kIdxRec / 16;  // 34 16-byte chunks per group of 8 keys
+constexpr int kCwTileChunks = 8 * kCwGroupChunks;  // 272
+constexpr int kCwCopies = (kCwTileChunks + kWgThreads - 1) / kWgThreads;  // per thread per tile
+constexpr int kCwSmemKt = 0;                                  // e4m3 [2][64 keys][128]
+constexpr int kCwSmemQ = kCwSmemKt + 2 * kWgPanel;            // e4m3 [32 heads][128]
+constexpr int kCwSmemRing = kCwSmemQ + 32 * kWgRowBytes;      // u32 [stages][64][17]
+constexpr int kCwSmemIds = kCwSmemRing + kCwStages * kCwTileWords * 4;  // i32 [chunk]
+constexpr int kCwSmemBlk = kCwSmemIds + kCwChunk * 4;         // u8 [chunk / 8]: whole blocks
+constexpr int kCwSmemW = kCwSmemBlk + kCwChunk / 8;           // f32 [32]
+constexpr int kCwSmemKmul = kCwSmemW + 32 * 4;                // f32 [2][64]
+constexpr int kCwSmemBytes = kCwSmemKmul + 2 * kWgTile * 4 + 1024;  // + base alignment
+static_assert(kCwSmemQ % 1024 == 0, "wgmma operands start on swizzle atoms");
+static_assert(kIdxRec % 4 == 0 && kCwKeyWords % 2 == 1, "odd word stride per key");
+
+__global__ void __launch_bounds__(kWgThreads, 4)
+    indexer_cand_wgmma_kernel(IndexerScoreParams p, IdxLaunch L) {
+  pdl_wait();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) uint8_t cw_smem_raw[];
+  const uint32_t raw_addr = static_cast<uint32_t>(__cvta_generic_to_shared(cw_smem_raw));
+  uint8_t* smem = cw_smem_raw + ((1024u - (raw_addr & 1023u)) & 1023u);
+  uint8_t* kt = smem + kCwSmemKt;
+  uint8_t* qs = smem + kCwSmemQ;
+  auto* ring = reinterpret_cast<uint32_t*>(smem + kCwSmemRing);
+  auto* ids = reinterpret_cast<int32_t*>(smem + kCwSmemIds);
+  auto* blk = smem + kCwSmemBlk;
+  auto* ws = reinterpret_cast<float*>(smem + kCwSmemW);
+  auto* kmul = reinterpret_cast<float*>(smem + kCwSmemKmul);
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t seq = blockIdx.x / L.blocks_per_seq;
+  const int64_t r_in_seq = blockIdx.x % L.blocks_per_seq;
+  int64_t row_begin = 0, seq_rows = p.rows, key_base = 0, n_keys = p.n_keys;
+  if (p.n_seqs > 0) {
+    const int64_t* e = p.seqs + seq * 4;
+    row_begin = e[0];
+    seq_rows = e[1];
+    key_base = e[2];
+    n_keys = e[3];
+  }
+  if (r_in_seq >= seq_rows) return;
+  const int64_t row0 = row_begin + r_in_seq;
+  const int64_t c_begin = static_cast<int64_t>(blockIdx.y) * kCwChunk;
+  const int n_here = static_cast<int>(min(L.width - c_begin, static_cast<int64_t>(kCwChunk)));
+  const int ntiles = (n_here + kWgTile - 1) / kWgTile;
+  // Keys the row sees: ids at or past it are missing (-inf), as in the mma.sync kernel.
+  const int64_t vis =
+      max(int64_t{0}, min(n_keys, (static_cast<int64_t>(p.pos[row0]) + 1) / p.ratio));
+  const int32_t* cand_row = p.candidates + row0 * p.n_cand + c_begin;
+  for (int i = tid; i < ntiles * kWgTile; i += kWgThreads) {
+    const int32_t id = i < n_here ? __ldg(cand_row + i) : -1;
+    ids[i] = id >= 0 && id < vis ? id : -1;
+  }
+  const bool q_vec = (reinterpret_cast<uintptr_t>(p.q) & 15u) == 0;
+  wg_fill_q_fp8<32>(p, row0, 1, q_vec, qs, ws);
+  __syncthreads();  // ids
+  const uint8_t* keys = p.keys + key_base * kIdxRec;
+  // Groups of 8 candidates that are one whole visible block, 16-byte aligned in the pool.
+  for (int gi = tid; gi < ntiles * 8; gi += kWgThreads) {
+    const int32_t first = ids[8 * gi];
+    bool whole = first >= 0 && first % 8 == 0 &&
+                 (reinterpret_cast<uintptr_t>(keys + static_cast<int64_t>(first) * kIdxRec) & 15u) == 0;
+#pragma unroll
+    for (int j = 1; j < 8; ++j) whole = whole && ids[8 * gi + j] == first + j;
+    blk[gi] = whole ? 1 : 0;
+  }
+  __syncthreads();  // blk
+
+  // This thread's 16-byte chunks of every tile: chunk tid + 128 m = (group, chunk in the group).
+  int cp_grp[kCwCopies], cp_off[kCwCopies];
+#pragma unroll
+  for (int m = 0; m < kCwCopies; ++m) {
+    const int j = tid + kWgThreads * m;
+    cp_grp[m] = j < kCwTileChunks ? j / kCwGroupChunks : -1;
+    cp_off[m] = j % kCwGroupChunks;
+  }
+  const uint32_t ring_addr = async::smem_addr(ring);
+  // The records of tile u into ring slot u % kCwStages; one commit group (empty past the tiles).
+  const auto issue = [&](int u) {
+    if (u < ntiles) {
+      const uint32_t dst = ring_addr + (u % kCwStages) * (kCwTileWords * 4);
+#pragma unroll
+      for (int m = 0; m < kCwCopies; ++m) {
+        if (cp_grp[m] < 0) continue;
+        const int gi = u * 8 + cp_grp[m];
+        const uint32_t d = dst + cp_grp[m] * (8 * kIdxRec) + 16 * cp_off[m];
+        if (blk[gi]) {
+          async::copy16(d, keys + static_cast<int64_t>(ids[8 * gi]) * kIdxRec + 16 * cp_off[m],
+                        true);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int w = 4 * cp_off[m] + e;  // word of the group: key w / 17, word w % 17
+            const int kk = w / kCwKeyWords;
+            const int32_t id = ids[8 * gi + kk];
+            const bool ok = id >= 0;
+            async::copy4(d + 4 * e,
+                         keys + static_cast<int64_t>(ok ? id : 0) * kIdxRec +
+                             4 * (w - kk * kCwKeyWords),
+                         ok);
+          }
+        }
+      }
+    }
+    async::commit();
+  };
+  // Key loading: thread -> key tid % 64 of each tile, record half tid / 64 (dims [64 h, +64)).
+  const int my_key = tid & (kWgTile - 1), my_half = tid >> 6;
+  // Tile u's records (landed, published by a barrier) into key buffer u & 1, as e4m3.
+  const auto convert = [&](int u) {
+    const uint32_t* src = ring + (u % kCwStages) * kCwTileWords + my_key * kCwKeyWords;
+    IdxRaw r;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) r.w[q] = src[8 * my_half + q];
+    r.sc = src[16];
+    r.id = ids[u * kWgTile + my_key];
+    wg_store_key_fp8(r, kt + (u & 1) * kWgPanel, kmul + (u & 1) * kWgTile, my_key, my_half);
+    // A missing key's mark: -1 (not wg_store_key_fp8's 0, which a flush-to-zero compare would
+    // confuse with the smallest key scales' 2^-133).
+    if (my_half == 0 && r.id < 0) kmul[(u & 1) * kWgTile + my_key] = -1.0f;
+  };
+
+#pragma unroll 1
+  for (int s = 0; s < kCwStages; ++s) issue(s);
+  async::wait<kCwStages - 2>();  // tiles 0 and 1
+  __syncthreads();
+  if (ntiles > 0) convert(0);
+  wgmma::fence_proxy_async_smem();
+  __syncthreads();
+
+  const uint64_t desc_kt = wgmma::desc_k_sw128(kt);
+  const uint64_t desc_q = wgmma::desc_k_sw128(qs);
+  float acc[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
+
+  for (int it = 0; it < ntiles; ++it) {
+    const int buf = it & 1;
+    wgmma::fence_operands(acc);
+    wgmma::fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+      wgmma::e4m3_ss<32>(acc, desc_kt + ((buf * kWgPanel + s * 32) >> 4), desc_q + ((s * 32) >> 4),
+                         s > 0 ? 1 : 0);
+    wgmma::commit_group();
+    // Slot it % kCwStages: tile it, converted before the previous barrier.
+    issue(it + kCwStages);
+    if (it + 1 < ntiles) convert(it + 1);
+    // Groups committed: tiles 0 .. it + kCwStages; tile it + 2's done with kCwStages - 2 pending.
+    async::wait<kCwStages - 2>();
+    wgmma::fence_proxy_async_smem();
+    wgmma::wait_group<0>();
+    wgmma::fence_operands(acc);
+
+    // acc[4j + 2h + v]: key 16 warp + g + 8h, head 8j + 2t + v.
+    float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 wv = *reinterpret_cast<const float2*>(ws + 8 * j + 2 * t);
+      s0 += wv.x * fmaxf(acc[4 * j], 0.0f) + wv.y * fmaxf(acc[4 * j + 1], 0.0f);
+      s1 += wv.x * fmaxf(acc[4 * j + 2], 0.0f) + wv.y * fmaxf(acc[4 * j + 3], 0.0f);
+    }
+    s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 1);
+    s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 1);
+    s0 += __shfl_xor_sync(0xFFFFFFFFu, s0, 2);
+    s1 += __shfl_xor_sync(0xFFFFFFFFu, s1, 2);
+    if (t < 2) {
+      const int kk = 16 * warp + g + 8 * t;
+      const int c = it * kWgTile + kk;
+      if (c < n_here) {
+        // kmul: the key's 2^(E - 133), -1 for a missing key.
+        const float km = kmul[buf * kWgTile + kk];
+        p.scores[row0 * p.ld + c_begin + c] =
+            km < 0.0f ? -INFINITY : (t == 0 ? s0 : s1) * (p.scale * km);
+      }
+    }
+    // Every thread's conversion into buffer buf ^ 1 (and its proxy fence) before the next tile's
+    // MMAs read it, and tile it + 2's records, before its conversion; every warp past its wait
+    // (and its kmul reads) before tile it + 1 overwrites buffer buf.
+    __syncthreads();
+  }
+  async::wait<0>();  // no copy outlives the CTA
 #else
   __trap();  // sm_90a only (wgmma); the launcher is only reached with use_wgmma.
 #endif
@@ -1102,6 +1327,11 @@ void launch_indexer_wgmma(const IndexerScoreParams& p, const IdxLaunch& L, int64
 
 }  // namespace
 
+bool indexer_cand_wgmma_applies(const IndexerScoreParams& p) {
+  return p.candidates != nullptr && p.cand_wgmma && p.use_wgmma && p.use_fp8 && p.q_exact_bf16 &&
+         p.heads == kIdxHeadsPerLaunch && p.head_dim == kIdxDim;
+}
+
 void launch_indexer_scores(const IndexerScoreParams& p, Stream stream) {
   const bool cand = p.candidates != nullptr;
   const bool batched = p.n_seqs > 0;
@@ -1135,6 +1365,18 @@ void launch_indexer_scores(const IndexerScoreParams& p, Stream stream) {
         launch_indexer_wgmma<8>(p, L, n_seqs, s);
         break;
     }
+    return;
+  }
+  if (indexer_cand_wgmma_applies(p)) {
+    L.blocks_per_seq = seq_rows;  // one row per CTA
+    L.head0 = 0;
+    L.heads_here = kIdxHeadsPerLaunch;
+    const auto fn = indexer_cand_wgmma_kernel;
+    MS_CUDA_CHECK(
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, kCwSmemBytes));
+    const dim3 grid(static_cast<unsigned>(n_seqs * L.blocks_per_seq),
+                    static_cast<unsigned>(ceil_div(L.width, kCwChunk)));
+    MS_CUDA_CHECK(launch_kernel(fn, grid, kWgThreads, kCwSmemBytes, s, p, L));
     return;
   }
   const int slots = cand ? 1 : (p.q_exact_bf16 ? 8 : 4);

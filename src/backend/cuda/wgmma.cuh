@@ -179,6 +179,7 @@ __device__ __forceinline__ void bf16_rs(float (&d)[kN / 2], const uint32_t (&a)[
                  : MS_WGMMA_ACC##NACC("+f", d)                                                 \
                  : "l"(desc_a), "l"(desc_b), "r"(accumulate));                                 \
   }
+MS_WGMMA_E4M3_SS(32, 16, 16, 17, 18)
 MS_WGMMA_E4M3_SS(64, 32, 32, 33, 34)
 MS_WGMMA_E4M3_SS(128, 64, 64, 65, 66)
 MS_WGMMA_E4M3_SS(192, 96, 96, 97, 98)

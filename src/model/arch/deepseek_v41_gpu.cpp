@@ -698,7 +698,10 @@ struct DeepseekV41Gpu::Impl {
         DeviceMemory(static_cast<size_t>(opt.max_seqs * window + opt.max_rows) * c.swa_row_bytes());
     cache_bytes += L.swa_pool.bytes();
     if (info.is_kv_source) {
-      L.cap = opt.max_context / info.ratio + 1;
+      // Rounded up to 8 entries: every slot's first 68-byte index record then starts on a 16-byte
+      // boundary, so the Reindex scores copy whole candidate blocks (8 records) 16 bytes at a time
+      // (indexer_cand_wgmma_kernel; a slot of 131,073 entries put 3 of 4 slots off it).
+      L.cap = (opt.max_context / info.ratio + 1 + 7) / 8 * 8;
       L.main_pool = DeviceMemory(static_cast<size_t>(opt.max_seqs * L.cap) * c.main_entry_bytes());
       L.index_pool =
           DeviceMemory(static_cast<size_t>(opt.max_seqs * L.cap) * c.index_entry_bytes());
@@ -1720,6 +1723,8 @@ struct DeepseekV41Gpu::Impl {
       p.q_exact_bf16 = true;
       p.use_wgmma = opt.indexer_wgmma;
       p.use_fp8 = opt.indexer_fp8;
+      p.cand_wgmma = opt.indexer_cand_wgmma;
+      if (opt.trace && reindex) trace.indexer_cand_wgmma[l] = cu::indexer_cand_wgmma_applies(p);
       if (p.n_seqs > 0) cu::launch_indexer_scores(p, stream);
     }
     if (info.is_candidate_source) {
@@ -1872,9 +1877,24 @@ struct DeepseekV41Gpu::Impl {
     const bool quant_epilogue = opt.attn_quant_epilogue && !opt.f64_attention &&
                                 !opt.exact_linears && (wo_a_on_lt_bf16(L) || wo_a_on_lt_fp8(L)) &&
                                 cu::sparse_attention_wgmma_applies(p);
-    if (opt.trace) trace.attn_quant_epilogue[l] = quant_epilogue;
+    // attn_fp8_rows_epilogue: wo_a's row-scaled FP8 operand itself, into the buffers
+    // quant_rows_fp8 would fill ("aq_o8r", "aq_ors"), where an item is a whole row (64 heads).
+    const bool rows_epilogue =
+        quant_epilogue && opt.attn_fp8_rows_epilogue && wo_a_on_lt_fp8(L) && h == 64;
+    if (opt.trace) {
+      trace.attn_quant_epilogue[l] = quant_epilogue;
+      trace.attn_fp8_rows_epilogue[l] = rows_epilogue;
+    }
     float* o = quant_epilogue ? nullptr : buf<float>("attn_o", n * h * hd);
-    uint16_t* o16 = quant_epilogue ? buf<uint16_t>("aq_o16", n * h * hd) : nullptr;
+    uint16_t* o16 =
+        quant_epilogue && !rows_epilogue ? buf<uint16_t>("aq_o16", n * h * hd) : nullptr;
+    QuantRows o8{nullptr, cu::ActivationType::kMxfp8};
+    if (rows_epilogue) {
+      p.out_fp8_rows = buf<uint8_t>("aq_o8r", n * h * hd);
+      p.out_row_scale = buf<float>("aq_ors", n);
+      o8.data = p.out_fp8_rows;
+      o8.row_scale = p.out_row_scale;
+    }
     p.out = o;
     p.out_mxfp8_bf16 = o16;
     attend(p);
@@ -1885,7 +1905,7 @@ struct DeepseekV41Gpu::Impl {
     mark(GpuComponent::kAttention, "swa_records");
     cu::launch_copy_records(chunk, n, static_cast<int64_t>(rec), s.ring_dst.as<int64_t>(),
                             L.swa_pool.as<uint8_t>(), stream);
-    out_proj(L, o, n, y, o16);
+    out_proj(L, o, n, y, o16, rows_epilogue ? &o8 : nullptr);
   }
 
   // out_proj's wo_a paths: the G group GEMMs on the FP8 wgmma kernel (o's e4m3 codes), or as one
@@ -1941,14 +1961,18 @@ struct DeepseekV41Gpu::Impl {
 
   // Grouped low-rank output projection (§2.5): [n, H*hd] -> [n, G*O] -> [n, D]. o16 (optional):
   // wo_a's input already quantised, o's MXFP8 fake-quant as bf16 bits [n, H*hd] from the
-  // attention's epilogue (attn_quant_epilogue; o is then null), for the cuBLASLt paths only.
-  void out_proj(Layer& L, const float* o, int64_t n, float* y, const uint16_t* o16 = nullptr) {
+  // attention's epilogue (attn_quant_epilogue; o is then null), for the cuBLASLt paths only. o8
+  // (optional): wo_a's row-scaled FP8 operand itself from that epilogue (attn_fp8_rows_epilogue;
+  // o and o16 null), for the row-scaled FP8 path only.
+  void out_proj(Layer& L, const float* o, int64_t n, float* y, const uint16_t* o16 = nullptr,
+                const QuantRows* o8 = nullptr) {
     const int64_t d = c.hidden_size, hd = c.head_dim;
     const int h = c.num_attention_heads;
     mark(GpuComponent::kDense, "o");
     const int64_t g = c.o_groups, og = c.o_lora_rank, gin = h * hd / g;
     float* mid = buf<float>("attn_mid", n * g * og);
     MS_CHECK(o16 == nullptr || wo_a_on_lt_bf16(L) || wo_a_on_lt_fp8(L));
+    MS_CHECK(o8 == nullptr || (wo_a_on_lt_fp8(L) && o16 == nullptr && o == nullptr));
     if (wo_a_on_lt_fp8(L)) {
       // The G group GEMMs as one strided-batched row-scaled FP8 cuBLASLt GEMM over one
       // quantisation of o (or of the epilogue's o16, whose MXFP8 values requantise to
@@ -1957,8 +1981,10 @@ struct DeepseekV41Gpu::Impl {
       // writes mid's columns [gi og, +og), unscaled: wo_b's quantiser applies the row scales and
       // wo_a's row scales (mid's columns) on load, as a scaling pass would (bit for bit).
       const QuantRows qo =
-          o16 != nullptr ? quant_rows_fp8(o16, cu::ActivationType::kBF16, h * hd, n, h * hd, "aq_o")
-                         : quant_rows_fp8(o, cu::ActivationType::kF32, h * hd, n, h * hd, "aq_o");
+          o8 != nullptr ? *o8
+          : o16 != nullptr
+              ? quant_rows_fp8(o16, cu::ActivationType::kBF16, h * hd, n, h * hd, "aq_o")
+              : quant_rows_fp8(o, cu::ActivationType::kF32, h * hd, n, h * hd, "aq_o");
       cu::LtGemmParams p = wo_a_batched(cu::GemmPrecision::kFp8RowScaled, qo.data,
                                         L.wo_a.w8r.as<uint8_t>(), mid, n);
       p.a_scale = qo.row_scale;

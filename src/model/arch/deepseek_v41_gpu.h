@@ -104,6 +104,12 @@ struct GpuModelOptions {
   // 3.92 ms per decode 64 x 6 step (48.31 -> 47.63 ms), prefill 8K after 128K 30.1 -> 25.9 ms
   // (64.7k -> 67.7k tokens/s). On, as the field runs its FP8 indexers (the same ~14-bit sums).
   bool indexer_fp8 = true;
+  // true (with indexer_wgmma and indexer_fp8): the Reindex layers' candidate scores on e4m3 wgmma
+  // too (IndexerScoreParams::cand_wgmma: one row per CTA, the candidates' records gathered through
+  // a cp.async ring several tiles ahead, whole candidate blocks as 16-byte copies) instead of the
+  // mma.sync kernel's bf16 products; the sums are indexer_fp8's. Measured on the H200 (r19, call
+  // 5): the indexer scores 3.91 -> 2.88 ms per decode 64 x 6 step (38.33 -> 37.48 ms).
+  bool indexer_cand_wgmma = true;
   // true: the sparse attention on the sm_90a wgmma kernel (SparseAttentionParams::use_wgmma:
   // persistent blocks over (row, 64 heads) items, each key tile dequantised once per row) where
   // it takes the shape (heads % 64 == 0, sm_90); false: the mma.sync kernel. The same products;
@@ -426,6 +432,14 @@ struct GpuModelOptions {
   // (wo_a's part 4.50 -> 3.72 ms, the attention 7.93 -> 8.36), prefill 8K 129.6 -> 128.4 ms,
   // decode 64 x 1 the same (23.94 / 23.89 ms).
   bool attn_quant_epilogue = true;
+  // true (with attn_quant_epilogue): where wo_a then takes the row-scaled FP8 cuBLASLt path
+  // (fp8_row_scaled) and the attention has 64 heads (a work item of the wgmma kernel is a whole
+  // row), the epilogue writes wo_a's row-scaled FP8 operand itself (SparseAttentionParams::
+  // out_fp8_rows: the codes and row scales launch_act_quant_fp8_rows makes of the bf16 MXFP8
+  // values, bit for bit; trace: attn_fp8_rows_epilogue), so the bf16 buffer and that launch go.
+  // Measured on the H200 (r19, call 5): prefill 8K 111.02 -> 110.51 ms; decode 64 x 6 37.52 ->
+  // 37.48 ms (the attention +0.73 ms, wo_a's part -0.96 ms).
+  bool attn_fp8_rows_epilogue = true;
   // true: our kernels are launched with programmatic dependent launch (PDL, sm_90;
   // cuda::set_programmatic_launch): each may be scheduled once every CTA of its predecessor on
   // the stream has exited, and waits on the device (its first statement) until that predecessor
@@ -467,6 +481,10 @@ struct GpuForwardTrace {
   std::map<int32_t, bool> qkv_a;       // the attention's wq_a + wkv as one GEMM (fuse_qkv_a)
   // wo_a's input quantised in the attention's epilogue (attn_quant_epilogue)
   std::map<int32_t, bool> attn_quant_epilogue;
+  // ... and as wo_a's row-scaled FP8 operand (attn_fp8_rows_epilogue)
+  std::map<int32_t, bool> attn_fp8_rows_epilogue;
+  // Reindex layers' candidate scores on the e4m3 wgmma kernel (indexer_cand_wgmma)
+  std::map<int32_t, bool> indexer_cand_wgmma;
   std::map<int32_t, std::vector<int32_t>> selected;  // index sources: [rows, index_topk] entries
   std::map<int32_t, std::vector<float>> scores;      // index sources: [rows, width] scores
   std::map<int32_t, int64_t> score_width;            // columns of scores[l]

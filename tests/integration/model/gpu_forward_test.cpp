@@ -356,6 +356,32 @@ void oracle_prefill(DeepseekV41Gpu& m, const std::vector<int32_t>& prompt) {
   m.release_sequence(*seq);
 }
 
+// Two traces' scores of one index layer (rows x w): the -inf pattern asserted equal; the worst
+// row's max |difference| / max |score| into worst, and the finite scores that differ and that
+// were compared added to differing and compared.
+void compare_score_rows(const std::vector<float>& sa, const std::vector<float>& sb, int64_t rows,
+                        int64_t w, uint32_t seed, double& worst, int64_t& differing,
+                        int64_t& compared) {
+  ASSERT_EQ(sa.size(), sb.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double mx = 0.0, md = 0.0;
+    for (int64_t j = 0; j < w; ++j) {
+      const float x = sa[static_cast<size_t>(r * w + j)];
+      const float y = sb[static_cast<size_t>(r * w + j)];
+      if (std::isinf(x) || std::isinf(y)) {
+        EXPECT_EQ(x, y) << "seed " << seed << " row " << r << " column " << j;
+        continue;
+      }
+      mx = std::max(mx, std::abs(static_cast<double>(x)));
+      const double d = std::abs(static_cast<double>(x) - y);
+      md = std::isnan(d) ? 1e30 : std::max(md, d);
+      differing += x != y;
+      ++compared;
+    }
+    worst = std::max(worst, md / std::max(mx, 1e-30));
+  }
+}
+
 // The forward with a wgmma kernel on against the same model with it off, layer by layer (oracle
 // prefill of 20-token prompts, traced), where the kernel first acts, before rounding flips spread:
 // - indexer_wgmma: the first index-source layer's scores (every layer before it is the same code)
@@ -415,24 +441,9 @@ TEST(GpuForward, WgmmaKernelsAgreeWithMmaSyncInTheForward) {
     // The worst row's max |score difference| / max |score| of m against ref (the -inf pattern
     // exactly), and how many of its rows pick the same top-k set.
     const auto compare_scores = [&](DeepseekV41Gpu& m, double& worst, int& rows_same_topk) {
-      const auto& sb = m.trace().scores.at(l);
-      ASSERT_EQ(sa.size(), sb.size());
-      for (int64_t r = 0; r < kRows; ++r) {
-        double mx = 0.0, md = 0.0;
-        for (int64_t j = 0; j < w; ++j) {
-          const float x = sa[static_cast<size_t>(r * w + j)];
-          const float y = sb[static_cast<size_t>(r * w + j)];
-          if (std::isinf(x) || std::isinf(y)) {
-            EXPECT_EQ(x, y) << "seed " << seed << " row " << r << " column " << j;
-            continue;
-          }
-          mx = std::max(mx, std::abs(static_cast<double>(x)));
-          const double d = std::abs(static_cast<double>(x) - y);
-          md = std::isnan(d) ? 1e30 : std::max(md, d);
-          if (&m == idx.get()) idx_scores_differing += x != y;
-        }
-        worst = std::max(worst, md / std::max(mx, 1e-30));
-      }
+      int64_t differing = 0, compared = 0;
+      compare_score_rows(sa, m.trace().scores.at(l), kRows, w, seed, worst, differing, compared);
+      if (&m == idx.get()) idx_scores_differing += differing;
       const auto& ka = tr.selected.at(l);
       const auto& kb = m.trace().selected.at(l);
       ASSERT_EQ(ka.size(), kb.size());
@@ -1673,6 +1684,79 @@ TEST(GpuForward, FusedSharedW13FallsBackWhereW1AndW3Differ) {
   std::filesystem::remove_all(dir);
 }
 
+// GpuModelOptions::indexer_cand_wgmma (the Reindex layers' candidate scores on e4m3 wgmma; op test
+// CudaV41.IndexerScoresCandidatesWgmma) against the mma.sync kernel in the forward, on the wide
+// model (32 index heads of 128 dims), traced oracle prefills of 20-token prompts: every index
+// layer before the first Reindex layer runs the same code, so its scores are bit-identical; every
+// Reindex layer took the new kernel (trace), and the first one's scores agree within 2e-3 of each
+// row's largest score (the e4m3 k32 sums) with the same -inf pattern. (Measured on the H200: 0
+// apart. This model's FP4 queries and keys have block scales close together, so every k32 sum of
+// their exact products fits Hopper's ~14 bits and the e4m3 sums equal the fp32 ones; the op test's
+// spread scales are where they part.) Then the short greedy check against the CPU oracle, as every
+// production path.
+TEST(GpuForward, IndexerCandWgmmaAgreesInTheForward) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_forward_cand_wgmma");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  const auto load = [&](bool cand) {
+    arch::GpuModelOptions opt;
+    opt.max_seqs = 1;
+    opt.max_context = 64;
+    opt.max_rows = 64;
+    opt.trace = true;
+    opt.indexer_wgmma = true;
+    opt.indexer_fp8 = true;
+    opt.indexer_cand_wgmma = cand;
+    auto m = DeepseekV41Gpu::load(dir, opt);
+    if (!m) throw std::runtime_error(m.error().to_string());
+    return std::move(*m);
+  };
+  auto ref = load(false);
+  auto cand = load(true);
+  int32_t first_reindex = -1;
+  for (const LayerInfo& li : ref->config().layers)
+    if (li.mode == LayerMode::kReindex) {
+      first_reindex = li.layer_id;
+      break;
+    }
+  ASSERT_GE(first_reindex, 0);
+  const int64_t v = ref->config().vocab_size;
+  constexpr int64_t kRows = 20;
+  double worst = 0.0;
+  int64_t differing = 0, compared = 0;
+  for (uint32_t seed = 3; seed < 9; ++seed) {
+    const std::vector<int32_t> prompt =
+        test_prompt(static_cast<int32_t>(kRows), seed, static_cast<int32_t>(v));
+    oracle_prefill(*ref, prompt);
+    oracle_prefill(*cand, prompt);
+    ASSERT_TRUE(ref->trace().scores.contains(first_reindex));
+    for (const LayerInfo& li : ref->config().layers)
+      if (li.mode == LayerMode::kReindex) {
+        EXPECT_FALSE(ref->trace().indexer_cand_wgmma.at(li.layer_id)) << li.layer_id;
+        EXPECT_TRUE(cand->trace().indexer_cand_wgmma.at(li.layer_id)) << li.layer_id;
+      }
+    for (const auto& [l, sa] : ref->trace().scores) {
+      if (l > first_reindex) break;  // later layers see inputs the new scores moved
+      const auto& sb = cand->trace().scores.at(l);
+      ASSERT_EQ(sa.size(), sb.size());
+      if (l < first_reindex) {
+        EXPECT_TRUE(sa == sb) << "layer " << l << " seed " << seed;
+        continue;
+      }
+      compare_score_rows(sa, sb, kRows, ref->trace().score_width.at(l), seed, worst, differing,
+                         compared);
+    }
+  }
+  fmt::print(
+      "indexer_cand_wgmma: layer {} scores, worst row max|diff| / max|score| {:.3g}, {} of "
+      "{} finite scores differ\n",
+      first_reindex, worst, differing, compared);
+  EXPECT_GT(compared, 0);
+  EXPECT_LE(worst, 2e-3);
+  expect_wide_short_greedy("indexer_cand_wgmma",
+                           [](arch::GpuModelOptions& o) { o.indexer_cand_wgmma = true; });
+}
+
 // GpuModelOptions::router_f32_slices (the router logits on cuda::launch_router_logits_f32, whose
 // slices the router kernel sums; op test CudaOps.RouterLogitsF32MatchesDoubleProduct) in the
 // forward, on the wide model (hidden 256: 16 chunks, so 5 slices of 3 or 4 chunks): the short
@@ -2415,31 +2499,28 @@ TEST(GpuForward, MoeQuantOnceIsBitIdentical) {
   std::filesystem::remove_all(dir);
 }
 
-// GpuModelOptions::attn_quant_epilogue (wo_a's input, the MXFP8 fake-quant of the attention
-// output as bf16 bits, written by the wgmma attention's epilogue instead of the fp32 output and
-// launch_act_quant_mxfp8) against the two launches, on the wide model (64 heads: the wgmma
-// attention; FP8 wo_a on the bf16 cuBLASLt path, fp8_wgmma being off). A traced oracle prefill
-// takes the epilogue in every layer (trace) and every layer's attention output is bit-identical;
-// then the forwards of expect_bit_identical_forwards with the option off, on, and on as CUDA
-// graphs: the same wo_a input bits into the same GEMM, so every logit is bit-identical.
-TEST(GpuForward, AttnQuantEpilogueIsBitIdenticalInTheForward) {
-  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
-  if (!wide_wgmma_attention_runs())
-    GTEST_SKIP() << "the wgmma attention (sm_90a) does not run on this device";
-  const std::filesystem::path dir = make_temp_dir("gpu_forward_attn_quant_epilogue");
+// An attention-epilogue option (set(o, on)) on the wide model (64 heads: the wgmma attention),
+// off against on: a traced oracle prefill (seed `seed`) takes it in every layer (the trace map
+// `taken`) and every layer's attention output is bit-identical; then the forwards of
+// expect_bit_identical_forwards with it off, on, and on as CUDA graphs.
+void expect_attn_epilogue_bit_identical(
+    const std::string& name, uint32_t seed,
+    const std::function<void(arch::GpuModelOptions&, bool)>& set,
+    std::map<int32_t, bool> arch::GpuForwardTrace::*taken) {
+  const std::filesystem::path dir = make_temp_dir(name);
   ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
   const auto run = [&](bool on) {
-    return traced_prefill(dir, 12, [&](arch::GpuModelOptions& o) {
+    return traced_prefill(dir, seed, [&](arch::GpuModelOptions& o) {
       o.attention_wgmma = true;
-      o.attn_quant_epilogue = on;
+      set(o, on);
     });
   };
   const auto ta = run(false);
   const auto tb = run(true);
-  ASSERT_FALSE(tb.attn_quant_epilogue.empty());
-  ASSERT_EQ(ta.attn_quant_epilogue.size(), tb.attn_quant_epilogue.size());
-  for (const auto& [layer, on] : ta.attn_quant_epilogue) EXPECT_FALSE(on) << "layer " << layer;
-  for (const auto& [layer, on] : tb.attn_quant_epilogue) EXPECT_TRUE(on) << "layer " << layer;
+  ASSERT_FALSE((tb.*taken).empty());
+  ASSERT_EQ((ta.*taken).size(), (tb.*taken).size());
+  for (const auto& [layer, on] : ta.*taken) EXPECT_FALSE(on) << "layer " << layer;
+  for (const auto& [layer, on] : tb.*taken) EXPECT_TRUE(on) << "layer " << layer;
   ASSERT_FALSE(ta.attn_out.empty());
   ASSERT_EQ(ta.attn_out.size(), tb.attn_out.size());
   for (const auto& [layer, a] : ta.attn_out) {
@@ -2451,11 +2532,43 @@ TEST(GpuForward, AttnQuantEpilogueIsBitIdenticalInTheForward) {
   EXPECT_TRUE(ta.layer_out == tb.layer_out);
 
   arch::GpuModelOptions opt;
-  opt.attn_quant_epilogue = false;
-  expect_option_bit_identical(dir, opt,
-                              [](arch::GpuModelOptions& o) { o.attn_quant_epilogue = true; });
+  set(opt, false);
+  expect_option_bit_identical(dir, opt, [&](arch::GpuModelOptions& o) { set(o, true); });
   if (testing::Test::HasFatalFailure()) return;
   std::filesystem::remove_all(dir);
+}
+
+// GpuModelOptions::attn_quant_epilogue (wo_a's input, the MXFP8 fake-quant of the attention
+// output as bf16 bits, written by the wgmma attention's epilogue instead of the fp32 output and
+// launch_act_quant_mxfp8; with attn_fp8_rows_epilogue, on by default, the epilogue goes on to
+// wo_a's row-scaled FP8 operand) against the launches it replaces, on the wide model: every
+// layer's attention output and every logit bit-identical (expect_attn_epilogue_bit_identical).
+TEST(GpuForward, AttnQuantEpilogueIsBitIdenticalInTheForward) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  if (!wide_wgmma_attention_runs())
+    GTEST_SKIP() << "the wgmma attention (sm_90a) does not run on this device";
+  expect_attn_epilogue_bit_identical(
+      "gpu_forward_attn_quant_epilogue", 12,
+      [](arch::GpuModelOptions& o, bool on) { o.attn_quant_epilogue = on; },
+      &arch::GpuForwardTrace::attn_quant_epilogue);
+}
+
+// GpuModelOptions::attn_fp8_rows_epilogue (wo_a's row-scaled FP8 operand written by the wgmma
+// attention's epilogue instead of the bf16 MXFP8 values and launch_act_quant_fp8_rows; op test
+// CudaV41.SparseAttentionWgmmaFp8RowsEpilogueIsBitIdentical) on the wide model (64 heads; wo_a on
+// the row-scaled FP8 cuBLASLt GEMM, fp8_row_scaled being on), with attn_quant_epilogue on:
+// bit-identical (expect_attn_epilogue_bit_identical).
+TEST(GpuForward, AttnFp8RowsEpilogueIsBitIdenticalInTheForward) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  if (!wide_wgmma_attention_runs())
+    GTEST_SKIP() << "the wgmma attention (sm_90a) does not run on this device";
+  expect_attn_epilogue_bit_identical(
+      "gpu_forward_attn_fp8_rows", 12,
+      [](arch::GpuModelOptions& o, bool on) {
+        o.attn_quant_epilogue = true;
+        o.attn_fp8_rows_epilogue = on;
+      },
+      &arch::GpuForwardTrace::attn_fp8_rows_epilogue);
 }
 
 // GpuModelOptions::attention_swa_f16_scale (the wgmma attention's SWA keys dequantised by an
