@@ -232,6 +232,11 @@ args_prefill8k_prod_cand="$args_prefill8k_prod --indexer-cand-wgmma true"
 args_decode_s6_nocand="$args_decode_s6 --indexer-cand-wgmma false"
 args_decode_s1_nocand="$args_decode_s1 --indexer-cand-wgmma false"
 args_prefill8k_prod_nocand="$args_prefill8k_prod --indexer-cand-wgmma false"
+# r19 (for r20): the mHC expand + mixes at 4 rows per thread (32-row tiles: half the re-reads of
+# the mixes' weights), automatic split and 20 blocks.
+args_decode_s6_mr4="$args_decode_s6 --mhc-fused-rows-per-thread 4"
+args_decode_s6_mr4s20="$args_decode_s6 --mhc-fused-rows-per-thread 4 --mhc-split-blocks 20"
+args_decode_s1_mr4="$args_decode_s1 --mhc-fused-rows-per-thread 4"
 args_decode_s6_msplit10="$args_decode_s6 --mhc-split-blocks 10"
 args_decode_s6_msplit20="$args_decode_s6 --mhc-split-blocks 20"
 args_decode_s6_msplit40="$args_decode_s6 --mhc-split-blocks 40"
