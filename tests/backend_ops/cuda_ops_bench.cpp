@@ -356,11 +356,13 @@ void run_v41_ops(Bench& b, std::vector<Result>& results) {
     const double key_bytes = 68.0 * (c.cand ? t : c.seqs) * c.keys;
     // Without candidates also the sm_90a warpgroup-MMA kernel (use_wgmma) on the same buffers,
     // on bf16 and on e4m3 operands (use_fp8; the random q rounds to e4m3, same work; the floor
-    // stays the bf16 rate's, so e4m3 can pass 100%).
+    // stays the bf16 rate's, so e4m3 can pass 100%). With candidates the mma.sync kernel and the
+    // e4m3 wgmma one (cand_wgmma; whole blocks: the pool's slots start on 16 bytes).
     for (const int variant : {0, 1, 2}) {
       const bool wg = variant >= 1, fp8 = variant == 2;
-      if (wg && c.cand) continue;
-      const char* name = c.cand ? "indexer batched, candidates"
+      if (c.cand && variant == 1) continue;
+      const char* name = c.cand ? (fp8 ? "indexer batched, candidates (wgmma e4m3)"
+                                       : "indexer batched, candidates")
                          : fp8  ? "indexer batched (fp4 q, wgmma e4m3)"
                          : wg   ? "indexer batched (fp4 q, wgmma)"
                                 : "indexer batched (fp4 q)";
@@ -385,6 +387,7 @@ void run_v41_ops(Bench& b, std::vector<Result>& results) {
                                 p.q_exact_bf16 = true;
                                 p.use_wgmma = wg;
                                 p.use_fp8 = fp8;
+                                p.cand_wgmma = c.cand && fp8;
                                 cuda::launch_indexer_scores(p, stream);
                               }));
     }
