@@ -902,22 +902,31 @@ TEST(GpuForward, DSparkTapsMatchCpu) {
   std::filesystem::remove_all(dir);
 }
 
-// One traced oracle prefill of a 20-token prompt on a fresh model of `dir` (options: 2 sequences,
-// 64 rows, trace on, then `tweak`); the trace, and the forward's cost when `cost` is given.
-arch::GpuForwardTrace traced_prefill(const std::filesystem::path& dir, uint32_t seed,
-                               const std::function<void(arch::GpuModelOptions&)>& tweak,
-                               arch::GpuForwardCost* cost = nullptr) {
+// A traced model of `dir` for short prefills (seqs sequences, context and rows 64, trace on, then
+// `tweak`); throws on a load error.
+std::unique_ptr<DeepseekV41Gpu> load_traced(
+    const std::filesystem::path& dir, int seqs,
+    const std::function<void(arch::GpuModelOptions&)>& tweak) {
   arch::GpuModelOptions opt;
-  opt.max_seqs = 2;
+  opt.max_seqs = seqs;
   opt.max_context = 64;
   opt.max_rows = 64;
   opt.trace = true;
   tweak(opt);
   auto m = DeepseekV41Gpu::load(dir, opt);
   if (!m) throw std::runtime_error(m.error().to_string());
-  oracle_prefill(**m, test_prompt(20, seed, static_cast<int32_t>((*m)->config().vocab_size)));
-  if (cost != nullptr) *cost = (*m)->last_cost();
-  return (*m)->trace();
+  return std::move(*m);
+}
+
+// One traced oracle prefill of a 20-token prompt on a fresh model of `dir` (load_traced, 2
+// sequences); the trace, and the forward's cost when `cost` is given.
+arch::GpuForwardTrace traced_prefill(const std::filesystem::path& dir, uint32_t seed,
+                                     const std::function<void(arch::GpuModelOptions&)>& tweak,
+                                     arch::GpuForwardCost* cost = nullptr) {
+  const auto m = load_traced(dir, 2, tweak);
+  oracle_prefill(*m, test_prompt(20, seed, static_cast<int32_t>(m->config().vocab_size)));
+  if (cost != nullptr) *cost = m->last_cost();
+  return m->trace();
 }
 
 // moe_ep_ranks (a DEP rank's bench): the local experts compute every local hit R times, but
@@ -1699,17 +1708,11 @@ TEST(GpuForward, IndexerCandWgmmaAgreesInTheForward) {
   const std::filesystem::path dir = make_temp_dir("gpu_forward_cand_wgmma");
   ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
   const auto load = [&](bool cand) {
-    arch::GpuModelOptions opt;
-    opt.max_seqs = 1;
-    opt.max_context = 64;
-    opt.max_rows = 64;
-    opt.trace = true;
-    opt.indexer_wgmma = true;
-    opt.indexer_fp8 = true;
-    opt.indexer_cand_wgmma = cand;
-    auto m = DeepseekV41Gpu::load(dir, opt);
-    if (!m) throw std::runtime_error(m.error().to_string());
-    return std::move(*m);
+    return load_traced(dir, 1, [&](arch::GpuModelOptions& o) {
+      o.indexer_wgmma = true;
+      o.indexer_fp8 = true;
+      o.indexer_cand_wgmma = cand;
+    });
   };
   auto ref = load(false);
   auto cand = load(true);
@@ -1788,15 +1791,7 @@ TEST(GpuForward, RouterSplitTf32AgreesWithFp32GemmInTheForward) {
   const std::filesystem::path dir = make_temp_dir("gpu_forward_router_split");
   ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
   const auto load = [&](bool split) {
-    arch::GpuModelOptions opt;
-    opt.max_seqs = 1;
-    opt.max_context = 64;
-    opt.max_rows = 64;
-    opt.trace = true;
-    opt.router_split_tf32 = split;
-    auto m = DeepseekV41Gpu::load(dir, opt);
-    if (!m) throw std::runtime_error(m.error().to_string());
-    return std::move(*m);
+    return load_traced(dir, 1, [&](arch::GpuModelOptions& o) { o.router_split_tf32 = split; });
   };
   auto exact = load(false);
   auto split = load(true);
