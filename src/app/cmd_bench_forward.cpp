@@ -66,6 +66,7 @@ struct BenchForwardOptions {
   bool indexer_cand_wgmma = true;
   bool attention_wgmma = true;
   bool attention_swa_f16_scale = false;
+  bool attention_ws = false;  // GpuModelOptions::attention_ws
   bool fp8_wgmma = false;
   bool fp8_row_scaled = true;  // GpuModelOptions::fp8_row_scaled
   bool moe_grouped_wgmma = true;
@@ -258,6 +259,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.indexer_cand_wgmma = opt.indexer_cand_wgmma;
   go.attention_wgmma = opt.attention_wgmma;
   go.attention_swa_f16_scale = opt.attention_swa_f16_scale;
+  go.attention_ws = opt.attention_ws;
   go.fp8_wgmma = opt.fp8_wgmma;
   go.fp8_row_scaled = opt.fp8_row_scaled;
   go.moe_grouped_wgmma = opt.moe_grouped_wgmma;
@@ -525,6 +527,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"indexer_cand_wgmma", opt.indexer_cand_wgmma},
               {"attention_wgmma", opt.attention_wgmma},
               {"attention_swa_f16_scale", opt.attention_swa_f16_scale},
+              {"attention_ws", opt.attention_ws},
               {"fp8_wgmma", opt.fp8_wgmma},
               {"fp8_row_scaled", opt.fp8_row_scaled},
               {"moe_grouped_wgmma", opt.moe_grouped_wgmma},
@@ -753,6 +756,10 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--attention-swa-f16-scale", opt->attention_swa_f16_scale,
                   "cuda: the wgmma attention (fp16) dequantises SWA keys by an fp16 multiply by "
                   "their scale where it is an fp16 value (false: through fp32)")
+      ->capture_default_str();
+  cmd->add_option("--attention-ws", opt->attention_ws,
+                  "cuda: the wgmma attention (fp16) in its warp-specialised form: a producer "
+                  "warpgroup dequantises 64-key tiles, two consumers run S, softmax and P . V")
       ->capture_default_str();
   cmd->add_option("--fp8-wgmma", opt->fp8_wgmma,
                   "cuda: FP8-weight linears as FP8 x FP8 wgmma GEMMs on the MXFP8 codes (false: "

@@ -2425,6 +2425,227 @@ TEST_F(CudaV41, SparseAttentionWgmmaFp8RowsEpilogueIsBitIdentical) {
   }
 }
 
+// SparseAttentionParams::warp_specialized (the wgmma kernel's three-warpgroup form, single fp16):
+//  - against the CPU (double) with the fp16 tolerances of SparseAttentionWgmma (1e-3; 6e-3 with
+//    block exponents spread over 2^-6..2^6) and against the two-warpgroup kernel (5e-4: the same
+//    fp16 operands, S summed in another order), 64 and 128 heads, implicit and explicit SWA;
+//  - short lists (0 to 97 keys: 0 to 2 tiles of 64, SWA and FP4 keys in one tile) and 640-key
+//    rows (128 SWA + 512 FP4: 10 tiles);
+//  - more rows than SMs with 0, 1 and many keys (persistent_rows), so the producer runs ahead
+//    into the next item while the consumers finish one (list, q, RoPE table slots, tile parity);
+//  - the epilogues: out_mxfp8_bf16 equals launch_act_quant_mxfp8 on this kernel's own fp32
+//    output, out_fp8_rows equals launch_act_quant_fp8_rows on its own out_mxfp8_bf16, bit for bit
+//    (1, 6 and 384 rows).
+// split precision ignores the flag (the two-warpgroup kernel; checked bit for bit).
+TEST_F(CudaV41, SparseAttentionWarpSpecialized) {
+  if (cuda::device_info(0).compute_major != 9)
+    GTEST_SKIP() << "the wgmma kernel needs sm_90a (Hopper)";
+  std::mt19937 rng(53);
+  const int hd = 512;
+  const auto f = compress_freqs();
+  // Runs p with and without warp_specialized (fp32 output): {ws, two-warpgroup}.
+  const auto both = [&](cuda::SparseAttentionParams p, size_t n) {
+    float* o_ws = nans(n);
+    p.out = o_ws;
+    p.warp_specialized = true;
+    cuda::launch_sparse_attention(p, stream_);
+    float* o_wg = nans(n);
+    p.out = o_wg;
+    p.warp_specialized = false;
+    cuda::launch_sparse_attention(p, stream_);
+    return std::make_pair(down(o_ws, n), down(o_wg, n));
+  };
+  {
+    SCOPED_TRACE("SparseAttentionWgmma's rows");
+    const int64_t t = 6, nglob = 700;
+    const int gk = 512;
+    auto ring = swa_records(128, rng);
+    const std::vector<int32_t> pos = {3, 127, 5000, 77, 0, 64};
+    std::vector<int32_t> gidx(static_cast<size_t>(t * gk));
+    std::uniform_int_distribution<int> pick(-1, static_cast<int>(nglob) - 1);
+    for (auto& g : gidx) g = pick(rng);
+    for (int i = 0; i < gk; ++i) gidx[static_cast<size_t>(3 * gk + i)] = i < 37 ? i * 3 : -1;
+    for (int i = 0; i < gk; ++i) gidx[static_cast<size_t>(4 * gk + i)] = -1;
+    for (int i = 0; i < gk; ++i) gidx[static_cast<size_t>(2 * gk + i)] = i;  // 640 keys
+    std::vector<int32_t> sidx(static_cast<size_t>(t * 128));
+    cpu::swa_window_indices(pos.data(), t, 128, 128, 0, sidx.data());
+    for (int spread : {0, 6}) {
+      auto glob = fp4_records(nglob, hd, cpu::Fp4Record::kMainBlock16E4m3, rng, spread);
+      for (int heads : {64, 128}) {
+        auto q = rnd(t * heads * hd, rng, -1, 1);
+        auto sink = rnd(heads, rng, -2, 2);
+        std::vector<float> ref(q.size());
+        cpu::sparse_attention(q.data(), t, heads, hd, ring.data(), sidx.data(), 128, glob.data(),
+                              gidx.data(), gk, sink.data(), 0.04419417382415922f, pos.data(),
+                              f.data(), 64, ref.data());
+        for (bool explicit_swa : {false, true}) {
+          SCOPED_TRACE(testing::Message() << heads << " heads, explicit swa " << explicit_swa
+                                          << ", block spread " << spread);
+          cuda::SparseAttentionParams p =
+              attention_params({q, t, heads, ring, explicit_swa ? sidx : std::vector<int32_t>{},
+                                glob, gidx, gk, sink, pos, f});
+          p.use_wgmma = true;
+          p.split_precision = false;
+          const auto [ws, wg] = both(p, ref.size());
+          const double err = rel_err(ws, ref), vs_wg = rel_err(ws, wg);
+          EXPECT_LE(err, spread == 0 ? 1e-3 : 6e-3);
+          EXPECT_LE(vs_wg, 5e-4);
+          std::printf(
+              "sparse attention ws %d heads, explicit swa %d, spread %d: rel err %.3g, vs "
+              "two-warpgroup %.3g\n",
+              heads, explicit_swa, spread, err, vs_wg);
+        }
+      }
+    }
+  }
+  {
+    SCOPED_TRACE("short lists");
+    const int heads = 64, sk = 128, gk = 64;
+    const int64_t nglob = 300;
+    const std::vector<int> nswa = {0, 1, 63, 64, 65, 97, 20, 128};
+    const std::vector<int> nfp4 = {0, 0, 0, 0, 0, 0, 45, 64};
+    const int64_t t = static_cast<int64_t>(nswa.size());
+    auto ring = swa_records(sk, rng);
+    auto glob = fp4_records(nglob, hd, cpu::Fp4Record::kMainBlock16E4m3, rng, 0);
+    std::vector<int32_t> sidx(static_cast<size_t>(t * sk), -1),
+        gidx(static_cast<size_t>(t * gk), -1);
+    std::vector<int32_t> pos(static_cast<size_t>(t));
+    for (int64_t r = 0; r < t; ++r) {
+      pos[static_cast<size_t>(r)] = 1000 + static_cast<int32_t>(r);
+      for (int i = 0; i < nswa[static_cast<size_t>(r)]; ++i)
+        sidx[static_cast<size_t>(r * sk + i)] = static_cast<int32_t>((7 * i + r) % sk);
+      for (int i = 0; i < nfp4[static_cast<size_t>(r)]; ++i)
+        gidx[static_cast<size_t>(r * gk + i)] = static_cast<int32_t>(rng() % nglob);
+    }
+    auto q = rnd(t * heads * hd, rng, -1, 1);
+    auto sink = rnd(heads, rng, -2, 2);
+    std::vector<float> ref(q.size());
+    cpu::sparse_attention(q.data(), t, heads, hd, ring.data(), sidx.data(), sk, glob.data(),
+                          gidx.data(), gk, sink.data(), 0.04419417382415922f, pos.data(), f.data(),
+                          64, ref.data());
+    cuda::SparseAttentionParams p =
+        attention_params({q, t, heads, ring, sidx, glob, gidx, gk, sink, pos, f});
+    p.use_wgmma = true;
+    p.split_precision = false;
+    const auto [ws, wg] = both(p, ref.size());
+    EXPECT_LE(rel_err(ws, ref), 1e-3);
+    EXPECT_LE(rel_err(ws, wg), 5e-4);
+    std::printf("sparse attention ws short lists: rel err %.3g, vs two-warpgroup %.3g\n",
+                rel_err(ws, ref), rel_err(ws, wg));
+    // Split precision ignores warp_specialized.
+    p.split_precision = true;
+    const auto [ws_split, wg_split] = both(p, ref.size());
+    EXPECT_EQ(ws_split, wg_split);
+  }
+  {
+    SCOPED_TRACE("persistent rows");
+    const int sk = 128, gk = 512;
+    const int64_t nglob = 1000;
+    const int64_t t = 2 * cuda::device_info(0).sm_count + 5;
+    auto ring = swa_records(sk, rng);
+    auto glob = fp4_records(nglob, hd, cpu::Fp4Record::kMainBlock16E4m3, rng, 0);
+    const auto [sidx, gidx, pos] = persistent_rows(t, sk, gk, nglob, true, rng);
+    for (int heads : {64, 128}) {
+      SCOPED_TRACE(testing::Message() << heads << " heads");
+      auto q = rnd(t * heads * hd, rng, -1, 1);
+      auto sink = rnd(heads, rng, -2, 2);
+      cuda::SparseAttentionParams p =
+          attention_params({q, t, heads, ring, sidx, glob, gidx, gk, sink, pos, f});
+      p.use_wgmma = true;
+      p.split_precision = false;
+      const auto [ws, wg] = both(p, q.size());
+      EXPECT_LE(rel_err(ws, wg), 5e-4);
+      const size_t rsz = static_cast<size_t>(heads) * hd;
+      std::vector<float> ref(rsz), got(rsz);
+      double worst = 0;
+      for (int64_t r = 0; r < t; ++r) {
+        if (r % 16 != 0 && r > 3) continue;
+        const auto ru = static_cast<size_t>(r);
+        cpu::sparse_attention(q.data() + ru * rsz, 1, heads, hd, ring.data(), sidx.data() + ru * sk,
+                              sk, glob.data(), gidx.data() + ru * gk, gk, sink.data(),
+                              0.04419417382415922f, pos.data() + ru, f.data(), 64, ref.data());
+        std::copy(ws.begin() + static_cast<std::ptrdiff_t>(ru * rsz),
+                  ws.begin() + static_cast<std::ptrdiff_t>((ru + 1) * rsz), got.begin());
+        const double e = rel_err(got, ref);
+        worst = std::max(worst, e);
+        EXPECT_LE(e, 1e-3) << "row " << r;
+      }
+      std::printf(
+          "sparse attention ws persistent, %lld rows, %d heads: vs two-warpgroup %.3g, "
+          "worst sampled row vs CPU %.3g\n",
+          static_cast<long long>(t), heads, rel_err(ws, wg), worst);
+    }
+  }
+  {
+    SCOPED_TRACE("epilogues");
+    const int sk = 128, gk = 512, heads = 64;
+    const int64_t nglob = 1000, cols = static_cast<int64_t>(heads) * hd;
+    auto ring = swa_records(sk, rng);
+    auto glob = fp4_records(nglob, hd, cpu::Fp4Record::kMainBlock16E4m3, rng, 6);
+    for (const int64_t t : {int64_t{1}, int64_t{6}, int64_t{384}}) {
+      SCOPED_TRACE(testing::Message() << t << " rows");
+      cuda::SparseAttentionParams p = epilogue_case(t, heads, ring, glob, nglob, sk, gk, rng);
+      p.freqs = up(f);
+      p.split_precision = false;
+      p.warp_specialized = true;
+      const size_t n = static_cast<size_t>(t * cols);
+      float* o32 = nans(n);
+      p.out = o32;
+      cuda::launch_sparse_attention(p, stream_);
+      uint16_t* ref16 = up(std::vector<uint16_t>(n, 0x7FC1));
+      cuda::ActQuantParams aq;
+      aq.x = o32;
+      aq.ldx = cols;
+      aq.rows = t;
+      aq.cols = cols;
+      aq.out = ref16;
+      aq.out_type = cuda::ActivationType::kBF16;
+      aq.ldo = cols;
+      cuda::launch_act_quant_mxfp8(aq, stream_);
+      uint16_t* got16 = up(std::vector<uint16_t>(n, 0x7FC1));
+      p.out = nullptr;
+      p.out_mxfp8_bf16 = got16;
+      cuda::launch_sparse_attention(p, stream_);
+      const auto r16 = down(ref16, n), g16 = down(got16, n);
+      size_t diff16 = 0;
+      for (size_t i = 0; i < n; ++i) diff16 += r16[i] != g16[i];
+      EXPECT_EQ(diff16, 0u) << "out_mxfp8_bf16, of " << n;
+      uint8_t* ref8 = up(std::vector<uint8_t>(n, 0x7F));
+      float* ref_rs = nans(static_cast<size_t>(t));
+      cuda::ActQuantFp8RowsParams ar;
+      ar.x = got16;
+      ar.x_type = cuda::ActivationType::kBF16;
+      ar.ldx = cols;
+      ar.rows = t;
+      ar.cols = cols;
+      ar.out = ref8;
+      ar.ldo = cols;
+      ar.row_scale = ref_rs;
+      cuda::launch_act_quant_fp8_rows(ar, stream_);
+      uint8_t* got8 = up(std::vector<uint8_t>(n, 0x7F));
+      float* got_rs = nans(static_cast<size_t>(t));
+      p.out_mxfp8_bf16 = nullptr;
+      p.out_fp8_rows = got8;
+      p.out_row_scale = got_rs;
+      ASSERT_TRUE(cuda::sparse_attention_wgmma_applies(p));
+      cuda::launch_sparse_attention(p, stream_);
+      const auto r8 = down(ref8, n), g8 = down(got8, n);
+      size_t diff8 = 0, nonzero = 0;
+      for (size_t i = 0; i < n; ++i) {
+        diff8 += r8[i] != g8[i];
+        nonzero += (r8[i] & 0x7F) != 0;
+      }
+      EXPECT_EQ(diff8, 0u) << "out_fp8_rows, of " << n;
+      EXPECT_GT(nonzero, n / 2) << "mostly zero codes: a weak test";
+      EXPECT_EQ(down(got_rs, static_cast<size_t>(t)), down(ref_rs, static_cast<size_t>(t)));
+      std::printf(
+          "sparse attention ws epilogues, %lld rows: %zu / %zu bf16 and %zu FP8 codes "
+          "differ\n",
+          static_cast<long long>(t), diff16, n, diff8);
+    }
+  }
+}
+
 // out_mxfp8_bf16 where the wgmma kernel does not take the launch is refused as bad arguments
 // (only its epilogue has the output), and sparse_attention_wgmma_applies says so beforehand: 16
 // heads (the mma.sync kernel's shape), use_wgmma off, the output not 8-byte aligned; and

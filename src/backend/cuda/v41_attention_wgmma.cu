@@ -94,6 +94,7 @@
 
 #include "backend/cuda/cuda_util.cuh"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mbarrier.cuh"
 #include "backend/cuda/v41_device.cuh"
 #include "backend/cuda/wgmma.cuh"
 
@@ -921,21 +922,28 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// Persistent grid: one CTA per SM at most (218 KB of shared memory and 256 x ~200 registers allow
-// one), each looping over work items (row, 64 heads), so a CTA's prologue and epilogue run under
-// the memory traffic of its neighbouring items (q prefetched into L2, stores not waited for).
-template <bool kSplit, int kNB, int kOut, bool kF16Scale>
-void launch_output(const SparseAttentionParams& p, cudaStream_t stream) {
-  constexpr auto kernel = sparse_attention_wgmma_kernel<kSplit, kNB, kOut, kF16Scale>;
+// A persistent grid of at most one CTA per SM over the work items (row, 64 heads) of p, for the
+// kernels of this file (kBytes of dynamic shared memory, set once per kernel).
+template <auto kKernel, uint32_t kBytes, int kBlock>
+void launch_persistent(const SparseAttentionParams& p, cudaStream_t stream) {
   static const int sms = [] {
-    MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(Smem<kSplit, kNB>::kBytes)));
+    MS_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(kBytes)));
     return device_sm_count();
   }();
   const int64_t items = p.rows * (p.heads / kHeads);
   if (items <= 0) return;
   const auto grid = static_cast<unsigned>(std::min<int64_t>(items, sms));
-  MS_CUDA_CHECK(launch_kernel(kernel, grid, kThreads, Smem<kSplit, kNB>::kBytes, stream, p));
+  MS_CUDA_CHECK(launch_kernel(kKernel, grid, kBlock, kBytes, stream, p));
+}
+
+// Persistent grid: one CTA per SM at most (218 KB of shared memory and 256 x ~200 registers allow
+// one), each looping over work items (row, 64 heads), so a CTA's prologue and epilogue run under
+// the memory traffic of its neighbouring items (q prefetched into L2, stores not waited for).
+template <bool kSplit, int kNB, int kOut, bool kF16Scale>
+void launch_output(const SparseAttentionParams& p, cudaStream_t stream) {
+  launch_persistent<sparse_attention_wgmma_kernel<kSplit, kNB, kOut, kF16Scale>,
+                    Smem<kSplit, kNB>::kBytes, kThreads>(p, stream);
 }
 
 // The fp32 output, the MXFP8 bf16 one when out_mxfp8_bf16 is set, or the row-scaled FP8 one when
@@ -960,6 +968,743 @@ void launch(const SparseAttentionParams& p, cudaStream_t stream) {
     launch_outputs<kSplit, kNB, false>(p, stream);
   }
 }
+// ---- The warp-specialised kernel (SparseAttentionParams::warp_specialized; single fp16) --------
+//
+// Three warpgroups with their own roles, each 64-key tile dequantised once and S computed once
+// over all 512 channels (the kernel above splits S by channel halves, exchanges the partials and
+// runs the softmax twice, with the dequantisation on the same warps' path):
+//   WG 0 (consumer A): S = Q . K^T (m64n64k16, 32 k-steps), the online softmax, P (fp16, * 2^8)
+//        into shared memory for WG 1 and from registers into O[:, 0:256) += P . V (m64n256k16).
+//   WG 1 (consumer B): rescales its O[:, 256:512) by the factors WG 0 leaves in shared memory, then
+//        O += P . V with P from shared memory; the inverse RoPE channels are all in its half.
+//   WG 2 (producer): the key list of each item, the records of each tile gathered with plain
+//        global loads (8 keys x 32 channels per thread, 16-byte loads, all issued before any is
+//        converted; the next tile's lines prefetched into L2) and dequantised into one of two
+//        fp16 key tiles; q -> fp16 once the previous item's last S is done; the RoPE table.
+// Handoffs: mbarriers full[2] / empty[2] (key tiles; a tile's valid-key count and last-tile flag
+// travel in kmeta[buffer]), q_full / q_empty (the q tile), rope_free[2] (the RoPE table of item k,
+// slot k % 2, free once WG 1's epilogue of item k - 2 has read it); named barriers between the
+// consumers for P (ready / free) and the epilogue (1 / l, the row's FP8 reference code).
+// The epilogue works from the accumulators (no shared-memory staging, so the producer fills the
+// next item's tiles meanwhile): out = O / (l 2^8), inverse RoPE, and each 32-channel block's
+// MXFP8 quantisation across the 4 lanes of a quad (each lane holds 8 of its channels), with the
+// operations, hence the bits, of the kernel above's kOutMxfp8Bf16 / kOutFp8Rows epilogues.
+// Precision: single fp16 operands as the kernel above without split precision; S is summed over
+// 512 channels in one accumulator (the kernel above: two halves of 256 added), so results agree
+// with it to fp32 rounding, not bit for bit.
+namespace ws {
+
+constexpr int kThreads = 384;
+constexpr int kTile = 64;                          // keys per tile
+constexpr uint32_t kKPanel = kTile * 128;          // 8 KB: 64 keys x 64 channels
+constexpr uint32_t kKBuf = 8 * kKPanel;            // 64 KB: one key tile (fp16)
+constexpr int kMaxRd = 64;                         // RoPE channels this kernel takes
+constexpr int kListRounds = kMaxKeys / 128;        // key-list entries per producer thread
+
+struct Smem {
+  static constexpr uint32_t kQ = 0;                     // fp16 [8 panels][64 heads][64]
+  static constexpr uint32_t kK = kQ + kQPart;           // fp16 [2][8 panels][64 keys][64]
+  static constexpr uint32_t kP = kK + 2 * kKBuf;        // fp16 [64 heads][64 keys], swizzled
+  static constexpr uint32_t kList = kP + kHeads * 128;  // int32 [kMaxKeys]
+  static constexpr uint32_t kRope = kList + 4 * kMaxKeys;  // double2 [2][kMaxRd / 2]
+  static constexpr uint32_t kAlpha = kRope + 2 * 16 * (kMaxRd / 2);  // float [64]
+  static constexpr uint32_t kLinv = kAlpha + 4 * kHeads;             // float [2][64]
+  static constexpr uint32_t kRed = kLinv + 2 * 4 * kHeads;           // uint32 [8]
+  static constexpr uint32_t kMeta = kRed + 32;                       // int32 [2]
+  static constexpr uint32_t kBars = kMeta + 16;  // full[2], empty[2], q_full, q_empty, rope_free[2]
+  static constexpr uint32_t kEnd = kBars + 8 * 8;
+  static constexpr uint32_t kBytes = kEnd + 1024;
+  static_assert(kBytes <= 227 * 1024, "shared memory budget");
+  static_assert(kK % 1024 == 0 && kP % 1024 == 0 && kRope % 16 == 0 && kBars % 8 == 0,
+                "alignment");
+};
+enum Bar : uint32_t { kFull0 = 0, kEmpty0 = 2, kQFull = 4, kQEmpty = 5, kRopeFree0 = 6 };
+// Named barriers (0 is __syncthreads).
+enum NamedBar : uint32_t { kListBar = 1, kPFree = 2, kPReady = 3, kEpi1 = 4, kEpi2 = 5 };
+
+__device__ __forceinline__ void named_sync(uint32_t id, uint32_t n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void named_arrive(uint32_t id, uint32_t n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+template <uint32_t kRegs>
+__device__ __forceinline__ void regs_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <uint32_t kRegs>
+__device__ __forceinline__ void regs_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// One key's 8 channels [8 oct, 8 oct + 8) as fp16 (decode_tile's values and operations without
+// kF16Scale): raw = the record's 8 bytes at 8 oct (SWA) or 8 (oct / 2) (FP4), sb its block scale
+// byte; not valid (past the list): zeros.
+__device__ __forceinline__ uint4 decode8(bool valid, bool glob, uint2 raw, uint32_t sb, int oct) {
+  uint32_t w[4];
+  if (!valid) {
+#pragma unroll
+    for (int b = 0; b < 4; ++b) w[b] = 0;
+  } else if (glob) {
+    const __half_raw sr = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(sb), __NV_E4M3);
+    e2m1x8_to_f16((oct & 1) != 0 ? raw.y : raw.x, __half2half2(__half(sr)), w);
+  } else {
+    const float sc = v41::ue8m0_decode(sb);
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const uint32_t word = b < 2 ? raw.x : raw.y;
+      const __half2_raw pr = __nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>((word >> (16 * (b & 1))) & 0xFFFFu), __NV_E4M3);
+      const float2 f = __half22float2(__half2(pr));
+      w[b] = h2_bits(__floats2half2_rn(f.x * sc, f.y * sc));
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The record of key id (kGlobFlag: FP4 main entry, else SWA ring entry).
+__device__ __forceinline__ const uint8_t* record(const SparseAttentionParams& p, int id) {
+  return (id & kGlobFlag) != 0 ? p.glob + static_cast<int64_t>(id & ~kGlobFlag) * kGlobRec
+                               : p.swa + static_cast<int64_t>(id) * kSwaRec;
+}
+
+// A lane's 8 values of one 32-channel block: channels 8 i + 2 tq, +1 for 4 consecutive i, the
+// block being the 4 lanes of a quad (warp-collective). MXFP8 fake-quant as bf16 pairs b[k] (values
+// 2k, 2k + 1) with mxfp8_bf16x4's operations (amax by fmaxf, order-independent; the same rounding
+// per value), so the same bits. Returns the block's amax; its scale in sc.
+__device__ __forceinline__ float mxfp8_bf16x8_quad(const float (&v)[8], v41::Mxfp8Scale& sc,
+                                                   __nv_bfloat162 (&b)[4]) {
+  float a = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) a = fmaxf(a, fabsf(v[e]));
+  a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
+  a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
+  sc = v41::mxfp8_scale(a);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) b[k] = __float22bfloat162_rn(v41::mxfp8_round2(v[2 * k], v[2 * k + 1], sc));
+  return a;
+}
+
+// fp8_rows_quant4 for the quad layout: codes q[0] (values 0..3) and q[1] (4..7), the block's
+// scale code, its reference code maxed into m.
+__device__ __forceinline__ void fp8_rows_quant8_quad(const float (&v)[8], uint32_t (&q)[2],
+                                                     uint32_t& code, uint32_t& m) {
+  v41::Mxfp8Scale sc;
+  __nv_bfloat162 b[4];
+  const float a = mxfp8_bf16x8_quad(v, sc, b);
+  const float a2 = v41::mxfp8_round(a, sc);  // the block's largest |x|
+  const v41::Mxfp8Scale sc2 = v41::mxfp8_scale(a2);
+  q[0] = q[1] = 0;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float x = (e & 1) != 0 ? __high2float(b[e >> 1]) : __low2float(b[e >> 1]);
+    q[e >> 2] |= v41::mxfp8_code(x, sc2) << (8 * (e & 3));
+  }
+  const uint32_t mag = v41::mxfp8_code(a2, sc2) & 0x7Fu;
+  code = sc2.code;
+  m = max(m, v41::fp8_rows_block_ref(mag, sc2));
+}
+
+// The consumers' epilogue from the accumulators: o[4 i + 2 h + v] is head r0 + 8 h, channel
+// cbase + 8 i + 2 tq + v; out = o * inv[h] (fp32), then the inverse RoPE (double, from the
+// table) on channels >= rope0, as the kernel above's staging epilogue. kOutFp8Rows: the row's
+// reference code R is reduced over both consumer warpgroups (cwarp 0..7, red_s, kEpi2), so both
+// call this with the same kOut.
+template <int kOut>
+__device__ __forceinline__ void epilogue_store(const SparseAttentionParams& p, const float (&o)[128],
+                                               const float (&inv)[2], int64_t t, int h0, int cbase,
+                                               int r0, int tq, int lane, int cwarp,
+                                               const double2* rope, int rope0, uint32_t* red_s) {
+  const auto value_pair = [&](int i, int h, float& a, float& b) {
+    a = o[4 * i + 2 * h] * inv[h];
+    b = o[4 * i + 2 * h + 1] * inv[h];
+    const int c = cbase + 8 * i + 2 * tq;
+    if (rope != nullptr && c >= rope0) {
+      const double2 cs = rope[(c - rope0) >> 1];
+      const double x0 = a, x1 = b;
+      a = static_cast<float>(x0 * cs.x + x1 * cs.y);
+      b = static_cast<float>(-x0 * cs.y + x1 * cs.x);
+    }
+  };
+  if constexpr (kOut == kOutF32) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float* const out = p.out + (t * p.heads + h0 + r0 + 8 * h) * kHd + cbase + 2 * tq;
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        float a, b;
+        value_pair(i, h, a, b);
+        *reinterpret_cast<float2*>(out + 8 * i) = make_float2(a, b);
+      }
+    }
+  } else if constexpr (kOut == kOutMxfp8Bf16) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint16_t* const out = p.out_mxfp8_bf16 + (t * p.heads + h0 + r0 + 8 * h) * kHd + cbase + 2 * tq;
+#pragma unroll
+      for (int blk = 0; blk < 8; ++blk) {
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) value_pair(4 * blk + k, h, v[2 * k], v[2 * k + 1]);
+        v41::Mxfp8Scale sc;
+        __nv_bfloat162 b[4];
+        mxfp8_bf16x8_quad(v, sc, b);
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          *reinterpret_cast<__nv_bfloat162*>(out + 8 * (4 * blk + k)) = b[k];
+      }
+    }
+  } else {
+    // Pass 1: codes and block scale codes in registers, the reference codes maxed into m.
+    uint32_t q[2][8][2], code[2][8], m = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int blk = 0; blk < 8; ++blk) {
+        float v[8];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) value_pair(4 * blk + k, h, v[2 * k], v[2 * k + 1]);
+        fp8_rows_quant8_quad(v, q[h][blk], code[h][blk], m);
+      }
+    }
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, s));
+    if (lane == 0) red_s[cwarp] = m;
+    named_sync(kEpi2, 256);
+    uint32_t R = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) R = max(R, red_s[i]);
+    // Pass 2: the codes refolded onto R, 2 bytes (channels 8 i + 2 tq, +1) per store.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint8_t* const out = p.out_fp8_rows + t * static_cast<int64_t>(kHeads * kHd) +
+                           (r0 + 8 * h) * kHd + cbase + 2 * tq;
+#pragma unroll
+      for (int blk = 0; blk < 8; ++blk) {
+#pragma unroll
+        for (int wd = 0; wd < 2; ++wd) {
+          const uint32_t x = v41::fp8_rows_refold4(q[h][blk][wd], code[h][blk], R);
+          const int i = 4 * blk + 2 * wd;
+          asm volatile("st.global.b16 [%0], %1;\n" ::"l"(out + 8 * i),
+                       "h"(static_cast<uint16_t>(x & 0xFFFFu))
+                       : "memory");
+          asm volatile("st.global.b16 [%0], %1;\n" ::"l"(out + 8 * (i + 1)),
+                       "h"(static_cast<uint16_t>(x >> 16))
+                       : "memory");
+        }
+      }
+    }
+    if (cwarp == 0 && lane == 0) p.out_row_scale[t] = v41::ue8m0_decode(R);
+  }
+}
+
+// Register budgets after setmaxnreg (the launch gives 168 to each of the 384 threads; the sum
+// stays 504): consumer A 216 (O half 128, S 32, P 16), consumer B 160, producer 128.
+constexpr uint32_t kRegsA = 216, kRegsB = 160, kRegsP = 128;
+
+// Phase clocks for tools/device/attn_ws_probe.cu (compiled out unless MOESERVE_ATTN_CLOCKS): the
+// first thread of each warpgroup adds the cycles since its previous mark to slot i (names in the
+// probe; producer 0.., consumer A 8.., consumer B 16..).
+#ifdef MOESERVE_ATTN_CLOCKS
+__device__ unsigned long long g_ws_clocks[24];
+#define WS_MARK(i)                                                               \
+  do {                                                                           \
+    if (wtid == 0) {                                                             \
+      const long long now_ = clock64();                                          \
+      atomicAdd(&g_ws_clocks[i], static_cast<unsigned long long>(now_ - clk_)); \
+      clk_ = now_;                                                               \
+    }                                                                            \
+  } while (0)
+#define WS_CLOCK_START long long clk_ = clock64()
+#else
+#define WS_MARK(i) \
+  do {             \
+  } while (0)
+#define WS_CLOCK_START \
+  do {                 \
+  } while (0)
+#endif
+static_assert(kRegsA + kRegsB + kRegsP == 3 * 168, "register budget");
+
+template <int kOut>
+__global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(SparseAttentionParams p) {
+  pdl_wait();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = Smem;
+  extern __shared__ unsigned char smem_raw[];
+  __shared__ int32_t warp_count[kListRounds][4];
+  const uint32_t raw_base = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t pad = (1024u - (raw_base & 1023u)) & 1023u;
+  uint8_t* const smem = smem_raw + pad;
+  const uint32_t sbase = raw_base + pad;
+  const uint32_t bars = sbase + L::kBars;
+  const auto bar = [&](uint32_t i) { return bars + 8u * i; };
+  int32_t* const list = reinterpret_cast<int32_t*>(smem + L::kList);
+  double2* const rope = reinterpret_cast<double2*>(smem + L::kRope);
+  float* const alpha_s = reinterpret_cast<float*>(smem + L::kAlpha);
+  float* const linv_s = reinterpret_cast<float*>(smem + L::kLinv);
+  uint32_t* const red_s = reinterpret_cast<uint32_t*>(smem + L::kRed);
+  volatile int32_t* const kmeta = reinterpret_cast<volatile int32_t*>(smem + L::kMeta);
+
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31;
+  const int wg = tid >> 7, wtid = tid & 127, wwarp = wtid >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const int r0 = 16 * wwarp + g;  // consumers: heads r0 and r0 + 8 (accumulator rows)
+  const int nhg = p.heads / kHeads;
+  const int nwork = static_cast<int>(p.rows) * nhg;
+  const int step = static_cast<int>(gridDim.x);
+
+  if (tid == 0) {
+    mbar_init(bar(kFull0), 128);
+    mbar_init(bar(kFull0 + 1), 128);
+    mbar_init(bar(kEmpty0), 256);
+    mbar_init(bar(kEmpty0 + 1), 256);
+    mbar_init(bar(kQFull), 128);
+    mbar_init(bar(kQEmpty), 128);
+    mbar_init(bar(kRopeFree0), 128);
+    mbar_init(bar(kRopeFree0 + 1), 128);
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  if (wg == 2) {
+    // ---------------------------------------------------------------- producer
+    regs_dec<kRegsP>();
+    WS_CLOCK_START;
+    const int ptid = wtid, pwarp = wwarp;
+    int u = 0;                                  // tiles produced (buffer u % 2)
+    int k = 0;                                  // items
+    for (int w = static_cast<int>(blockIdx.x); w < nwork; w += step, ++k) {
+      const int64_t t = w / nhg;
+      const int h0 = static_cast<int>(w % nhg) * kHeads;
+      const int pos = p.pos[t];
+      // Ordered compaction of the valid key ids (as the kernel above, over 128 threads).
+      const int nlist = p.swa_k + p.glob_k;
+      int ids[kListRounds];
+#pragma unroll
+      for (int r = 0; r < kListRounds; ++r) {
+        const int i = ptid + r * 128;
+        int id = -1;
+        if (i < p.swa_k) {
+          if (p.swa_idx) {
+            id = p.swa_idx[t * p.swa_k + i];
+          } else {
+            const int64_t kp = static_cast<int64_t>(pos) - i;
+            id = kp >= (p.swa_floor > 0 ? p.swa_floor : 0) ? static_cast<int>(kp) % p.ring_size : -1;
+          }
+        } else if (i < nlist) {
+          const int gi = p.glob_idx[t * p.glob_k + (i - p.swa_k)];
+          id = gi >= 0 ? (gi | kGlobFlag) : -1;
+        }
+        ids[r] = id;
+      }
+      uint32_t masks[kListRounds];
+#pragma unroll
+      for (int r = 0; r < kListRounds; ++r) {
+        masks[r] = __ballot_sync(0xffffffffu, ids[r] >= 0);
+        if (lane == 0) warp_count[r][pwarp] = __popc(masks[r]);
+      }
+      named_sync(kListBar, 128);  // also: every producer thread's reads of the previous list done
+      int nk = 0;
+#pragma unroll
+      for (int r = 0; r < kListRounds; ++r) {
+        int before = 0, sum = 0;
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+          const int c = warp_count[r][v];
+          before += v < pwarp ? c : 0;
+          sum += c;
+        }
+        if (ids[r] >= 0) list[nk + before + __popc(masks[r] & ((1u << lane) - 1u))] = ids[r];
+        nk += sum;
+      }
+      named_sync(kListBar, 128);  // the list is complete (and warp_count read)
+      const int ntiles = nk > 0 ? (nk + kTile - 1) / kTile : 1;  // an empty item: one masked tile
+      WS_MARK(0);
+
+      // The inverse RoPE table of this item into slot k % 2, once WG 1 has read item k - 2's.
+      if (p.freqs != nullptr) {
+        if (k >= 2) mbar_wait(bar(kRopeFree0 + (k & 1)), static_cast<uint32_t>(((k >> 1) + 1) & 1));
+        if (ptid < p.rd / 2) {
+          double sn, co;
+          sincos(static_cast<double>(pos) * p.freqs[ptid], &sn, &co);
+          rope[(k & 1) * (kMaxRd / 2) + ptid] = make_double2(co, sn);
+        }
+      }
+
+      // The first tile's records into L2 now (the later tiles' during the tile before).
+      const auto prefetch_tile = [&](int t0) {
+        const int key = t0 + (ptid >> 1);
+        if (key < nk) {
+          const int id = list[key];
+          const uint8_t* rec = record(p, id);
+          const int bytes = (id & kGlobFlag) != 0 ? kGlobRec : kSwaRec;
+          const uintptr_t first = reinterpret_cast<uintptr_t>(rec) & ~static_cast<uintptr_t>(127);
+          const uintptr_t end = reinterpret_cast<uintptr_t>(rec) + static_cast<uintptr_t>(bytes);
+          for (uintptr_t a = first + 128u * (ptid & 1); a < end; a += 256u)
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a));
+        }
+      };
+      prefetch_tile(0);
+      WS_MARK(1);
+
+      for (int ti = 0; ti < ntiles; ++ti, ++u) {
+        const int t0 = ti * kTile;
+        const int b = u & 1;
+        // This thread's 8 keys of the tile, 32 channels each: key 8 r + 2 warp + lane / 16 (two
+        // keys per warp, one per half-warp), channels [32 m, 32 m + 32), m = lane % 16, so a
+        // half-warp reads a record's codes contiguously (FP4: 16 B per lane; SWA: 32 B). The 8
+        // list entries first, then every load without a branch (a key past the list reads q's
+        // first bytes, always there, and is zeroed), all in flight before the first is used
+        // (pinned by an empty asm).
+        uint8_t* const kt = smem + L::kK + static_cast<uint32_t>(b) * kKBuf;
+        const int m = lane & 15, hl = lane >> 4;
+        int ids[8];
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          const int key = t0 + 8 * r + 2 * pwarp + hl;
+          ids[r] = key < nk ? list[key] : -1;
+        }
+        uint4 ra[8], rb[8];
+        uint32_t s0[8], s1[8];
+        uint32_t valid = 0, globm = 0;
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          const int id = ids[r];
+          const bool ok = id >= 0, glob = (id & kGlobFlag) != 0 && ok;
+          const uint8_t* rec = ok ? record(p, id) : reinterpret_cast<const uint8_t*>(p.q);
+          ra[r] = __ldg(reinterpret_cast<const uint4*>(rec + (glob ? 16 * m : 32 * m)));
+          rb[r] = __ldg(reinterpret_cast<const uint4*>(rec + (glob ? 16 * m : 32 * m + 16)));
+          s0[r] = __ldg(rec + (glob ? kHd / 2 + 2 * m : kHd + m));
+          s1[r] = __ldg(rec + (glob ? kHd / 2 + 2 * m + 1 : kHd + m));
+          valid |= ok ? 1u << r : 0u;
+          globm |= glob ? 1u << r : 0u;
+        }
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+          asm volatile("" : "+r"(ra[r].x), "+r"(ra[r].y), "+r"(ra[r].z), "+r"(ra[r].w), "+r"(rb[r].x),
+                       "+r"(rb[r].y), "+r"(rb[r].z), "+r"(rb[r].w), "+r"(s0[r]), "+r"(s1[r]));
+        if (ti + 1 < ntiles) prefetch_tile(t0 + kTile);
+        WS_MARK(2);
+        if (u >= 2) mbar_wait(bar(kEmpty0 + b), static_cast<uint32_t>(((u >> 1) + 1) & 1));
+        WS_MARK(3);
+        // Octs 4 m + c of key kk: FP4 word c of ra (8 nibbles), scale s0 (c < 2) or s1; SWA
+        // bytes 8 c.. of ra (c < 2) or rb, scale s0. A thread's keys are of one kind except at the
+        // SWA / FP4 boundary and the list's end: those take the per-key path.
+        const auto key_chunks = [&](int r, bool ok, bool glob) {
+          const int kk = 8 * r + 2 * pwarp + hl;
+          const uint32_t wa[4] = {ra[r].x, ra[r].y, ra[r].z, ra[r].w};
+          const uint32_t wb[4] = {rb[r].x, rb[r].y, rb[r].z, rb[r].w};
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const int oct = 4 * m + c;
+            const uint2 raw = glob ? make_uint2(wa[c], wa[c])
+                                   : (c < 2 ? make_uint2(wa[2 * c], wa[2 * c + 1])
+                                            : make_uint2(wb[2 * c - 4], wb[2 * c - 3]));
+            const uint32_t sc = glob ? (c < 2 ? s0[r] : s1[r]) : s0[r];
+            // decode8 takes word (oct & 1) of an FP4 pair: both words hold this oct's nibbles.
+            *reinterpret_cast<uint4*>(kt + swz(kKPanel, kk, oct)) = decode8(ok, glob, raw, sc, oct);
+          }
+        };
+        if (valid == 0xFFu && globm == 0xFFu) {
+#pragma unroll
+          for (int r = 0; r < 8; ++r) key_chunks(r, true, true);
+        } else if (valid == 0xFFu && globm == 0) {
+#pragma unroll
+          for (int r = 0; r < 8; ++r) key_chunks(r, true, false);
+        } else {
+#pragma unroll
+          for (int r = 0; r < 8; ++r) key_chunks(r, ((valid >> r) & 1u) != 0, ((globm >> r) & 1u) != 0);
+        }
+        if (ptid == 0) kmeta[b] = min(kTile, max(nk - t0, 0)) | (ti + 1 == ntiles ? 1 << 16 : 0);
+        wgmma::fence_proxy_async_smem();
+        mbar_arrive(bar(kFull0 + b));
+        WS_MARK(4);
+
+        if (ti == 0) {
+          // q * scale * 2^8 -> fp16 into the A panels, once WG 0's last S of the previous item is
+          // done. Item i of the warpgroup: head i / 64, channels 8 (i % 64) ..+8; 32 per thread in
+          // batches of 8 (16 float4 loads in flight).
+          if (k >= 1) mbar_wait(bar(kQEmpty), static_cast<uint32_t>((k - 1) & 1));
+          WS_MARK(5);
+          const float* qrow = p.q + (t * p.heads + h0) * kHd;
+          constexpr int kQItems = kHeads * (kHd / 8) / 128;
+          constexpr int kBatch = 8;
+#pragma unroll 1
+          for (int b0 = 0; b0 < kQItems; b0 += kBatch) {
+            float4 x[2 * kBatch];
+#pragma unroll
+            for (int j = 0; j < kBatch; ++j) {
+              const int i = ptid + (b0 + j) * 128;
+              const float4* src = reinterpret_cast<const float4*>(qrow + (i >> 6) * kHd + 8 * (i & 63));
+              x[2 * j] = __ldg(src);
+              x[2 * j + 1] = __ldg(src + 1);
+            }
+#pragma unroll
+            for (int j = 0; j < kBatch; ++j) {
+              const int i = ptid + (b0 + j) * 128;
+              const float v[8] = {x[2 * j].x,     x[2 * j].y,     x[2 * j].z,     x[2 * j].w,
+                                  x[2 * j + 1].x, x[2 * j + 1].y, x[2 * j + 1].z, x[2 * j + 1].w};
+              uint32_t hi[4];
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                hi[e] = h2_bits(__floats2half2_rn(v[2 * e] * p.scale * kPow, v[2 * e + 1] * p.scale * kPow));
+              *reinterpret_cast<uint4*>(smem + L::kQ + swz(kQPanel, i >> 6, i & 63)) =
+                  make_uint4(hi[0], hi[1], hi[2], hi[3]);
+            }
+          }
+          wgmma::fence_proxy_async_smem();
+          mbar_arrive(bar(kQFull));
+          WS_MARK(6);
+        }
+        // The next item's q and key selections into L2 halfway through this one.
+        if (ti == (ntiles >> 1) && w + step < nwork) {
+          const int wn = w + step;
+          const int64_t tn = wn / nhg;
+          const float* qn = p.q + (tn * p.heads + (wn % nhg) * kHeads) * kHd;
+          const uintptr_t q0 = reinterpret_cast<uintptr_t>(qn);
+          for (int j = ptid; j < kHeads * kHd * 4 / 128; j += 128)
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(q0 + 128u * j));
+          if (p.glob_k > 0 && ptid < (p.glob_k * 4 + 127) / 128)
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p.glob_idx + tn * p.glob_k + 32 * ptid));
+        }
+      }
+    }
+  } else if (wg == 0) {
+    // ---------------------------------------------------------------- consumer A
+    regs_inc<kRegsA>();
+    WS_CLOCK_START;
+    const uint32_t qa = sbase + L::kQ;
+    int u = 0, k = 0;
+    bool first = true;
+    for (int w = static_cast<int>(blockIdx.x); w < nwork; w += step, ++k) {
+      const int64_t t = w / nhg;
+      const int h0 = static_cast<int>(w % nhg) * kHeads;
+      float m_run[2], l_run[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        m_run[h] = p.sink[h0 + r0 + 8 * h];
+        l_run[h] = 1.0f;
+      }
+      float o[128];
+#pragma unroll
+      for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+      wgmma::fence_operands(o);
+      mbar_wait(bar(kQFull), static_cast<uint32_t>(k & 1));
+      WS_MARK(8);
+      for (;; ++u) {
+        const int b = u & 1;
+        const uint32_t kb = sbase + L::kK + static_cast<uint32_t>(b) * kKBuf;
+        mbar_wait(bar(kFull0 + b), static_cast<uint32_t>((u >> 1) & 1));
+        WS_MARK(9);
+        const int meta = kmeta[b];
+        const int kvalid = meta & 0xFFFF;
+        const bool last = (meta >> 16) != 0;
+        float s[32];
+        wgmma::fence();
+#pragma unroll
+        for (int ks = 0; ks < 32; ++ks) {
+          const uint32_t off = 32u * (ks & 3);
+          const uint64_t da =
+              wgmma::desc_k_sw128_addr(qa + static_cast<uint32_t>(ks >> 2) * kQPanel + off);
+          const uint64_t db =
+              wgmma::desc_k_sw128_addr(kb + static_cast<uint32_t>(ks >> 2) * kKPanel + off);
+          if (ks == 0) {
+            wgmma::f16_ss_n64_zero(s, da, db);
+          } else {
+            wgmma::f16_ss_n64(s, da, db);
+          }
+        }
+        wgmma::commit_group();
+        wgmma::wait_group<0>();
+        wgmma::fence_operands(s);
+        if (last) mbar_arrive(bar(kQEmpty));  // q is free for the next item
+        WS_MARK(10);
+
+        // Online softmax. s[4 i + 2 h + v]: head r0 + 8 h, key 8 i + 2 tq + v.
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+#pragma unroll
+          for (int v = 0; v < 2; ++v) {
+            const bool valid = 8 * i + 2 * tq + v < kvalid;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              float& x = s[4 * i + 2 * h + v];
+              x = valid ? x * (1.0f / kPow) : -INFINITY;
+              mx[h] = fmaxf(mx[h], x);
+            }
+          }
+        }
+        float alpha[2], sum[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+          const float m_new = fmaxf(m_run[h], mx[h]);
+          alpha[h] = expf(m_run[h] - m_new);
+          m_run[h] = m_new;
+          sum[h] = 0.0f;
+        }
+        const float ml[2] = {m_run[0] * kLog2e, m_run[1] * kLog2e};
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          const int h = (i >> 1) & 1;
+          s[i] = ex2_approx(fmaf(s[i], kLog2e, -ml[h]));
+          sum[h] += s[i];
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
+          sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
+          l_run[h] = l_run[h] * alpha[h] + sum[h];
+        }
+        // A fragments of k-step j (keys 16 j..): a[r] = s[8 j + 2 r], s[8 j + 2 r + 1] (* 2^8).
+        uint32_t ph[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r)
+            ph[j][r] = h2_bits(__floats2half2_rn(s[8 * j + 2 * r] * kPow, s[8 * j + 2 * r + 1] * kPow));
+        // P and the rescale factors for WG 1 (once it is done with the previous tile's).
+        WS_MARK(11);
+        if (!first) named_sync(kPFree, 256);
+        first = false;
+        WS_MARK(12);
+        {
+          uint8_t* const ps = smem + L::kP;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = r0 + 8 * h;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+              // keys 8 i + 2 tq, +1 of row `row`: chunk i of the 128-byte row, XOR row % 8 (= g).
+              const uint32_t off = static_cast<uint32_t>(row) * 128u +
+                                   (static_cast<uint32_t>(i ^ g) << 4) + 4u * static_cast<uint32_t>(tq);
+              // ph[j][r]: j = i / 2, r = 2 (i % 2) + h (a[0]: row g keys 2tq; a[1]: row g + 8;
+              // a[2]: row g, keys + 8; a[3]: row g + 8, keys + 8).
+              *reinterpret_cast<uint32_t*>(ps + off) = ph[i >> 1][2 * (i & 1) + h];
+            }
+          }
+          if (tq == 0) {
+            alpha_s[r0] = alpha[0];
+            alpha_s[r0 + 8] = alpha[1];
+          }
+        }
+        wgmma::fence_proxy_async_smem();
+        named_arrive(kPReady, 256);
+        if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
+#pragma unroll
+          for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+        }
+        wgmma::fence_operands(o);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(ph[j][r])::"memory");
+        WS_MARK(13);
+        wgmma::fence();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint64_t dv = wgmma::desc_mn_sw128(kb + 2048u * j, kKPanel, 1024u);
+          wgmma::f16_rs_n256_tb(o, ph[j], dv, 1);
+        }
+        wgmma::commit_group();
+        wgmma::wait_group<0>();
+        wgmma::fence_operands(o);
+        mbar_arrive(bar(kEmpty0 + b));
+        WS_MARK(14);
+        if (last) {
+          ++u;
+          break;
+        }
+      }
+      // Epilogue, channels [0, 256) (no RoPE channels: rd <= 64).
+      float inv[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) inv[h] = 1.0f / (l_run[h] * kPow);
+      if (tq == 0) {  // slot k % 2: WG 1 reads item k's after kEpi1 of item k, before item k + 1's
+        linv_s[(k & 1) * kHeads + r0] = inv[0];
+        linv_s[(k & 1) * kHeads + r0 + 8] = inv[1];
+      }
+      named_sync(kEpi1, 256);
+      epilogue_store<kOut>(p, o, inv, t, h0, 0, r0, tq, lane, wtid >> 5, nullptr, kHd, red_s);
+      WS_MARK(15);
+    }
+    if (!first) named_sync(kPFree, 256);  // WG 1's arrival after the CTA's last tile
+  } else {
+    // ---------------------------------------------------------------- consumer B
+    regs_dec<kRegsB>();
+    WS_CLOCK_START;
+    int u = 0, k = 0;
+    for (int w = static_cast<int>(blockIdx.x); w < nwork; w += step, ++k) {
+      const int64_t t = w / nhg;
+      const int h0 = static_cast<int>(w % nhg) * kHeads;
+      float o[128];
+#pragma unroll
+      for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+      wgmma::fence_operands(o);
+      for (;; ++u) {
+        const int b = u & 1;
+        const uint32_t kb = sbase + L::kK + static_cast<uint32_t>(b) * kKBuf;
+        mbar_wait(bar(kFull0 + b), static_cast<uint32_t>((u >> 1) & 1));
+        const bool last = (kmeta[b] >> 16) != 0;
+        WS_MARK(16);
+        named_sync(kPReady, 256);
+        WS_MARK(17);
+        const float a0 = alpha_s[r0], a1 = alpha_s[r0 + 8];
+        if (!__all_sync(0xffffffffu, a0 == 1.0f && a1 == 1.0f)) {
+#pragma unroll
+          for (int i = 0; i < 128; ++i) o[i] *= ((i >> 1) & 1) != 0 ? a1 : a0;
+        }
+        wgmma::fence_operands(o);
+        wgmma::fence();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint64_t da = wgmma::desc_k_sw128_addr(sbase + L::kP + 32u * j);
+          const uint64_t dv =
+              wgmma::desc_mn_sw128(kb + 4 * kKPanel + 2048u * j, kKPanel, 1024u);
+          wgmma::f16_ss_n256_tb(o, da, dv);
+        }
+        wgmma::commit_group();
+        wgmma::wait_group<0>();
+        wgmma::fence_operands(o);
+        WS_MARK(18);
+        mbar_arrive(bar(kEmpty0 + b));
+        named_arrive(kPFree, 256);
+        if (last) {
+          ++u;
+          break;
+        }
+      }
+      named_sync(kEpi1, 256);
+      WS_MARK(19);
+      const float inv[2] = {linv_s[(k & 1) * kHeads + r0], linv_s[(k & 1) * kHeads + r0 + 8]};
+      const int rope0 = p.freqs != nullptr ? kHd - p.rd : kHd;
+      epilogue_store<kOut>(p, o, inv, t, h0, 256, r0, tq, lane, 4 + (wtid >> 5),
+                           p.freqs != nullptr ? rope + (k & 1) * (kMaxRd / 2) : nullptr, rope0,
+                           red_s);
+      if (p.freqs != nullptr) mbar_arrive(bar(kRopeFree0 + (k & 1)));
+      WS_MARK(20);
+    }
+  }
+#else
+  __trap();  // sm_90a only
+#endif
+}
+
+template <int kOut>
+void launch(const SparseAttentionParams& p, cudaStream_t stream) {
+  launch_persistent<sparse_attention_ws_kernel<kOut>, Smem::kBytes, kThreads>(p, stream);
+}
+
+// What this kernel takes beyond sparse_attention_wgmma_fits: single fp16 precision and at most
+// kMaxRd RoPE channels (its table and the epilogue's rotated channels all in WG 1's half).
+bool fits(const SparseAttentionParams& p) {
+  return !p.split_precision && (p.freqs == nullptr || p.rd <= kMaxRd);
+}
+
+}  // namespace ws
 }  // namespace attn_wg
 
 // Shapes and devices the kernel takes: 64-head CTAs, and a Hopper device (the kernel is compiled
@@ -972,6 +1717,16 @@ bool sparse_attention_wgmma_fits(const SparseAttentionParams& p) {
 }
 
 void launch_sparse_attention_wgmma(const SparseAttentionParams& p, cudaStream_t stream) {
+  if (p.warp_specialized && attn_wg::ws::fits(p)) {
+    if (p.out_fp8_rows != nullptr) {
+      attn_wg::ws::launch<attn_wg::kOutFp8Rows>(p, stream);
+    } else if (p.out_mxfp8_bf16 != nullptr) {
+      attn_wg::ws::launch<attn_wg::kOutMxfp8Bf16>(p, stream);
+    } else {
+      attn_wg::ws::launch<attn_wg::kOutF32>(p, stream);
+    }
+    return;
+  }
   if (p.split_precision)
     attn_wg::launch<true, attn_wg::kNBSplit>(p, stream);
   else

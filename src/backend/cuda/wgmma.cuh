@@ -278,6 +278,41 @@ __device__ __forceinline__ void f16_rs_n256_tb(float (&d)[128], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 }
 
+// ---- fp16 operands for the warp-specialised attention (v41_attention_wgmma.cu, attn_ws) --------
+//
+// d (+)= A · B^T, m64n64k16, fp16 operands, both K-major in shared memory (desc_k_sw128), fp32
+// accumulators d[32].
+__device__ __forceinline__ void f16_ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{" MS_WGMMA_D32 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : MS_WGMMA_ACC32("+f", d)
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+// The same with scale-d = 0 (d = A · B^T; d only written, see f16_ss_n32_zero).
+__device__ __forceinline__ void f16_ss_n64_zero(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{" MS_WGMMA_D32 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : MS_WGMMA_ACC32("=f", d)
+      : "l"(desc_a), "l"(desc_b), "r"(0));
+}
+// d += A · B, m64n256k16, fp16 operands: A (64 x 16) K-major in shared memory (desc_k_sw128), B
+// (16 x 256) MN-major in shared memory (desc_mn_sw128; imm-trans-b = 1), fp32 accumulators d[128].
+__device__ __forceinline__ void f16_ss_n256_tb(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+      "{" MS_WGMMA_D128 "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+      : MS_WGMMA_ACC128("+f", d)
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+
 }  // namespace moeserve::cuda::wgmma
 
 #undef MS_WGMMA_BF16_RS

@@ -2027,6 +2027,7 @@ struct DeepseekV41Gpu::Impl {
     p.split_precision = !opt.fast_attention;
     p.use_wgmma = opt.attention_wgmma;
     p.swa_f16_scale = opt.attention_swa_f16_scale;
+    p.warp_specialized = opt.attention_ws;
     if (opt.f64_attention) {
       cu::launch_sparse_attention_f64(p, stream);
     } else {

@@ -124,6 +124,14 @@ struct GpuModelOptions {
   // kernels' PTX is unchanged (checked with nvcc --ptx). Written in r17 after the device time
   // ran out: not run. Off.
   bool attention_swa_f16_scale = false;
+  // With attention_wgmma and fast_attention: the warp-specialised form of the wgmma kernel
+  // (SparseAttentionParams::warp_specialized: a producer warpgroup dequantises 64-key tiles, one
+  // consumer computes S over all 512 channels and the softmax, both consumers P . V; the epilogue
+  // from the accumulators). fp32 sums in another order than the two-warpgroup kernel. New in r20
+  // (docs/perf/forward-gpu-2026-12-01-r20.md): 16% faster in the attention probe (384 rows, 161
+  // vs 192 us), but in the decode forward slower (64 x 6: attention.sparse 8.82 -> 9.34 ms) and
+  // in prefill 8K faster (28.00 -> 26.67 ms). Off.
+  bool attention_ws = false;
   // true: FP8-weight linears whose shape fits (out % 128, in % 128) run as FP8 x FP8 block-scaled
   // wgmma GEMMs on the e4m3 codes of the MXFP8 inputs (launch_fp8_wgmma_gemm: the tensor core's
   // FP8 accumulation over each 32-wide block, then fp32); false: the bf16 cuBLASLt GEMM on the

@@ -2588,6 +2588,25 @@ TEST(GpuForward, AttentionSwaF16ScaleIsBitIdentical) {
   std::filesystem::remove_all(dir);
 }
 
+// GpuModelOptions::attention_ws (the wgmma attention's warp-specialised form; op test
+// CudaV41.SparseAttentionWarpSpecialized) in the serving precision (fast_attention, which it
+// needs), on the wide model (64 heads: the wgmma kernel, with its FP8-rows epilogue where wo_a
+// takes it): the short greedy check against the CPU oracle, as every production path, with the
+// two-warpgroup kernel's agreement printed beside it.
+TEST(GpuForward, AttentionWsGreedyMatchesCpu) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  if (!wide_wgmma_attention_runs())
+    GTEST_SKIP() << "the wgmma attention (sm_90a) does not run on this device";
+  expect_wide_short_greedy("fast attention, two warpgroups", [](arch::GpuModelOptions& o) {
+    o.fast_attention = true;
+    o.attention_ws = false;
+  });
+  expect_wide_short_greedy("fast attention, attention_ws", [](arch::GpuModelOptions& o) {
+    o.fast_attention = true;
+    o.attention_ws = true;
+  });
+}
+
 // The DSpark draft cycle as CUDA graphs (GpuModelOptions::cuda_graphs: one graph per number of
 // inputs) against the eager draft of the same model: the same kernels on the same inputs, so
 // tokens, confidences, logits and base logits are bit-identical, and so is the cost accounting.
