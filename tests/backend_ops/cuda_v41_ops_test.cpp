@@ -358,6 +358,39 @@ class CudaV41 : public ::testing::Test {
     return p;
   }
 
+  // The references of the attention's quantising epilogues: launch_act_quant_mxfp8 (kBF16) of an
+  // fp32 output [t, cols] (what out_mxfp8_bf16 must equal), and launch_act_quant_fp8_rows (kBF16)
+  // of those bf16 values (the codes and row scales out_fp8_rows / out_row_scale must equal).
+  uint16_t* mxfp8_bf16_of(const float* x, int64_t t, int64_t cols) {
+    const size_t n = static_cast<size_t>(t * cols);
+    uint16_t* out = up(std::vector<uint16_t>(n, 0x7FC1));
+    cuda::ActQuantParams ap;
+    ap.x = x;
+    ap.ldx = cols;
+    ap.rows = t;
+    ap.cols = cols;
+    ap.out = out;
+    ap.out_type = cuda::ActivationType::kBF16;
+    ap.ldo = cols;
+    cuda::launch_act_quant_mxfp8(ap, stream_);
+    return out;
+  }
+  std::pair<uint8_t*, float*> fp8_rows_of(const uint16_t* x, int64_t t, int64_t cols) {
+    uint8_t* out = up(std::vector<uint8_t>(static_cast<size_t>(t * cols), 0x7F));
+    float* rs = nans(static_cast<size_t>(t));
+    cuda::ActQuantFp8RowsParams ap;
+    ap.x = x;
+    ap.x_type = cuda::ActivationType::kBF16;
+    ap.ldx = cols;
+    ap.rows = t;
+    ap.cols = cols;
+    ap.out = out;
+    ap.ldo = cols;
+    ap.row_scale = rs;
+    cuda::launch_act_quant_fp8_rows(ap, stream_);
+    return {out, rs};
+  }
+
   // Key selections of the persistent wgmma tests: t rows at positions 1000 + r, row r with
   // (37 r) % (sk + 1) SWA keys and (53 r) % (gk + 1) FP4 keys drawn from nglob entries (none
   // where r % 11 == 0, one SWA key where it is 1, one FP4 key where it is 2); with gaps, every
@@ -2311,16 +2344,7 @@ TEST_F(CudaV41, SparseAttentionWgmmaQuantEpilogueIsBitIdentical) {
         p.out = o32;
         p.out_mxfp8_bf16 = nullptr;
         cuda::launch_sparse_attention(p, stream_);
-        uint16_t* ref16 = up(std::vector<uint16_t>(n, 0x7FC1));
-        cuda::ActQuantParams ap;
-        ap.x = o32;
-        ap.ldx = cols;
-        ap.rows = t;
-        ap.cols = cols;
-        ap.out = ref16;
-        ap.out_type = cuda::ActivationType::kBF16;
-        ap.ldo = cols;
-        cuda::launch_act_quant_mxfp8(ap, stream_);
+        uint16_t* ref16 = mxfp8_bf16_of(o32, t, cols);
         // The fused epilogue.
         float* unused = nans(n);
         uint16_t* got16 = up(std::vector<uint16_t>(n, 0x7FC1));
@@ -2375,18 +2399,7 @@ TEST_F(CudaV41, SparseAttentionWgmmaFp8RowsEpilogueIsBitIdentical) {
       p.out = nullptr;
       p.out_mxfp8_bf16 = o16;
       cuda::launch_sparse_attention(p, stream_);
-      uint8_t* ref8 = up(std::vector<uint8_t>(n, 0x7F));
-      float* ref_rs = nans(static_cast<size_t>(t));
-      cuda::ActQuantFp8RowsParams ap;
-      ap.x = o16;
-      ap.x_type = cuda::ActivationType::kBF16;
-      ap.ldx = cols;
-      ap.rows = t;
-      ap.cols = cols;
-      ap.out = ref8;
-      ap.ldo = cols;
-      ap.row_scale = ref_rs;
-      cuda::launch_act_quant_fp8_rows(ap, stream_);
+      const auto [ref8, ref_rs] = fp8_rows_of(o16, t, cols);
       // The fused epilogue.
       uint8_t* got8 = up(std::vector<uint8_t>(n, 0x7F));
       float* got_rs = nans(static_cast<size_t>(t));
@@ -2592,16 +2605,7 @@ TEST_F(CudaV41, SparseAttentionWarpSpecialized) {
       float* o32 = nans(n);
       p.out = o32;
       cuda::launch_sparse_attention(p, stream_);
-      uint16_t* ref16 = up(std::vector<uint16_t>(n, 0x7FC1));
-      cuda::ActQuantParams aq;
-      aq.x = o32;
-      aq.ldx = cols;
-      aq.rows = t;
-      aq.cols = cols;
-      aq.out = ref16;
-      aq.out_type = cuda::ActivationType::kBF16;
-      aq.ldo = cols;
-      cuda::launch_act_quant_mxfp8(aq, stream_);
+      uint16_t* ref16 = mxfp8_bf16_of(o32, t, cols);
       uint16_t* got16 = up(std::vector<uint16_t>(n, 0x7FC1));
       p.out = nullptr;
       p.out_mxfp8_bf16 = got16;
@@ -2610,18 +2614,7 @@ TEST_F(CudaV41, SparseAttentionWarpSpecialized) {
       size_t diff16 = 0;
       for (size_t i = 0; i < n; ++i) diff16 += r16[i] != g16[i];
       EXPECT_EQ(diff16, 0u) << "out_mxfp8_bf16, of " << n;
-      uint8_t* ref8 = up(std::vector<uint8_t>(n, 0x7F));
-      float* ref_rs = nans(static_cast<size_t>(t));
-      cuda::ActQuantFp8RowsParams ar;
-      ar.x = got16;
-      ar.x_type = cuda::ActivationType::kBF16;
-      ar.ldx = cols;
-      ar.rows = t;
-      ar.cols = cols;
-      ar.out = ref8;
-      ar.ldo = cols;
-      ar.row_scale = ref_rs;
-      cuda::launch_act_quant_fp8_rows(ar, stream_);
+      const auto [ref8, ref_rs] = fp8_rows_of(got16, t, cols);
       uint8_t* got8 = up(std::vector<uint8_t>(n, 0x7F));
       float* got_rs = nans(static_cast<size_t>(t));
       p.out_mxfp8_bf16 = nullptr;

@@ -87,6 +87,7 @@
 //   has a whole iteration to land; the exchange, softmax and dequantisation are the chain.
 // Tiles 0 .. kNB - 2 are dequantised before the loop (kNB == 3 also issues S_0 there).
 #include <algorithm>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -311,6 +312,47 @@ __device__ __forceinline__ void fp8_rows_quant4(float4 v, uint32_t& q, uint32_t&
   const uint32_t mag = v41::mxfp8_code(a2, sc2) & 0x7Fu;  // the block's largest code magnitude
   code = sc2.code;
   m = max(m, v41::fp8_rows_block_ref(mag, sc2));
+}
+
+// The online softmax's shared steps for an S accumulator s[4 i + 2 h + v] (head row r0 + 8 h,
+// key key0 + 8 i + 2 tq + v; the 4 lanes of a quad hold a row): keys at or past `limit` -> -inf,
+// the rest times 2^-8; the row maxima over the quad; the new running maxima m_run and the
+// factors alpha = exp(m_old - m_new) that rescale O and l.
+template <int kN>
+__device__ __forceinline__ void softmax_max(float (&s)[kN], int key0, int limit, int tq,
+                                            float (&m_run)[2], float (&alpha)[2]) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int i = 0; i < kN / 4; ++i) {
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      const bool valid = key0 + 8 * i + 2 * tq + v < limit;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float& x = s[4 * i + 2 * h + v];
+        x = valid ? x * (1.0f / kPow) : -INFINITY;
+        mx[h] = fmaxf(mx[h], x);
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    const float m_new = fmaxf(m_run[h], mx[h]);
+    alpha[h] = expf(m_run[h] - m_new);
+    m_run[h] = m_new;
+  }
+}
+// l = l * alpha + the quad's sum of this tile's P.
+__device__ __forceinline__ void softmax_sum(float (&sum)[2], const float (&alpha)[2],
+                                            float (&l_run)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
+    sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
+    l_run[h] = l_run[h] * alpha[h] + sum[h];
+  }
 }
 
 // Global-memory lines of [ptr, ptr + bytes) into L2 (fire and forget), spread over the CTA.
@@ -699,30 +741,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // 3. Online softmax. s[4 i + 2 h + v]: head r0 + 8 h, key t0 + 8 i + 2 tq + v.
       uint32_t ph[2][4], pl[2][4];
       {
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-#pragma unroll
-          for (int v = 0; v < 2; ++v) {
-            const bool valid = t0 + 8 * i + 2 * tq + v < nk;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              float& x = s[4 * i + 2 * h + v];
-              x = valid ? x * (1.0f / kPow) : -INFINITY;
-              mx[h] = fmaxf(mx[h], x);
-            }
-          }
-        }
-        float alpha[2], sum[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-          const float m_new = fmaxf(m_run[h], mx[h]);
-          alpha[h] = expf(m_run[h] - m_new);
-          m_run[h] = m_new;
-          sum[h] = 0.0f;
-        }
+        float alpha[2], sum[2] = {0.0f, 0.0f};
+        softmax_max(s, t0, nk, tq, m_run, alpha);
         // P = exp(s - m): expf where P keeps ~2^-22 (hi + lo); with single fp16 P operands (which
         // round P to 2^-11 anyway) the hardware 2^x of (s - m) log2 e, one FFMA and one MUFU.EX2
         // instead of expf's ~8 instructions (relative error ~2^-21 for the arguments here).
@@ -737,12 +757,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
           sum[h] += s[i];
         }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
-          sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
-          l_run[h] = l_run[h] * alpha[h] + sum[h];
-        }
+        softmax_sum(sum, alpha, l_run);
         // A fragments of k-step j (keys 16 j..): a[0] = (head r0, keys 16 j + 2 tq, +1) = s[8 j],
         // s[8 j + 1]; a[1] = head r0 + 8; a[2], a[3] the keys + 8.
 #pragma unroll
@@ -950,15 +965,20 @@ void launch_output(const SparseAttentionParams& p, cudaStream_t stream) {
 // out_fp8_rows is; in single fp16 precision
 // with swa_f16_scale, kF16Scale's instantiations (split precision ignores it). Each its own
 // instantiation: the default path's code is untouched by the others.
+// Calls f(std::integral_constant<int, kOut>) with the kOut p asks for (both kernels' launchers).
+template <typename F>
+void with_out_kind(const SparseAttentionParams& p, F&& f) {
+  if (p.out_fp8_rows != nullptr) {
+    f(std::integral_constant<int, kOutFp8Rows>{});
+  } else if (p.out_mxfp8_bf16 != nullptr) {
+    f(std::integral_constant<int, kOutMxfp8Bf16>{});
+  } else {
+    f(std::integral_constant<int, kOutF32>{});
+  }
+}
 template <bool kSplit, int kNB, bool kF16Scale>
 void launch_outputs(const SparseAttentionParams& p, cudaStream_t stream) {
-  if (p.out_fp8_rows != nullptr) {
-    launch_output<kSplit, kNB, kOutFp8Rows, kF16Scale>(p, stream);
-  } else if (p.out_mxfp8_bf16 != nullptr) {
-    launch_output<kSplit, kNB, kOutMxfp8Bf16, kF16Scale>(p, stream);
-  } else {
-    launch_output<kSplit, kNB, kOutF32, kF16Scale>(p, stream);
-  }
+  with_out_kind(p, [&](auto out) { launch_output<kSplit, kNB, decltype(out)::value, kF16Scale>(p, stream); });
 }
 template <bool kSplit, int kNB>
 void launch(const SparseAttentionParams& p, cudaStream_t stream) {
@@ -1522,30 +1542,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
         WS_MARK(10);
 
         // Online softmax. s[4 i + 2 h + v]: head r0 + 8 h, key 8 i + 2 tq + v.
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-#pragma unroll
-          for (int v = 0; v < 2; ++v) {
-            const bool valid = 8 * i + 2 * tq + v < kvalid;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              float& x = s[4 * i + 2 * h + v];
-              x = valid ? x * (1.0f / kPow) : -INFINITY;
-              mx[h] = fmaxf(mx[h], x);
-            }
-          }
-        }
-        float alpha[2], sum[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-          mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-          const float m_new = fmaxf(m_run[h], mx[h]);
-          alpha[h] = expf(m_run[h] - m_new);
-          m_run[h] = m_new;
-          sum[h] = 0.0f;
-        }
+        float alpha[2], sum[2] = {0.0f, 0.0f};
+        softmax_max(s, 0, kvalid, tq, m_run, alpha);
         const float ml[2] = {m_run[0] * kLog2e, m_run[1] * kLog2e};
 #pragma unroll
         for (int i = 0; i < 32; ++i) {
@@ -1553,12 +1551,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
           s[i] = ex2_approx(fmaf(s[i], kLog2e, -ml[h]));
           sum[h] += s[i];
         }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
-          sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
-          l_run[h] = l_run[h] * alpha[h] + sum[h];
-        }
+        softmax_sum(sum, alpha, l_run);
         // A fragments of k-step j (keys 16 j..): a[r] = s[8 j + 2 r], s[8 j + 2 r + 1] (* 2^8).
         uint32_t ph[4][4];
 #pragma unroll
@@ -1718,13 +1711,7 @@ bool sparse_attention_wgmma_fits(const SparseAttentionParams& p) {
 
 void launch_sparse_attention_wgmma(const SparseAttentionParams& p, cudaStream_t stream) {
   if (p.warp_specialized && attn_wg::ws::fits(p)) {
-    if (p.out_fp8_rows != nullptr) {
-      attn_wg::ws::launch<attn_wg::kOutFp8Rows>(p, stream);
-    } else if (p.out_mxfp8_bf16 != nullptr) {
-      attn_wg::ws::launch<attn_wg::kOutMxfp8Bf16>(p, stream);
-    } else {
-      attn_wg::ws::launch<attn_wg::kOutF32>(p, stream);
-    }
+    attn_wg::with_out_kind(p, [&](auto out) { attn_wg::ws::launch<decltype(out)::value>(p, stream); });
     return;
   }
   if (p.split_precision)
