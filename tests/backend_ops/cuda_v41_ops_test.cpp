@@ -2446,10 +2446,10 @@ TEST_F(CudaV41, SparseAttentionWgmmaFp8RowsEpilogueIsBitIdentical) {
 //    rows (128 SWA + 512 FP4: 10 tiles);
 //  - more rows than SMs with 0, 1 and many keys (persistent_rows), so the producer runs ahead
 //    into the next item while the consumers finish one (list, q, RoPE table slots, tile parity);
+//  - split precision and rd > 64 take the two-warpgroup kernel (the same bits);
 //  - the epilogues: out_mxfp8_bf16 equals launch_act_quant_mxfp8 on this kernel's own fp32
 //    output, out_fp8_rows equals launch_act_quant_fp8_rows on its own out_mxfp8_bf16, bit for bit
 //    (1, 6 and 384 rows).
-// split precision ignores the flag (the two-warpgroup kernel; checked bit for bit).
 TEST_F(CudaV41, SparseAttentionWarpSpecialized) {
   if (cuda::device_info(0).compute_major != 9)
     GTEST_SKIP() << "the wgmma kernel needs sm_90a (Hopper)";
@@ -2549,6 +2549,14 @@ TEST_F(CudaV41, SparseAttentionWarpSpecialized) {
     p.split_precision = true;
     const auto [ws_split, wg_split] = both(p, ref.size());
     EXPECT_EQ(ws_split, wg_split);
+    // So does a RoPE wider than its table (rd > 64): the two-warpgroup kernel, the same bits.
+    std::vector<double> f128(64);
+    for (int i = 0; i < 64; ++i) f128[static_cast<size_t>(i)] = std::pow(10000.0, -i / 64.0);
+    p.split_precision = false;
+    p.freqs = up(f128);
+    p.rd = 128;
+    const auto [ws_rd, wg_rd] = both(p, ref.size());
+    EXPECT_EQ(ws_rd, wg_rd);
   }
   {
     SCOPED_TRACE("persistent rows");
