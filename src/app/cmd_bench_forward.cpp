@@ -66,7 +66,7 @@ struct BenchForwardOptions {
   bool indexer_cand_wgmma = true;
   bool attention_wgmma = true;
   bool attention_swa_f16_scale = false;
-  bool attention_ws = false;  // GpuModelOptions::attention_ws
+  bool attention_ws = true;  // GpuModelOptions::attention_ws
   bool fp8_wgmma = false;
   bool fp8_row_scaled = true;  // GpuModelOptions::fp8_row_scaled
   bool moe_grouped_wgmma = true;
@@ -758,8 +758,8 @@ void register_bench_forward(CLI::App& bench) {
                   "their scale where it is an fp16 value (false: through fp32)")
       ->capture_default_str();
   cmd->add_option("--attention-ws", opt->attention_ws,
-                  "cuda: the wgmma attention (fp16) in its warp-specialised form: a producer "
-                  "warpgroup dequantises 64-key tiles, two consumers run S, softmax and P . V")
+                  "cuda: the wgmma attention (fp16) in its warp-specialised form: two producer "
+                  "warpgroups dequantise 64-key tiles, two consumers run S, softmax and P . V")
       ->capture_default_str();
   cmd->add_option("--fp8-wgmma", opt->fp8_wgmma,
                   "cuda: FP8-weight linears as FP8 x FP8 wgmma GEMMs on the MXFP8 codes (false: "

@@ -18,10 +18,10 @@
 using namespace moeserve::cuda;
 
 const char* const kNames[24] = {
-    "P list", "P rope+pf", "P loads issue", "P empty wait", "P convert+store", "P q_empty wait",
-    "P q convert", "-", "A q_full wait", "A full wait", "A S", "A softmax", "A P_free wait",
-    "A P store+rescale", "A PV", "A epilogue", "B full wait", "B P_ready wait", "B rescale+PV",
-    "B epi1 wait", "B epilogue", "-", "-", "-"};
+    "P list_full wait", "P first prefetch", "P loads", "P empty wait", "P convert+store", "P q_empty wait", "P q convert",
+    "-", "A q_full wait", "A full wait", "A S", "A softmax", "A P_free wait",
+    "A P store+rescale", "A PV", "A epilogue", "B rope/list + full", "B P_ready wait",
+    "B rescale+PV", "B epi1 wait", "B epilogue", "-", "-", "-"};
 
 int main(int argc, char** argv) {
   std::mt19937 rng(7);

@@ -1077,11 +1077,12 @@ struct SparseAttentionParams {
   // One rounding of the same exact product either way: the same bits. Its own instantiations.
   bool swa_f16_scale = false;
   // The wgmma kernel's warp-specialised form (single fp16 precision, rd <= 64; otherwise the
-  // two-warpgroup kernel): a producer warpgroup gathers and dequantises 64-key tiles, one consumer
-  // computes S over all 512 channels, the softmax and half of P . V, the other the second half
-  // from P in shared memory. Results agree with the two-warpgroup kernel to fp32 rounding (S summed
-  // in one accumulator, not two halves); the epilogues' outputs (fp32, out_mxfp8_bf16,
-  // out_fp8_rows) keep their definitions bit for bit relative to its own fp32 values.
+  // two-warpgroup kernel): two producer warpgroups gather and dequantise 64-key tiles and convert
+  // q, one consumer computes S over all 512 channels, the softmax and half of P . V, the other the
+  // second half from P in shared memory and builds the key lists. Results agree with the
+  // two-warpgroup kernel to fp32 rounding (S summed in one accumulator, not two halves); the
+  // epilogues' outputs (fp32, out_mxfp8_bf16, out_fp8_rows) keep their definitions bit for bit
+  // relative to its own fp32 values.
   bool warp_specialized = false;
 };
 void launch_sparse_attention(const SparseAttentionParams& p, Stream stream);

@@ -363,20 +363,21 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr, int64_t bytes) {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a));
 }
 
-// e2m1 -> fp16 (exact), as in v41_attention.cu: one PRMT converts 4 nibbles' magnitude bits to the
-// high bytes of fp16 values (every e2m1 magnitude is an fp16 with a zero low byte), a second
-// places them, a third brings the sign bits.
+// e2m1 -> fp16 (exact), as in v41_attention.cu: the high bytes of the 8 fp16 values (every e2m1
+// magnitude is an fp16 with a zero low byte) from one PRMT table lookup per 4 nibbles, each
+// nibble's sign bit (bit 3) moved to bit 7 of its byte by one PRMT of x and x << 4 and merged in,
+// then one PRMT per pair of values places the bytes (16 operations per 8 values; the earlier
+// per-pair sign PRMT took 20; the same bits).
 constexpr uint32_t kE2m1F16Hi0 = 0x3E3C3800u, kE2m1F16Hi1 = 0x46444240u;
 __device__ __forceinline__ void e2m1x8_to_f16(uint32_t x, __half2 s2, uint32_t (&w)[4]) {
   const uint32_t m = x & 0x77777777u;
   const uint32_t x4 = x << 4;
-  const uint32_t hi[2] = {__byte_perm(kE2m1F16Hi0, kE2m1F16Hi1, m),
-                          __byte_perm(kE2m1F16Hi0, kE2m1F16Hi1, m >> 16)};
+  const uint32_t hi[2] = {
+      __byte_perm(kE2m1F16Hi0, kE2m1F16Hi1, m) | (__byte_perm(x, x4, 0x1504u) & 0x80808080u),
+      __byte_perm(kE2m1F16Hi0, kE2m1F16Hi1, m >> 16) | (__byte_perm(x, x4, 0x3726u) & 0x80808080u)};
 #pragma unroll
   for (int b = 0; b < 4; ++b) {
-    const uint32_t mag = __byte_perm(hi[b >> 1], 0u, (b & 1) != 0 ? 0x3424u : 0x1404u);
-    const uint32_t sgn = __byte_perm(x, x4, 0x0040u + 0x1010u * static_cast<uint32_t>(b));
-    const uint32_t v = mag | (sgn & 0x80008000u);
+    const uint32_t v = __byte_perm(hi[b >> 1], 0u, (b & 1) != 0 ? 0x3424u : 0x1404u);
     w[b] = h2_bits(__hmul2(*reinterpret_cast<const __half2*>(&v), s2));
   }
 }
@@ -493,6 +494,27 @@ __device__ __forceinline__ void issue_s(float (&s)[16], uint32_t q_half, uint32_
 // kOut: what the epilogue writes (kOutF32: p.out; kOutMxfp8Bf16: p.out_mxfp8_bf16, the MXFP8
 // fake-quant as bf16 bits; kOutFp8Rows: p.out_fp8_rows and p.out_row_scale, the row-scaled FP8
 // operand of those values). kF16Scale: p.swa_f16_scale (decode_tile).
+// Entry i of row t's key list (pos: the row's position), before compaction: the SWA entries first
+// (the ring slot of the explicit index, or of position pos - i; -1 below the floor), then the FP4
+// entries (| kGlobFlag); -1 for a missing selection and past the list.
+__device__ __forceinline__ int key_id(const SparseAttentionParams& p, int64_t t, int pos, int i) {
+  const int nlist = p.swa_k + p.glob_k;
+  int id = -1;
+  if (i < p.swa_k) {
+    if (p.swa_idx) {
+      id = p.swa_idx[t * p.swa_k + i];
+    } else {
+      // kp in [pos - 1023, pos]: 32-bit remainder once kp >= 0 (no 64-bit division call).
+      const int64_t kp = static_cast<int64_t>(pos) - i;
+      id = kp >= (p.swa_floor > 0 ? p.swa_floor : 0) ? static_cast<int>(kp) % p.ring_size : -1;
+    }
+  } else if (i < nlist) {
+    const int gi = p.glob_idx[t * p.glob_k + (i - p.swa_k)];
+    id = gi >= 0 ? (gi | kGlobFlag) : -1;
+  }
+  return id;
+}
+
 template <bool kSplit, int kNB, int kOut, bool kF16Scale>
 __global__ void __launch_bounds__(kThreads, 1)
     sparse_attention_wgmma_kernel(SparseAttentionParams p) {
@@ -560,26 +582,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // to 4) selections first, then one barrier for the per-warp counts of all rounds. The first
     // barrier also orders the previous item's epilogue reads of the O staging (which overlays q,
     // kt and the stage) before this item's writes there.
-    const int nlist = p.swa_k + p.glob_k;
     int ids[kListRounds];
 #pragma unroll
-    for (int k = 0; k < kListRounds; ++k) {
-      const int i = tid + k * kThreads;
-      int id = -1;
-      if (i < p.swa_k) {
-        if (p.swa_idx) {
-          id = p.swa_idx[t * p.swa_k + i];
-        } else {
-          // kp in [pos - 1023, pos]: 32-bit remainder once kp >= 0 (no 64-bit division call).
-          const int64_t kp = static_cast<int64_t>(pos) - i;
-          id = kp >= (p.swa_floor > 0 ? p.swa_floor : 0) ? static_cast<int>(kp) % p.ring_size : -1;
-        }
-      } else if (i < nlist) {
-        const int gi = p.glob_idx[t * p.glob_k + (i - p.swa_k)];
-        id = gi >= 0 ? (gi | kGlobFlag) : -1;
-      }
-      ids[k] = id;
-    }
+    for (int k = 0; k < kListRounds; ++k) ids[k] = key_id(p, t, pos, tid + k * kThreads);
     uint32_t masks[kListRounds];
 #pragma unroll
     for (int k = 0; k < kListRounds; ++k) {
@@ -990,55 +995,62 @@ void launch(const SparseAttentionParams& p, cudaStream_t stream) {
 }
 // ---- The warp-specialised kernel (SparseAttentionParams::warp_specialized; single fp16) --------
 //
-// Three warpgroups with their own roles, each 64-key tile dequantised once and S computed once
-// over all 512 channels (the kernel above splits S by channel halves, exchanges the partials and
-// runs the softmax twice, with the dequantisation on the same warps' path):
+// Four warpgroups with their own roles (512 threads, one CTA per SM, persistent over (row, 64
+// heads) items), each 64-key tile dequantised once and S computed once over all 512 channels (the
+// kernel above splits S by channel halves, exchanges the partials and runs the softmax twice,
+// with the dequantisation on the same warps' path):
 //   WG 0 (consumer A): S = Q . K^T (m64n64k16, 32 k-steps), the online softmax, P (fp16, * 2^8)
-//        into shared memory for WG 1 and from registers into O[:, 0:256) += P . V (m64n256k16).
+//        into shared memory for WG 1 and from registers into O[:, 0:256) += P . V (m64n128k16).
 //   WG 1 (consumer B): rescales its O[:, 256:512) by the factors WG 0 leaves in shared memory, then
-//        O += P . V with P from shared memory; the inverse RoPE channels are all in its half.
-//   WG 2 (producer): the key list of each item, the records of each tile gathered with plain
-//        global loads (8 keys x 32 channels per thread, 16-byte loads, all issued before any is
-//        converted; the next tile's lines prefetched into L2) and dequantised into one of two
-//        fp16 key tiles; q -> fp16 once the previous item's last S is done; the RoPE table.
+//        O += P . V with P from shared memory; the inverse RoPE channels are all in its half. It
+//        also builds the key list of the next item (two list slots) and the RoPE table.
+//   WG 2, 3 (producers): q -> fp16 (half the heads each) once WG 0's last S of the previous item
+//        is done; then for each tile, 32 keys each: a thread holds one key and 128 of its channels
+//        (so the 8 lanes of a store phase write 8 rows of the swizzled tile: no bank conflicts),
+//        its records' loads all issued before the first is used, the next tile's lines prefetched
+//        into L2, dequantised into one of two fp16 key tiles.
 // Handoffs: mbarriers full[2] / empty[2] (key tiles; a tile's valid-key count and last-tile flag
-// travel in kmeta[buffer]), q_full / q_empty (the q tile), rope_free[2] (the RoPE table of item k,
-// slot k % 2, free once WG 1's epilogue of item k - 2 has read it); named barriers between the
-// consumers for P (ready / free) and the epilogue (1 / l, the row's FP8 reference code).
-// The epilogue works from the accumulators (no shared-memory staging, so the producer fills the
+// travel in kmeta[buffer]), q_full / q_empty (the q tile), list_full[2] / list_empty[2] (the key
+// lists); named barriers between the consumers for P (ready / free) and the epilogue (1 / l, the
+// row's FP8 reference code).
+// The epilogue works from the accumulators (no shared-memory staging, so the producers fill the
 // next item's tiles meanwhile): out = O / (l 2^8), inverse RoPE, and each 32-channel block's
 // MXFP8 quantisation across the 4 lanes of a quad (each lane holds 8 of its channels), with the
 // operations, hence the bits, of the kernel above's kOutMxfp8Bf16 / kOutFp8Rows epilogues.
+// P . V runs as two m64n128k16 halves per k-step: with 512 threads the launch gives 128 registers
+// per thread, too few for ptxas to place an n256 instruction, though setmaxnreg raises the
+// consumers' budgets above that.
 // Precision: single fp16 operands as the kernel above without split precision; S is summed over
 // 512 channels in one accumulator (the kernel above: two halves of 256 added), so results agree
 // with it to fp32 rounding, not bit for bit.
 namespace ws {
 
-constexpr int kThreads = 384;
+constexpr int kThreads = 512;
 constexpr int kTile = 64;                          // keys per tile
 constexpr uint32_t kKPanel = kTile * 128;          // 8 KB: 64 keys x 64 channels
 constexpr uint32_t kKBuf = 8 * kKPanel;            // 64 KB: one key tile (fp16)
 constexpr int kMaxRd = 64;                         // RoPE channels this kernel takes
-constexpr int kListRounds = kMaxKeys / 128;        // key-list entries per producer thread
+constexpr int kListRounds = kMaxKeys / 128;        // key-list entries per WG 1 thread
 
 struct Smem {
   static constexpr uint32_t kQ = 0;                     // fp16 [8 panels][64 heads][64]
   static constexpr uint32_t kK = kQ + kQPart;           // fp16 [2][8 panels][64 keys][64]
   static constexpr uint32_t kP = kK + 2 * kKBuf;        // fp16 [64 heads][64 keys], swizzled
-  static constexpr uint32_t kList = kP + kHeads * 128;  // int32 [kMaxKeys]
-  static constexpr uint32_t kRope = kList + 4 * kMaxKeys;  // double2 [2][kMaxRd / 2]
+  static constexpr uint32_t kList = kP + kHeads * 128;  // int32 [2][kMaxKeys]
+  static constexpr uint32_t kRope = kList + 2 * 4 * kMaxKeys;  // double2 [2][kMaxRd / 2]
   static constexpr uint32_t kAlpha = kRope + 2 * 16 * (kMaxRd / 2);  // float [64]
   static constexpr uint32_t kLinv = kAlpha + 4 * kHeads;             // float [2][64]
   static constexpr uint32_t kRed = kLinv + 2 * 4 * kHeads;           // uint32 [8]
-  static constexpr uint32_t kMeta = kRed + 32;                       // int32 [2]
-  static constexpr uint32_t kBars = kMeta + 16;  // full[2], empty[2], q_full, q_empty, rope_free[2]
-  static constexpr uint32_t kEnd = kBars + 8 * 8;
+  static constexpr uint32_t kMeta = kRed + 32;  // int32 [2] (tiles), int32 [2] (list lengths)
+  // full[2], empty[2], q_full, q_empty, list_full[2], list_empty[2]
+  static constexpr uint32_t kBars = kMeta + 16;
+  static constexpr uint32_t kEnd = kBars + 8 * 11;
   static constexpr uint32_t kBytes = kEnd + 1024;
   static_assert(kBytes <= 227 * 1024, "shared memory budget");
   static_assert(kK % 1024 == 0 && kP % 1024 == 0 && kRope % 16 == 0 && kBars % 8 == 0,
                 "alignment");
 };
-enum Bar : uint32_t { kFull0 = 0, kEmpty0 = 2, kQFull = 4, kQEmpty = 5, kRopeFree0 = 6 };
+enum Bar : uint32_t { kFull0 = 0, kEmpty0 = 2, kQFull = 4, kQEmpty = 5, kListFull0 = 6, kListEmpty0 = 8 };
 // Named barriers (0 is __syncthreads).
 enum NamedBar : uint32_t { kListBar = 1, kPFree = 2, kPReady = 3, kEpi1 = 4, kEpi2 = 5 };
 
@@ -1218,9 +1230,78 @@ __device__ __forceinline__ void epilogue_store(const SparseAttentionParams& p, c
   }
 }
 
-// Register budgets after setmaxnreg (the launch gives 168 to each of the 384 threads; the sum
-// stays 504): consumer A 216 (O half 128, S 32, P 16), consumer B 160, producer 128.
-constexpr uint32_t kRegsA = 216, kRegsB = 160, kRegsP = 128;
+// q * scale * 2^8 -> fp16 into the A panels, half `half` of them (heads 32 half ..+32): item i of
+// the 2,048 is head 32 half + i / 64, channels 8 (i % 64) ..+8; 16 per thread of a warpgroup in
+// batches of kBatch (2 kBatch float4 loads in flight).
+template <int kBatch>
+__device__ __forceinline__ void convert_q_half(const SparseAttentionParams& p, uint8_t* smem,
+                                               int64_t t, int h0, int half, int wtid) {
+  const float* qrow = p.q + (t * p.heads + h0) * kHd;
+  constexpr int kPer = kHeads * (kHd / 8) / 256;
+#pragma unroll 1
+  for (int b0 = 0; b0 < kPer; b0 += kBatch) {
+    float4 x[2 * kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = 2048 * half + wtid + (b0 + j) * 128;
+      const float4* src = reinterpret_cast<const float4*>(qrow + (i >> 6) * kHd + 8 * (i & 63));
+      x[2 * j] = __ldg(src);
+      x[2 * j + 1] = __ldg(src + 1);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = 2048 * half + wtid + (b0 + j) * 128;
+      const float v[8] = {x[2 * j].x,     x[2 * j].y,     x[2 * j].z,     x[2 * j].w,
+                          x[2 * j + 1].x, x[2 * j + 1].y, x[2 * j + 1].z, x[2 * j + 1].w};
+      uint32_t hi[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        hi[e] = h2_bits(__floats2half2_rn(v[2 * e] * p.scale * kPow, v[2 * e + 1] * p.scale * kPow));
+      *reinterpret_cast<uint4*>(smem + Smem::kQ + swz(kQPanel, i >> 6, i & 63)) =
+          make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    }
+  }
+}
+
+// Ordered compaction of item w's valid key ids (as the kernel above) into `list` over one
+// warpgroup (named barrier kListBar); returns their count.
+__device__ __forceinline__ int build_list(const SparseAttentionParams& p, int w, int nhg,
+                                          int32_t* list, int32_t (&warp_count)[kListRounds][4],
+                                          int wtid) {
+  const int lane = wtid & 31, warp = wtid >> 5;
+  const int64_t t = w / nhg;
+  const int pos = p.pos[t];
+  int ids[kListRounds];
+#pragma unroll
+  for (int r = 0; r < kListRounds; ++r) ids[r] = key_id(p, t, pos, wtid + r * 128);
+  uint32_t masks[kListRounds];
+#pragma unroll
+  for (int r = 0; r < kListRounds; ++r) {
+    masks[r] = __ballot_sync(0xffffffffu, ids[r] >= 0);
+    if (lane == 0) warp_count[r][warp] = __popc(masks[r]);
+  }
+  named_sync(kListBar, 128);
+  int nk = 0;
+#pragma unroll
+  for (int r = 0; r < kListRounds; ++r) {
+    int before = 0, sum = 0;
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const int c = warp_count[r][v];
+      before += v < warp ? c : 0;
+      sum += c;
+    }
+    if (ids[r] >= 0) list[nk + before + __popc(masks[r] & ((1u << lane) - 1u))] = ids[r];
+    nk += sum;
+  }
+  named_sync(kListBar, 128);  // warp_count read by all before the next build writes it
+  return nk;
+}
+
+// Register budgets after setmaxnreg (the launch gives 128 to each of the 512 threads; the sum
+// stays 512): consumer A 200 (O half 128, S 32, P 16), consumer B 168 (its FP8-rows epilogue
+// still spills a few), each producer 72.
+constexpr uint32_t kRegsA = 200, kRegsB = 168, kRegsP = 72;
 
 // Phase clocks for tools/device/attn_ws_probe.cu (compiled out unless MOESERVE_ATTN_CLOCKS): the
 // first thread of each warpgroup adds the cycles since its previous mark to slot i (names in the
@@ -1229,7 +1310,7 @@ constexpr uint32_t kRegsA = 216, kRegsB = 160, kRegsP = 128;
 __device__ unsigned long long g_ws_clocks[24];
 #define WS_MARK(i)                                                               \
   do {                                                                           \
-    if (wtid == 0) {                                                             \
+    if (wtid == 0 && wg < 3) {                                                          \
       const long long now_ = clock64();                                          \
       atomicAdd(&g_ws_clocks[i], static_cast<unsigned long long>(now_ - clk_)); \
       clk_ = now_;                                                               \
@@ -1244,7 +1325,7 @@ __device__ unsigned long long g_ws_clocks[24];
   do {                 \
   } while (0)
 #endif
-static_assert(kRegsA + kRegsB + kRegsP == 3 * 168, "register budget");
+static_assert(kRegsA + kRegsB + 2 * kRegsP == 4 * 128, "register budget");
 
 template <int kOut>
 __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(SparseAttentionParams p) {
@@ -1259,12 +1340,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
   const uint32_t sbase = raw_base + pad;
   const uint32_t bars = sbase + L::kBars;
   const auto bar = [&](uint32_t i) { return bars + 8u * i; };
-  int32_t* const list = reinterpret_cast<int32_t*>(smem + L::kList);
+  int32_t* const lists = reinterpret_cast<int32_t*>(smem + L::kList);
   double2* const rope = reinterpret_cast<double2*>(smem + L::kRope);
   float* const alpha_s = reinterpret_cast<float*>(smem + L::kAlpha);
   float* const linv_s = reinterpret_cast<float*>(smem + L::kLinv);
   uint32_t* const red_s = reinterpret_cast<uint32_t*>(smem + L::kRed);
   volatile int32_t* const kmeta = reinterpret_cast<volatile int32_t*>(smem + L::kMeta);
+  volatile int32_t* const list_n = kmeta + 2;
 
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31;
   const int wg = tid >> 7, wtid = tid & 127, wwarp = wtid >> 5;
@@ -1275,220 +1357,155 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
   const int step = static_cast<int>(gridDim.x);
 
   if (tid == 0) {
-    mbar_init(bar(kFull0), 128);
-    mbar_init(bar(kFull0 + 1), 128);
+    mbar_init(bar(kFull0), 256);
+    mbar_init(bar(kFull0 + 1), 256);
     mbar_init(bar(kEmpty0), 256);
     mbar_init(bar(kEmpty0 + 1), 256);
-    mbar_init(bar(kQFull), 128);
+    mbar_init(bar(kQFull), 256);
     mbar_init(bar(kQEmpty), 128);
-    mbar_init(bar(kRopeFree0), 128);
-    mbar_init(bar(kRopeFree0 + 1), 128);
+    mbar_init(bar(kListFull0), 128);
+    mbar_init(bar(kListFull0 + 1), 128);
+    mbar_init(bar(kListEmpty0), 256);
+    mbar_init(bar(kListEmpty0 + 1), 256);
     mbar_init_fence();
   }
   __syncthreads();
 
-  if (wg == 2) {
-    // ---------------------------------------------------------------- producer
+  if (wg >= 2) {
+    // ---------------------------------------------------------------- producers
     regs_dec<kRegsP>();
     WS_CLOCK_START;
-    const int ptid = wtid, pwarp = wwarp;
+    const int pid = wg - 2;                     // producer 0 / 1
+    const int ptid = tid - 256;  // 0..255 over both producers
+    // This thread's key of every tile and its 128 channels: key 32 pid + 8 (warp % 4) + lane % 8,
+    // channels [128 mb, 128 mb + 128), mb = lane / 8. The 8 lanes of a store phase hold 8 keys
+    // (8 rows of the swizzled tile, distinct XOR patterns): the 16-byte stores are conflict-free.
+    const int kk = 32 * pid + 8 * (wwarp & 3) + (lane & 7);
+    const int mb = lane >> 3;
     int u = 0;                                  // tiles produced (buffer u % 2)
     int k = 0;                                  // items
     for (int w = static_cast<int>(blockIdx.x); w < nwork; w += step, ++k) {
-      const int64_t t = w / nhg;
-      const int h0 = static_cast<int>(w % nhg) * kHeads;
-      const int pos = p.pos[t];
-      // Ordered compaction of the valid key ids (as the kernel above, over 128 threads).
-      const int nlist = p.swa_k + p.glob_k;
-      int ids[kListRounds];
-#pragma unroll
-      for (int r = 0; r < kListRounds; ++r) {
-        const int i = ptid + r * 128;
-        int id = -1;
-        if (i < p.swa_k) {
-          if (p.swa_idx) {
-            id = p.swa_idx[t * p.swa_k + i];
-          } else {
-            const int64_t kp = static_cast<int64_t>(pos) - i;
-            id = kp >= (p.swa_floor > 0 ? p.swa_floor : 0) ? static_cast<int>(kp) % p.ring_size : -1;
-          }
-        } else if (i < nlist) {
-          const int gi = p.glob_idx[t * p.glob_k + (i - p.swa_k)];
-          id = gi >= 0 ? (gi | kGlobFlag) : -1;
-        }
-        ids[r] = id;
-      }
-      uint32_t masks[kListRounds];
-#pragma unroll
-      for (int r = 0; r < kListRounds; ++r) {
-        masks[r] = __ballot_sync(0xffffffffu, ids[r] >= 0);
-        if (lane == 0) warp_count[r][pwarp] = __popc(masks[r]);
-      }
-      named_sync(kListBar, 128);  // also: every producer thread's reads of the previous list done
-      int nk = 0;
-#pragma unroll
-      for (int r = 0; r < kListRounds; ++r) {
-        int before = 0, sum = 0;
-#pragma unroll
-        for (int v = 0; v < 4; ++v) {
-          const int c = warp_count[r][v];
-          before += v < pwarp ? c : 0;
-          sum += c;
-        }
-        if (ids[r] >= 0) list[nk + before + __popc(masks[r] & ((1u << lane) - 1u))] = ids[r];
-        nk += sum;
-      }
-      named_sync(kListBar, 128);  // the list is complete (and warp_count read)
+      // The item's key list (WG 1 builds it into slot k % 2).
+      mbar_wait(bar(kListFull0 + (k & 1)), static_cast<uint32_t>((k >> 1) & 1));
+      const int32_t* const list = lists + (k & 1) * kMaxKeys;
+      const int nk = list_n[k & 1];
       const int ntiles = nk > 0 ? (nk + kTile - 1) / kTile : 1;  // an empty item: one masked tile
       WS_MARK(0);
-
-      // The inverse RoPE table of this item into slot k % 2, once WG 1 has read item k - 2's.
-      if (p.freqs != nullptr) {
-        if (k >= 2) mbar_wait(bar(kRopeFree0 + (k & 1)), static_cast<uint32_t>(((k >> 1) + 1) & 1));
-        if (ptid < p.rd / 2) {
-          double sn, co;
-          sincos(static_cast<double>(pos) * p.freqs[ptid], &sn, &co);
-          rope[(k & 1) * (kMaxRd / 2) + ptid] = make_double2(co, sn);
-        }
-      }
-
-      // The first tile's records into L2 now (the later tiles' during the tile before).
+      // This thread's lines of a tile into L2 (the first tile now, the later ones during the tile
+      // before).
       const auto prefetch_tile = [&](int t0) {
-        const int key = t0 + (ptid >> 1);
-        if (key < nk) {
-          const int id = list[key];
+        if (t0 + kk < nk) {
+          const int id = list[t0 + kk];
+          const bool glob = (id & kGlobFlag) != 0;
           const uint8_t* rec = record(p, id);
-          const int bytes = (id & kGlobFlag) != 0 ? kGlobRec : kSwaRec;
-          const uintptr_t first = reinterpret_cast<uintptr_t>(rec) & ~static_cast<uintptr_t>(127);
-          const uintptr_t end = reinterpret_cast<uintptr_t>(rec) + static_cast<uintptr_t>(bytes);
-          for (uintptr_t a = first + 128u * (ptid & 1); a < end; a += 256u)
-            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(a));
+          asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rec + (glob ? 64 * mb : 128 * mb)));
+          if (mb == 0) asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rec + (glob ? kHd / 2 : kHd)));
         }
       };
       prefetch_tile(0);
       WS_MARK(1);
+      // q of the item (each producer half of the heads) as soon as WG 0's last S of the previous
+      // item is done: WG 0 waits for q, then for the first tile, whose records are on their way
+      // into L2 meanwhile.
+      if (k >= 1) mbar_wait(bar(kQEmpty), static_cast<uint32_t>((k - 1) & 1));
+      WS_MARK(5);
+      convert_q_half<8>(p, smem, w / nhg, static_cast<int>(w % nhg) * kHeads, pid, wtid);
+      wgmma::fence_proxy_async_smem();
+      mbar_arrive(bar(kQFull));
+      WS_MARK(6);
 
       for (int ti = 0; ti < ntiles; ++ti, ++u) {
         const int t0 = ti * kTile;
         const int b = u & 1;
-        // This thread's 8 keys of the tile, 32 channels each: key 8 r + 2 warp + lane / 16 (two
-        // keys per warp, one per half-warp), channels [32 m, 32 m + 32), m = lane % 16, so a
-        // half-warp reads a record's codes contiguously (FP4: 16 B per lane; SWA: 32 B). The 8
-        // list entries first, then every load without a branch (a key past the list reads q's
-        // first bytes, always there, and is zeroed), all in flight before the first is used
-        // (pinned by an empty asm).
+        // kk and mb opaque to the compiler here, so the stores' 16 offsets are computed per tile
+        // rather than hoisted out of the loops into (spilled) registers.
+        int kx = kk, mx = mb;
+        asm volatile("" : "+r"(kx), "+r"(mx));
         uint8_t* const kt = smem + L::kK + static_cast<uint32_t>(b) * kKBuf;
-        const int m = lane & 15, hl = lane >> 4;
-        int ids[8];
+        // The record's codes for channels [128 mb, +128) (FP4: 64 B; SWA: 128 B) and their scales
+        // (FP4: 8 e4m3 bytes, one per 16 channels; SWA: 4 ue8m0 bytes, one per 32), all loads in
+        // flight before the first is used.
+        const int id = t0 + kx < nk ? list[t0 + kx] : -1;
+        const bool ok = id >= 0, glob = ok && (id & kGlobFlag) != 0;
+        uint4 r[8];
+        uint2 sc = make_uint2(0u, 0u);
+        if (glob) {
+          const uint8_t* rec = record(p, id);
 #pragma unroll
-        for (int r = 0; r < 8; ++r) {
-          const int key = t0 + 8 * r + 2 * pwarp + hl;
-          ids[r] = key < nk ? list[key] : -1;
+          for (int j = 0; j < 4; ++j) r[j] = __ldg(reinterpret_cast<const uint4*>(rec + 64 * mx + 16 * j));
+          sc = __ldg(reinterpret_cast<const uint2*>(rec + kHd / 2 + 8 * mx));
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            asm volatile("" : "+r"(r[j].x), "+r"(r[j].y), "+r"(r[j].z), "+r"(r[j].w));
+          asm volatile("" : "+r"(sc.x), "+r"(sc.y));
+        } else if (ok) {
+          const uint8_t* rec = record(p, id);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) r[j] = __ldg(reinterpret_cast<const uint4*>(rec + 128 * mx + 16 * j));
+          sc.x = __ldg(reinterpret_cast<const uint32_t*>(rec + kHd + 4 * mx));
+#pragma unroll
+          for (int j = 0; j < 8; ++j)
+            asm volatile("" : "+r"(r[j].x), "+r"(r[j].y), "+r"(r[j].z), "+r"(r[j].w));
+          asm volatile("" : "+r"(sc.x));
         }
-        uint4 ra[8], rb[8];
-        uint32_t s0[8], s1[8];
-        uint32_t valid = 0, globm = 0;
-#pragma unroll
-        for (int r = 0; r < 8; ++r) {
-          const int id = ids[r];
-          const bool ok = id >= 0, glob = (id & kGlobFlag) != 0 && ok;
-          const uint8_t* rec = ok ? record(p, id) : reinterpret_cast<const uint8_t*>(p.q);
-          ra[r] = __ldg(reinterpret_cast<const uint4*>(rec + (glob ? 16 * m : 32 * m)));
-          rb[r] = __ldg(reinterpret_cast<const uint4*>(rec + (glob ? 16 * m : 32 * m + 16)));
-          s0[r] = __ldg(rec + (glob ? kHd / 2 + 2 * m : kHd + m));
-          s1[r] = __ldg(rec + (glob ? kHd / 2 + 2 * m + 1 : kHd + m));
-          valid |= ok ? 1u << r : 0u;
-          globm |= glob ? 1u << r : 0u;
-        }
-#pragma unroll
-        for (int r = 0; r < 8; ++r)
-          asm volatile("" : "+r"(ra[r].x), "+r"(ra[r].y), "+r"(ra[r].z), "+r"(ra[r].w), "+r"(rb[r].x),
-                       "+r"(rb[r].y), "+r"(rb[r].z), "+r"(rb[r].w), "+r"(s0[r]), "+r"(s1[r]));
         if (ti + 1 < ntiles) prefetch_tile(t0 + kTile);
         WS_MARK(2);
         if (u >= 2) mbar_wait(bar(kEmpty0 + b), static_cast<uint32_t>(((u >> 1) + 1) & 1));
         WS_MARK(3);
-        // Octs 4 m + c of key kk: FP4 word c of ra (8 nibbles), scale s0 (c < 2) or s1; SWA
-        // bytes 8 c.. of ra (c < 2) or rb, scale s0. A thread's keys are of one kind except at the
-        // SWA / FP4 boundary and the list's end: those take the per-key path.
-        const auto key_chunks = [&](int r, bool ok, bool glob) {
-          const int kk = 8 * r + 2 * pwarp + hl;
-          const uint32_t wa[4] = {ra[r].x, ra[r].y, ra[r].z, ra[r].w};
-          const uint32_t wb[4] = {rb[r].x, rb[r].y, rb[r].z, rb[r].w};
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const int oct = 4 * m + c;
-            const uint2 raw = glob ? make_uint2(wa[c], wa[c])
-                                   : (c < 2 ? make_uint2(wa[2 * c], wa[2 * c + 1])
-                                            : make_uint2(wb[2 * c - 4], wb[2 * c - 3]));
-            const uint32_t sc = glob ? (c < 2 ? s0[r] : s1[r]) : s0[r];
-            // decode8 takes word (oct & 1) of an FP4 pair: both words hold this oct's nibbles.
-            *reinterpret_cast<uint4*>(kt + swz(kKPanel, kk, oct)) = decode8(ok, glob, raw, sc, oct);
-          }
+        // Octs 16 mb + 4 j + c (channels 8 oct ..+8) of key kk, decode8's values; one branch per
+        // key kind (a thread holds one key), straight-line code within each.
+        const auto store = [&](int j, int c, uint4 v) {
+          *reinterpret_cast<uint4*>(kt + swz(kKPanel, kx, 16 * mx + 4 * j + c)) = v;
         };
-        if (valid == 0xFFu && globm == 0xFFu) {
+        if (glob) {
 #pragma unroll
-          for (int r = 0; r < 8; ++r) key_chunks(r, true, true);
-        } else if (valid == 0xFFu && globm == 0) {
+          for (int j = 0; j < 4; ++j) {
+            // FP4: word c of block j's 16 bytes; the e4m3 scale of channels 16 (2 (4 mb + j) +
+            // c / 2): byte 2 j + c / 2 of the 8.
+            const uint32_t sw = j < 2 ? sc.x : sc.y;
+            const uint32_t wds[4] = {r[j].x, r[j].y, r[j].z, r[j].w};
 #pragma unroll
-          for (int r = 0; r < 8; ++r) key_chunks(r, true, false);
+            for (int c = 0; c < 4; ++c) {
+              const uint32_t sb = (sw >> (8 * (2 * (j & 1) + (c >> 1)))) & 0xFFu;
+              store(j, c, decode8(true, true, make_uint2(wds[c], wds[c]), sb, c));
+            }
+          }
+        } else if (ok) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            // SWA: bytes 8 c.. of block j's 32 (r[2 j], r[2 j + 1]); the ue8m0 scale byte j.
+            const uint32_t sb = (sc.x >> (8 * j)) & 0xFFu;
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              const uint4 q = c < 2 ? r[2 * j] : r[2 * j + 1];
+              const uint2 raw = (c & 1) == 0 ? make_uint2(q.x, q.y) : make_uint2(q.z, q.w);
+              store(j, c, decode8(true, false, raw, sb, c));
+            }
+          }
         } else {
 #pragma unroll
-          for (int r = 0; r < 8; ++r) key_chunks(r, ((valid >> r) & 1u) != 0, ((globm >> r) & 1u) != 0);
+          for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) store(j, c, make_uint4(0u, 0u, 0u, 0u));
         }
         if (ptid == 0) kmeta[b] = min(kTile, max(nk - t0, 0)) | (ti + 1 == ntiles ? 1 << 16 : 0);
         wgmma::fence_proxy_async_smem();
         mbar_arrive(bar(kFull0 + b));
         WS_MARK(4);
 
-        if (ti == 0) {
-          // q * scale * 2^8 -> fp16 into the A panels, once WG 0's last S of the previous item is
-          // done. Item i of the warpgroup: head i / 64, channels 8 (i % 64) ..+8; 32 per thread in
-          // batches of 8 (16 float4 loads in flight).
-          if (k >= 1) mbar_wait(bar(kQEmpty), static_cast<uint32_t>((k - 1) & 1));
-          WS_MARK(5);
-          const float* qrow = p.q + (t * p.heads + h0) * kHd;
-          constexpr int kQItems = kHeads * (kHd / 8) / 128;
-          constexpr int kBatch = 8;
-#pragma unroll 1
-          for (int b0 = 0; b0 < kQItems; b0 += kBatch) {
-            float4 x[2 * kBatch];
-#pragma unroll
-            for (int j = 0; j < kBatch; ++j) {
-              const int i = ptid + (b0 + j) * 128;
-              const float4* src = reinterpret_cast<const float4*>(qrow + (i >> 6) * kHd + 8 * (i & 63));
-              x[2 * j] = __ldg(src);
-              x[2 * j + 1] = __ldg(src + 1);
-            }
-#pragma unroll
-            for (int j = 0; j < kBatch; ++j) {
-              const int i = ptid + (b0 + j) * 128;
-              const float v[8] = {x[2 * j].x,     x[2 * j].y,     x[2 * j].z,     x[2 * j].w,
-                                  x[2 * j + 1].x, x[2 * j + 1].y, x[2 * j + 1].z, x[2 * j + 1].w};
-              uint32_t hi[4];
-#pragma unroll
-              for (int e = 0; e < 4; ++e)
-                hi[e] = h2_bits(__floats2half2_rn(v[2 * e] * p.scale * kPow, v[2 * e + 1] * p.scale * kPow));
-              *reinterpret_cast<uint4*>(smem + L::kQ + swz(kQPanel, i >> 6, i & 63)) =
-                  make_uint4(hi[0], hi[1], hi[2], hi[3]);
-            }
-          }
-          wgmma::fence_proxy_async_smem();
-          mbar_arrive(bar(kQFull));
-          WS_MARK(6);
-        }
         // The next item's q and key selections into L2 halfway through this one.
         if (ti == (ntiles >> 1) && w + step < nwork) {
           const int wn = w + step;
           const int64_t tn = wn / nhg;
           const float* qn = p.q + (tn * p.heads + (wn % nhg) * kHeads) * kHd;
           const uintptr_t q0 = reinterpret_cast<uintptr_t>(qn);
-          for (int j = ptid; j < kHeads * kHd * 4 / 128; j += 128)
+          for (int j = ptid; j < kHeads * kHd * 4 / 128; j += 256)
             asm volatile("prefetch.global.L2 [%0];\n" ::"l"(q0 + 128u * j));
           if (p.glob_k > 0 && ptid < (p.glob_k * 4 + 127) / 128)
             asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p.glob_idx + tn * p.glob_k + 32 * ptid));
         }
       }
+      mbar_arrive(bar(kListEmpty0 + (k & 1)));  // this thread's reads of the list are done
     }
   } else if (wg == 0) {
     // ---------------------------------------------------------------- consumer A
@@ -1599,8 +1616,11 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
         wgmma::fence();
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          const uint64_t dv = wgmma::desc_mn_sw128(kb + 2048u * j, kKPanel, 1024u);
-          wgmma::f16_rs_n256_tb(o, ph[j], dv, 1);
+#pragma unroll
+          for (int n = 0; n < 2; ++n) {
+            const uint64_t dv = wgmma::desc_mn_sw128(kb + 2 * n * kKPanel + 2048u * j, kKPanel, 1024u);
+            wgmma::f16_rs_n128_tb(*reinterpret_cast<float(*)[64]>(o + 64 * n), ph[j], dv);
+          }
         }
         wgmma::commit_group();
         wgmma::wait_group<0>();
@@ -1627,12 +1647,29 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
     if (!first) named_sync(kPFree, 256);  // WG 1's arrival after the CTA's last tile
   } else {
     // ---------------------------------------------------------------- consumer B
-    regs_dec<kRegsB>();
+    regs_inc<kRegsB>();
     WS_CLOCK_START;
     int u = 0, k = 0;
+    // The key list of item k (slot k % 2) for the producers: the first item's now, item k + 1's
+    // at the start of item k, once the producers are done with slot (k + 1) % 2 (item k - 1's).
+    const auto list_for = [&](int wl, int kl) {
+      if (kl >= 2) mbar_wait(bar(kListEmpty0 + (kl & 1)), static_cast<uint32_t>(((kl >> 1) + 1) & 1));
+      const int n = build_list(p, wl, nhg, lists + (kl & 1) * kMaxKeys, warp_count, wtid);
+      if (wtid == 0) list_n[kl & 1] = n;
+      mbar_arrive(bar(kListFull0 + (kl & 1)));
+    };
+    if (static_cast<int>(blockIdx.x) < nwork) list_for(static_cast<int>(blockIdx.x), 0);
     for (int w = static_cast<int>(blockIdx.x); w < nwork; w += step, ++k) {
       const int64_t t = w / nhg;
       const int h0 = static_cast<int>(w % nhg) * kHeads;
+      // The inverse RoPE table of this item into slot k % 2 (read in this warpgroup's epilogue,
+      // after kEpi1; slot k % 2 was last read before kEpi1 of item k - 1).
+      if (p.freqs != nullptr && wtid < p.rd / 2) {
+        double sn, co;
+        sincos(static_cast<double>(p.pos[t]) * p.freqs[wtid], &sn, &co);
+        rope[(k & 1) * (kMaxRd / 2) + wtid] = make_double2(co, sn);
+      }
+      if (w + step < nwork) list_for(w + step, k + 1);
       float o[128];
 #pragma unroll
       for (int i = 0; i < 128; ++i) o[i] = 0.0f;
@@ -1655,9 +1692,12 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const uint64_t da = wgmma::desc_k_sw128_addr(sbase + L::kP + 32u * j);
-          const uint64_t dv =
-              wgmma::desc_mn_sw128(kb + 4 * kKPanel + 2048u * j, kKPanel, 1024u);
-          wgmma::f16_ss_n256_tb(o, da, dv);
+#pragma unroll
+          for (int n = 0; n < 2; ++n) {
+            const uint64_t dv =
+                wgmma::desc_mn_sw128(kb + (4 + 2 * n) * kKPanel + 2048u * j, kKPanel, 1024u);
+            wgmma::f16_ss_n128_tb(*reinterpret_cast<float(*)[64]>(o + 64 * n), da, dv);
+          }
         }
         wgmma::commit_group();
         wgmma::wait_group<0>();
@@ -1677,7 +1717,6 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
       epilogue_store<kOut>(p, o, inv, t, h0, 256, r0, tq, lane, 4 + (wtid >> 5),
                            p.freqs != nullptr ? rope + (k & 1) * (kMaxRd / 2) : nullptr, rope0,
                            red_s);
-      if (p.freqs != nullptr) mbar_arrive(bar(kRopeFree0 + (k & 1)));
       WS_MARK(20);
     }
   }

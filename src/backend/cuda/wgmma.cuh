@@ -313,6 +313,30 @@ __device__ __forceinline__ void f16_ss_n256_tb(float (&d)[128], uint64_t desc_a,
       : "l"(desc_a), "l"(desc_b), "r"(1));
 }
 
+// The m64n128k16 forms of the two above (d[64]: half of a 256-column accumulator, whose first
+// 64 registers are columns 0..127): the 512-thread kernel's launch gives 128 registers per thread,
+// too few for ptxas to place an n256 instruction's 128 accumulators, though setmaxnreg raises the
+// consumers' budget above that.
+__device__ __forceinline__ void f16_rs_n128_tb(float (&d)[64], const uint32_t (&a)[4],
+                                               uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{" MS_WGMMA_D64 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : MS_WGMMA_ACC64("+f", d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+__device__ __forceinline__ void f16_ss_n128_tb(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{" MS_WGMMA_D64 "}, %64, %65, p, 1, 1, 0, 1;\n}\n"
+      : MS_WGMMA_ACC64("+f", d)
+      : "l"(desc_a), "l"(desc_b), "r"(1));
+}
+
 }  // namespace moeserve::cuda::wgmma
 
 #undef MS_WGMMA_BF16_RS

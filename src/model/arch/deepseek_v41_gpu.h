@@ -125,13 +125,13 @@ struct GpuModelOptions {
   // ran out: not run. Off.
   bool attention_swa_f16_scale = false;
   // With attention_wgmma and fast_attention: the warp-specialised form of the wgmma kernel
-  // (SparseAttentionParams::warp_specialized: a producer warpgroup dequantises 64-key tiles, one
+  // (SparseAttentionParams::warp_specialized: two producer warpgroups dequantise 64-key tiles, one
   // consumer computes S over all 512 channels and the softmax, both consumers P . V; the epilogue
-  // from the accumulators). fp32 sums in another order than the two-warpgroup kernel. New in r20
-  // (docs/perf/forward-gpu-2026-12-01-r20.md): 16% faster in the attention probe (384 rows, 161
-  // vs 192 us), but in the decode forward slower (64 x 6: attention.sparse 8.82 -> 9.34 ms) and
-  // in prefill 8K faster (28.00 -> 26.67 ms). Off.
-  bool attention_ws = false;
+  // from the accumulators; the key lists built by consumer B). fp32 sums in another order than
+  // the two-warpgroup kernel. New in r20, on since r21
+  // (docs/perf/forward-gpu-2026-12-01-r21.md): decode 64 x 6 attention.sparse 8.81 -> 7.4 ms,
+  // the attention probe (384 rows) 192 -> 110 us.
+  bool attention_ws = true;
   // true: FP8-weight linears whose shape fits (out % 128, in % 128) run as FP8 x FP8 block-scaled
   // wgmma GEMMs on the e4m3 codes of the MXFP8 inputs (launch_fp8_wgmma_gemm: the tensor core's
   // FP8 accumulation over each 32-wide block, then fp32); false: the bf16 cuBLASLt GEMM on the
