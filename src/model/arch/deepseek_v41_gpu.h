@@ -129,8 +129,8 @@ struct GpuModelOptions {
   // consumer computes S over all 512 channels and the softmax, both consumers P . V; the epilogue
   // from the accumulators; the key lists built by consumer B). fp32 sums in another order than
   // the two-warpgroup kernel. New in r20, on since r21
-  // (docs/perf/forward-gpu-2026-12-01-r21.md): decode 64 x 6 attention.sparse 8.81 -> 7.4 ms,
-  // the attention probe (384 rows) 192 -> 110 us.
+  // (docs/perf/forward-gpu-2026-12-01-r21.md): decode 64 x 6 attention.sparse 8.75 -> 7.14 ms,
+  // the attention probe (384 rows) 190 -> 110 us.
   bool attention_ws = true;
   // true: FP8-weight linears whose shape fits (out % 128, in % 128) run as FP8 x FP8 block-scaled
   // wgmma GEMMs on the e4m3 codes of the MXFP8 inputs (launch_fp8_wgmma_gemm: the tensor core's
