@@ -831,8 +831,8 @@ void register_bench_forward(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--router-f32-slices", opt->router_f32_slices,
                   "cuda: > 0: the router logits on our split-K fp32 GEMM with this many K "
-                  "slices (0: cuBLASLt)")
-      ->check(CLI::Range(0, 4096))
+                  "slices; -1: as many as fill the GPU once; 0: cuBLASLt")
+      ->check(CLI::Range(-1, 4096))
       ->capture_default_str();
   cmd->add_option("--rope-heads-per-thread", opt->rope_heads_per_thread,
                   "cuda: the RoPE launches' heads per thread (one angle for that many heads), 1..8")

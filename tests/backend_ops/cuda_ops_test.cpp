@@ -1868,8 +1868,10 @@ TEST_F(CudaOps, RouterSumsLogitSlicesInOrder) {
 }
 
 // launch_router_logits_f32 (the router logits' split-K fp32 GEMM) against a double-precision
-// product on the host, at the decode's 384 x 384 x 5120 with 11 slices and at ragged shapes
-// (rows and experts past a 64 tile, one slice, 80 slices, a pitched x). Each slice is checked
+// product on the host, at the decode's 384 x 384 x 5120 with 11 slices and with the automatic
+// slices (router_logits_auto_slices), and at ragged shapes (rows and experts past a tile, the
+// 64-row tiles at <= 64 rows, experts not a multiple of 4, one slice, 80 slices, a pitched x).
+// Each slice is checked
 // on its own k range (chunks [s C / S, (s + 1) C / S) of 16), and their fp32 sum against the
 // whole product: |err| <= 2e-6 of the row's largest |z| plus 1e-6 absolute (fp32 sums of 5120
 // products of U(-1, 1) values: ~1e-7 relative each). Bad arguments are refused.
@@ -1878,8 +1880,18 @@ TEST_F(CudaOps, RouterLogitsF32MatchesDoubleProduct) {
     int64_t rows, experts, hidden, ldx;
     int slices;
   };
-  for (const Case c : {Case{384, 384, 5120, 5120, 11}, Case{70, 100, 1024, 1028, 1},
-                       Case{130, 384, 1280, 1280, 80}, Case{1, 16, 64, 64, 3}}) {
+  const int auto_decode = cuda::router_logits_auto_slices(384, 384, 5120);
+  const int auto_narrow = cuda::router_logits_auto_slices(64, 250, 2048);
+  for (const int a : {auto_decode, auto_narrow}) {
+    EXPECT_GE(a, 1);
+    EXPECT_LE(a, 32);
+  }
+  EXPECT_LE(auto_narrow, 2048 / 16 / 4);
+  EXPECT_EQ(cuda::router_logits_auto_slices(8, 8, 16), 1);  // fewer than 4 chunks
+  for (const Case c : {Case{384, 384, 5120, 5120, 11}, Case{384, 384, 5120, 5120, auto_decode},
+                       Case{70, 100, 1024, 1028, 1}, Case{130, 384, 1280, 1280, 80},
+                       Case{1, 16, 64, 64, 3}, Case{64, 250, 2048, 2052, auto_narrow},
+                       Case{33, 130, 512, 512, 7}}) {
     SCOPED_TRACE("rows " + std::to_string(c.rows) + " experts " + std::to_string(c.experts) +
                  " hidden " + std::to_string(c.hidden) + " slices " + std::to_string(c.slices));
     std::mt19937 rng(static_cast<uint32_t>(c.rows + c.slices));

@@ -595,11 +595,13 @@ void launch_moe_router(const MoeRouterParams& p, Stream stream);
 // The router logits' fp32 GEMM as split-K slices for launch_moe_router's logit_slices:
 // out[s][t][e] = sum over k in slice s of x[t, k] * w[e, k], FFMA in increasing k (one
 // accumulator per output), slice s covering the 16-wide k chunks [s C / S, (s + 1) C / S) of the
-// C = hidden / 16 chunks. A 64 x 64 output tile per CTA (256 threads, 4 x 4 outputs each), so the
-// decode's 384 x 384 logits at S = 11 are 396 CTAs, three per SM of the H200's 132. fp32
-// throughout (model.md §5: fp32 routing), deterministic; another summation order than cuBLASLt's
-// FFMA GEMM. hidden % 16 == 0, 1 <= slices <= hidden / 16; x rows and w 16-byte aligned (ldx % 4
-// == 0).
+// C = hidden / 16 chunks. An output tile of 128 rows x 128 experts per CTA (256 threads, 8 x 8
+// outputs each, up to 255 registers: one CTA per SM; 64 x 128 and 128 threads where rows <= 64,
+// two per SM), so the decode's 384 x 384 logits are 9 tiles: 14 slices make 126 CTAs for the
+// H200's 132 SMs. fp32 throughout (model.md §5:
+// fp32 routing), deterministic; another summation order than cuBLASLt's FFMA GEMM. The bits depend
+// only on the slices, not on the tile. hidden % 16 == 0, 1 <= slices <= hidden / 16; x rows and w
+// 16-byte aligned (ldx % 4 == 0).
 struct RouterLogitsParams {
   const float* x = nullptr;  // [rows, hidden], pitch ldx
   int64_t ldx = 0;
@@ -611,6 +613,9 @@ struct RouterLogitsParams {
   float* out = nullptr;  // [slices][rows][experts]
 };
 void launch_router_logits_f32(const RouterLogitsParams& p, Stream stream);
+// The slices that fill the device's SMs once with launch_router_logits_f32's tiles (one CTA per
+// SM, two for 64-row tiles), at most 32 and at most one per 4 chunks of 16; at least 1.
+int router_logits_auto_slices(int64_t rows, int64_t experts, int64_t hidden);
 
 // One operand of a split-TF32 GEMM (an fp32-class product as ONE TF32 tensor-core GEMM of
 // K = 3 cols; the model's router logits, GpuModelOptions::router_split_tf32). Each x = hi + lo:

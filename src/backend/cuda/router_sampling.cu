@@ -148,47 +148,69 @@ __global__ void argmax_finish_kernel(ArgmaxParams p) {
 }
 
 // launch_router_logits_f32: CTA (blockIdx.x, blockIdx.y, blockIdx.z) = (expert tile, row tile,
-// slice). Thread (ty, tx) = (tid / 16, tid % 16) owns rows 4 ty .. + 4 and experts 4 tx .. + 4 of
-// the tile. Per 16-wide k chunk every thread loads one float4 of x and one of w (tile row tid / 4,
-// k 4 (tid % 4) .. + 4), stores them k-major into shared memory (As[k][m], Bs[k][n]; the next
-// chunk's loads are in flight meanwhile), and the 16 k steps read float4s of both.
-constexpr int kRlTile = 64;
+// slice); a tile is BM rows x 128 experts, 2 BM threads. Thread (ty, tx) = (tid / 16, tid % 16)
+// owns 8 x 8 outputs: rows 4 ty .. + 4 and BM / 2 + 4 ty .. + 4, experts 4 tx .. + 4 and
+// 64 + 4 tx .. + 4 (a warp's LDS.128 reads 2 distinct float4s of x and 16 of w: 1 and 2
+// shared-memory wavefronts for 16 FFMA each). Per 16-wide k chunk the CTA loads the x and w
+// tiles as float4s (tile row f / 4, k 4 (f % 4) .. + 4 of float4 f), stores them k-major (as[k][m],
+// bs[k][n]; the next chunk's loads are in flight meanwhile), and the 16 k steps FFMA in increasing
+// k, one accumulator per output.
+constexpr int kRlN = 128;  // experts per tile
 constexpr int kRlK = 16;
-constexpr int kRlThreads = 256;
-constexpr int kRlPitch = kRlTile + 4;  // 2-way bank conflicts on the k-major stores, not 4
 
-__global__ void __launch_bounds__(kRlThreads) router_logits_kernel(RouterLogitsParams p) {
+template <int BM>
+__global__ void __launch_bounds__(2 * BM, 128 / BM) router_logits_kernel(RouterLogitsParams p) {
+  constexpr int kThreads = 2 * BM;
+  constexpr int kAL = BM * kRlK / 4 / kThreads;   // float4 loads of x per thread and chunk
+  constexpr int kBL = kRlN * kRlK / 4 / kThreads;  // ... of w
+  constexpr int kPA = BM + 4, kPB = kRlN + 4;      // pitches: 2-way conflicts on the stores
   pdl_wait();
-  __shared__ __align__(16) float as[2][kRlK][kRlPitch];
-  __shared__ __align__(16) float bs[2][kRlK][kRlPitch];
+  __shared__ __align__(16) float as[2][kRlK][kPA];
+  __shared__ __align__(16) float bs[2][kRlK][kPB];
   const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
-  const int64_t e0 = static_cast<int64_t>(blockIdx.x) * kRlTile;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kRlTile;
+  const int64_t e0 = static_cast<int64_t>(blockIdx.x) * kRlN;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * BM;
   const int64_t chunks = p.hidden / kRlK;
   const int64_t c0 = blockIdx.z * chunks / p.slices;
   const int64_t c1 = (blockIdx.z + 1) * chunks / p.slices;
-  // Loads: tile row lr, k 4 lq .. + 4 of the chunk.
-  const int lr = tid >> 2, lq = tid & 3;
-  const bool a_ok = t0 + lr < p.rows, b_ok = e0 + lr < p.experts;
-  const float* ap = p.x + (a_ok ? (t0 + lr) * p.ldx : 0) + 4 * lq;
-  const float* bp = p.w + (b_ok ? (e0 + lr) * p.hidden : 0) + 4 * lq;
-  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  float4 a_next = zero, b_next = zero;
+  const int lq = tid & 3;
+  // Rows and experts past the ends load the last one's values instead: they only feed outputs
+  // that are not stored.
+  const float* const xa = p.x + 4 * lq;
+  const float* const wa = p.w + 4 * lq;
+  const int64_t ra = t0 + (tid >> 2), rb = e0 + (tid >> 2);
+  float4 a_next[kAL], b_next[kBL];
   const auto load = [&](int64_t c) {
-    a_next = a_ok ? __ldg(reinterpret_cast<const float4*>(ap + c * kRlK)) : zero;
-    b_next = b_ok ? __ldg(reinterpret_cast<const float4*>(bp + c * kRlK)) : zero;
+#pragma unroll
+    for (int i = 0; i < kAL; ++i) {
+      const int64_t r = min(ra + i * (kThreads / 4), p.rows - 1);
+      a_next[i] = __ldg(reinterpret_cast<const float4*>(xa + r * p.ldx + c * kRlK));
+    }
+#pragma unroll
+    for (int i = 0; i < kBL; ++i) {
+      const int64_t e = min(rb + i * (kThreads / 4), p.experts - 1);
+      b_next[i] = __ldg(reinterpret_cast<const float4*>(wa + e * p.hidden + c * kRlK));
+    }
   };
   const auto store = [&](int buf) {
-    as[buf][4 * lq + 0][lr] = a_next.x;
-    as[buf][4 * lq + 1][lr] = a_next.y;
-    as[buf][4 * lq + 2][lr] = a_next.z;
-    as[buf][4 * lq + 3][lr] = a_next.w;
-    bs[buf][4 * lq + 0][lr] = b_next.x;
-    bs[buf][4 * lq + 1][lr] = b_next.y;
-    bs[buf][4 * lq + 2][lr] = b_next.z;
-    bs[buf][4 * lq + 3][lr] = b_next.w;
+#pragma unroll
+    for (int i = 0; i < kAL; ++i) {
+      const int r = (tid >> 2) + i * (kThreads / 4);
+      as[buf][4 * lq + 0][r] = a_next[i].x;
+      as[buf][4 * lq + 1][r] = a_next[i].y;
+      as[buf][4 * lq + 2][r] = a_next[i].z;
+      as[buf][4 * lq + 3][r] = a_next[i].w;
+    }
+#pragma unroll
+    for (int i = 0; i < kBL; ++i) {
+      const int r = (tid >> 2) + i * (kThreads / 4);
+      bs[buf][4 * lq + 0][r] = b_next[i].x;
+      bs[buf][4 * lq + 1][r] = b_next[i].y;
+      bs[buf][4 * lq + 2][r] = b_next[i].z;
+      bs[buf][4 * lq + 3][r] = b_next[i].w;
+    }
   };
-  float acc[4][4] = {};
+  float acc[8][8] = {};
   if (c0 < c1) {
     load(c0);
     store(0);
@@ -199,27 +221,39 @@ __global__ void __launch_bounds__(kRlThreads) router_logits_kernel(RouterLogitsP
     if (c + 1 < c1) load(c + 1);
 #pragma unroll
     for (int k = 0; k < kRlK; ++k) {
-      const float4 a = *reinterpret_cast<const float4*>(&as[buf][k][4 * ty]);
-      const float4 b = *reinterpret_cast<const float4*>(&bs[buf][k][4 * tx]);
-      const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+      const float4 a0 = *reinterpret_cast<const float4*>(&as[buf][k][4 * ty]);
+      const float4 a1 = *reinterpret_cast<const float4*>(&as[buf][k][BM / 2 + 4 * ty]);
+      const float4 b0 = *reinterpret_cast<const float4*>(&bs[buf][k][4 * tx]);
+      const float4 b1 = *reinterpret_cast<const float4*>(&bs[buf][k][64 + 4 * tx]);
+      const float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
+      for (int i = 0; i < 8; ++i)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
     }
     // The other buffer was last read in the previous chunk, before that chunk's barrier.
     if (c + 1 < c1) store(buf ^ 1);
     __syncthreads();
   }
   float* out = p.out + static_cast<int64_t>(blockIdx.z) * p.rows * p.experts;
+  const bool vec = p.experts % 4 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t t = t0 + 4 * ty + i;
+  for (int i = 0; i < 8; ++i) {
+    const int64_t t = t0 + (i < 4 ? 4 * ty + i : BM / 2 + 4 * ty + i - 4);
     if (t >= p.rows) continue;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t e = e0 + 4 * tx + j;
-      if (e < p.experts) out[t * p.experts + e] = acc[i][j];
+    for (int h = 0; h < 2; ++h) {
+      const int64_t e = e0 + 64 * h + 4 * tx;
+      float* o = out + t * p.experts + e;
+      if (vec && e + 3 < p.experts) {
+        *reinterpret_cast<float4*>(o) =
+            make_float4(acc[i][4 * h], acc[i][4 * h + 1], acc[i][4 * h + 2], acc[i][4 * h + 3]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          if (e + j < p.experts) o[j] = acc[i][4 * h + j];
+      }
     }
   }
 }
@@ -258,11 +292,23 @@ void launch_router_logits_f32(const RouterLogitsParams& p, Stream stream) {
                              "hidden % 16 == 0, 1 <= slices <= hidden / 16, ldx >= hidden and "
                              "ldx % 4 == 0, x and w 16-byte aligned");
   }
-  const dim3 grid(static_cast<unsigned>(ceil_div(p.experts, kRlTile)),
-                  static_cast<unsigned>(ceil_div(p.rows, kRlTile)),
-                  static_cast<unsigned>(p.slices));
-  MS_CUDA_CHECK(
-      launch_kernel(router_logits_kernel, grid, kRlThreads, 0, as_cuda_stream(stream), p));
+  // 64-row tiles for at most 64 rows (decode 64 x 1), else 128.
+  const bool wide = p.rows > 64;
+  const int bm = wide ? 128 : 64;
+  const dim3 grid(static_cast<unsigned>(ceil_div(p.experts, kRlN)),
+                  static_cast<unsigned>(ceil_div(p.rows, bm)), static_cast<unsigned>(p.slices));
+  MS_CUDA_CHECK(wide ? launch_kernel(router_logits_kernel<128>, grid, 256, 0,
+                                     as_cuda_stream(stream), p)
+                     : launch_kernel(router_logits_kernel<64>, grid, 128, 0,
+                                     as_cuda_stream(stream), p));
+}
+
+int router_logits_auto_slices(int64_t rows, int64_t experts, int64_t hidden) {
+  const bool wide = rows > 64;
+  const int64_t tiles = ceil_div(experts, kRlN) * ceil_div(rows, wide ? 128 : 64);
+  const int64_t slots = static_cast<int64_t>(device_sm_count()) * (wide ? 1 : 2);
+  const int64_t s = std::min<int64_t>({slots / std::max<int64_t>(tiles, 1), 32, hidden / kRlK / 4});
+  return static_cast<int>(std::max<int64_t>(s, 1));
 }
 
 void launch_argmax_rows(const ArgmaxParams& p, Stream stream) {

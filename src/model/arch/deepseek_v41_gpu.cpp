@@ -2433,10 +2433,12 @@ struct DeepseekV41Gpu::Impl {
       cu::launch_split_tf32(sp, stream);
       lt_gemm(cu::GemmPrecision::kTf32, fs, 3 * d, L.gate_split.as<float>(), 3 * d, z, e, n, e,
               3 * d);
-    } else if (const int64_t rs = std::min<int64_t>(opt.router_f32_slices, d / 16);
+    } else if (const int64_t rs = opt.router_f32_slices < 0
+                                      ? cu::router_logits_auto_slices(n, e, d)
+                                      : std::min<int64_t>(opt.router_f32_slices, d / 16);
                rs > 0 && d % 16 == 0 && !opt.exact_linears && !opt.trace) {
       // router_f32_slices: our split-K FFMA GEMM (cuda::launch_router_logits_f32), the router
-      // kernel sums the slices in order.
+      // kernel sums the slices in order; < 0: the slices that fill the SMs once.
       z = buf<float>("moe_logit_slices", rs * n * e);
       cu::RouterLogitsParams p;
       p.x = f;
