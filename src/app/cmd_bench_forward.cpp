@@ -86,7 +86,7 @@ struct BenchForwardOptions {
   bool moe_overflow_side_stream = false;
   bool moe_overflow_graph_if = false;
   bool moe_quant_once = true;
-  int router_f32_slices = 0;
+  int router_f32_slices = -1;
   int32_t rope_heads_per_thread = 8;
   bool moe_padded_skip_empty = true;
   int32_t moe_rs_max_pass = 192;

@@ -614,7 +614,8 @@ struct RouterLogitsParams {
 };
 void launch_router_logits_f32(const RouterLogitsParams& p, Stream stream);
 // The slices that fill the device's SMs once with launch_router_logits_f32's tiles (one CTA per
-// SM, two for 64-row tiles), at most 32 and at most one per 4 chunks of 16; at least 1.
+// SM, two for 64-row tiles), at most 32 and at most one per 4 chunks of 16; 0 where that is
+// fewer than 2 (the tiles alone fill the SMs, as at prefill: cuBLASLt is faster there).
 int router_logits_auto_slices(int64_t rows, int64_t experts, int64_t hidden);
 
 // One operand of a split-TF32 GEMM (an fp32-class product as ONE TF32 tensor-core GEMM of

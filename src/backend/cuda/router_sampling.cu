@@ -308,7 +308,7 @@ int router_logits_auto_slices(int64_t rows, int64_t experts, int64_t hidden) {
   const int64_t tiles = ceil_div(experts, kRlN) * ceil_div(rows, wide ? 128 : 64);
   const int64_t slots = static_cast<int64_t>(device_sm_count()) * (wide ? 1 : 2);
   const int64_t s = std::min<int64_t>({slots / std::max<int64_t>(tiles, 1), 32, hidden / kRlK / 4});
-  return static_cast<int>(std::max<int64_t>(s, 1));
+  return s >= 2 ? static_cast<int>(s) : 0;
 }
 
 void launch_argmax_rows(const ArgmaxParams& p, Stream stream) {

@@ -358,17 +358,17 @@ struct GpuModelOptions {
   // with one GEMM, 2.69 / 3.47 / 2.50 ms with 8 / 4 / 16 slices; step 51.7 vs 51.9 ms. Off.
   int router_split_k = 1;
   // > 0: the router logits' fp32 GEMM as our split-K FFMA kernel (cuda::launch_router_logits_f32:
-  // 64 x 64 tiles, this many K slices, at most hidden / 16), the router kernel summing the slices
-  // in order; fp32 throughout, another summation order than cuBLASLt's. At decode 64 x 6 the
-  // 384 x 384 x 5120 logits take cuBLASLt's FFMA GEMM 46 + 7 us (split-K 7 and its reduction;
-  // ncu, r18) against an FFMA floor of ~23 us on the H200; 11 slices make 396 CTAs, three per SM.
-  // Taken before router_split_k; not with exact_linears, router_split_tf32 or trace (the trace
-  // reads whole logits). Measured (H200, r18 call 4, ncu): 57 us per layer at 11 slices, 79 at 8,
-  // 59 at 22, against cuBLASLt's 53; decode 64 x 6 38.58 -> 38.85 ms at 11. Its 4 x 4 outputs
-  // per thread read 3 shared-memory wavefronts per 16 FFMA per warp, so shared memory and the
-  // FFMA issue bound it together at ~45% of the FFMA rate; an 8 x 8 (or 8 x 4) register tile is
-  // the next step. 0: cuBLASLt.
-  int router_f32_slices = 0;
+  // 128 x 128 tiles of 8 x 8 outputs per thread, this many K slices, at most hidden / 16), the
+  // router kernel summing the slices in order; fp32 throughout, another summation order than
+  // cuBLASLt's. -1 (default): cuda::router_logits_auto_slices, the slices that fill the SMs once
+  // (14 for the decode's 384 x 384 x 5120 logits on the H200), or cuBLASLt where the tiles alone
+  // fill them (prefill). Taken before router_split_k; not with exact_linears, router_split_tf32
+  // or trace (the trace reads whole logits). 0: cuBLASLt. Measured (H200, r22 call 2): the
+  // router part at 64 x 6 2.55 -> 2.14 ms, step 35.89 -> 35.51 ms; at 64 x 1 1.37 -> 1.06 ms,
+  // step 19.10 -> 18.93; 7 / 28 slices 3.45 / 2.34 ms; prefill 8K with one slice 5.37 -> 7.57 ms
+  // (hence cuBLASLt there). Round 18's 64 x 64 tiles of 4 x 4 per thread were slower than
+  // cuBLASLt (57 against 53 us per layer): shared memory and FFMA issue bound them together.
+  int router_f32_slices = -1;
   // true: each mHC expand of the layer loop and the mixes that follow it on the updated x (the
   // ffn site's after the attention expand; the next layer's attention site's after the ffn
   // expand, where no Engram and no bounded-replay narrowing come between) run as one launch
