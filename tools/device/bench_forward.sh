@@ -221,8 +221,11 @@ args_decode_s6_rl22="$args_decode_s6 --router-f32-slices 22"
 args_decode_s1_rl11="$args_decode_s1 --router-f32-slices 11"
 args_decode_s1_rl22="$args_decode_s1 --router-f32-slices 22"
 args_prefill8k_prod_rl11="$args_prefill8k_prod --router-f32-slices 11"
-# r22: the 8 x 8-per-thread router GEMM, automatic slices (_rla) or a given count.
+# r22: the 8 x 8-per-thread router GEMM, automatic slices (_rla; the default), a given count, or
+# cuBLASLt (_rl0).
 args_decode_s6_rla="$args_decode_s6 --router-f32-slices -1"
+args_decode_s6_rl0="$args_decode_s6 --router-f32-slices 0"
+args_decode_s1_rl0="$args_decode_s1 --router-f32-slices 0"
 args_decode_s6_rl7="$args_decode_s6 --router-f32-slices 7"
 args_decode_s6_rl28="$args_decode_s6 --router-f32-slices 28"
 args_decode_s1_rla="$args_decode_s1 --router-f32-slices -1"
