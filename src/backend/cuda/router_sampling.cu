@@ -158,6 +158,20 @@ __global__ void argmax_finish_kernel(ArgmaxParams p) {
 constexpr int kRlN = 128;  // experts per tile
 constexpr int kRlK = 16;
 
+// Float4 i of a thread (tile row r0 + i * kStride, k 4 lq .. + 4) into the k-major tile t[k][row].
+template <int N, int kStride, int P>
+__device__ __forceinline__ void store_kmajor(float (&t)[kRlK][P], const float4 (&v)[N], int r0,
+                                             int lq) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int r = r0 + i * kStride;
+    t[4 * lq + 0][r] = v[i].x;
+    t[4 * lq + 1][r] = v[i].y;
+    t[4 * lq + 2][r] = v[i].z;
+    t[4 * lq + 3][r] = v[i].w;
+  }
+}
+
 template <int BM>
 __global__ void __launch_bounds__(2 * BM, 128 / BM) router_logits_kernel(RouterLogitsParams p) {
   constexpr int kThreads = 2 * BM;
@@ -193,22 +207,8 @@ __global__ void __launch_bounds__(2 * BM, 128 / BM) router_logits_kernel(RouterL
     }
   };
   const auto store = [&](int buf) {
-#pragma unroll
-    for (int i = 0; i < kAL; ++i) {
-      const int r = (tid >> 2) + i * (kThreads / 4);
-      as[buf][4 * lq + 0][r] = a_next[i].x;
-      as[buf][4 * lq + 1][r] = a_next[i].y;
-      as[buf][4 * lq + 2][r] = a_next[i].z;
-      as[buf][4 * lq + 3][r] = a_next[i].w;
-    }
-#pragma unroll
-    for (int i = 0; i < kBL; ++i) {
-      const int r = (tid >> 2) + i * (kThreads / 4);
-      bs[buf][4 * lq + 0][r] = b_next[i].x;
-      bs[buf][4 * lq + 1][r] = b_next[i].y;
-      bs[buf][4 * lq + 2][r] = b_next[i].z;
-      bs[buf][4 * lq + 3][r] = b_next[i].w;
-    }
+    store_kmajor<kAL, kThreads / 4>(as[buf], a_next, tid >> 2, lq);
+    store_kmajor<kBL, kThreads / 4>(bs[buf], b_next, tid >> 2, lq);
   };
   float acc[8][8] = {};
   if (c0 < c1) {
