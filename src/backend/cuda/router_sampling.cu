@@ -174,11 +174,11 @@ __device__ __forceinline__ void store_kmajor(float (&t)[kRlK][P], const float4 (
 
 template <int BM>
 __global__ void __launch_bounds__(2 * BM, 128 / BM) router_logits_kernel(RouterLogitsParams p) {
+  pdl_wait();
   constexpr int kThreads = 2 * BM;
   constexpr int kAL = BM * kRlK / 4 / kThreads;   // float4 loads of x per thread and chunk
   constexpr int kBL = kRlN * kRlK / 4 / kThreads;  // ... of w
   constexpr int kPA = BM + 4, kPB = kRlN + 4;      // pitches: 2-way conflicts on the stores
-  pdl_wait();
   __shared__ __align__(16) float as[2][kRlK][kPA];
   __shared__ __align__(16) float bs[2][kRlK][kPB];
   const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
