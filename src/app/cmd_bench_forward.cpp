@@ -103,6 +103,7 @@ struct BenchForwardOptions {
   int32_t mhc_fused_rows_per_thread = 0;
   int32_t mhc_fused_cluster_width = 0;
   int32_t mhc_split_blocks = -1;
+  bool mhc_tensor_cores = true;
   int32_t gemm_autotune = 0;
   int64_t mhc_fuse_min_rows = 0;
   bool mhc_fuse_norm = true;
@@ -295,6 +296,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.mhc_fused_rows_per_thread = opt.mhc_fused_rows_per_thread;
   go.mhc_fused_cluster_width = opt.mhc_fused_cluster_width;
   go.mhc_split_blocks = opt.mhc_split_blocks;
+  go.mhc_tensor_cores = opt.mhc_tensor_cores;
   go.gemm_autotune = opt.gemm_autotune;
   go.mhc_fuse_min_rows = opt.mhc_fuse_min_rows;
   go.mhc_fuse_norm = opt.mhc_fuse_norm;
@@ -564,6 +566,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"mhc_fused_rows_per_thread", opt.mhc_fused_rows_per_thread},
               {"mhc_fused_cluster_width", opt.mhc_fused_cluster_width},
               {"mhc_split_blocks", opt.mhc_split_blocks},
+              {"mhc_tensor_cores", opt.mhc_tensor_cores},
               {"gemm_autotune", opt.gemm_autotune},
               {"mhc_fuse_min_rows", opt.mhc_fuse_min_rows},
               {"mhc_fuse_norm", opt.mhc_fuse_norm},
@@ -923,6 +926,10 @@ void register_bench_forward(CLI::App& bench) {
                   "clusters; -1: 16 up to 128 rows, one wave of blocks up to 1024, else clusters), "
                   "-1..256")
       ->check(CLI::Range(-1, 256))
+      ->capture_default_str();
+  cmd->add_option("--mhc-tensor-cores", opt->mhc_tensor_cores,
+                  "cuda: on the split path of the fused expand + mixes (--mhc-split-blocks), the "
+                  "mixes' dots as 3xTF32 tensor-core products (false: FFMA dots)")
       ->capture_default_str();
   cmd->add_option("--gemm-autotune", opt->gemm_autotune,
                   "cuda: time this many of cuBLASLt's heuristic candidates per GEMM shape on its "

@@ -795,16 +795,20 @@ TEST_F(CudaV41, HcMixesStagedTilesMatchCpu) {
 // The launch forms the fused expand + mixes tests run at: cluster widths 0 (= 8), 4 and 16
 // (HcExpandMixesParams::cluster_width), and the split path without clusters
 // (HcExpandMixesParams::split_blocks) at 3 blocks per tile (dim 256: 3 / 3 / 2 chunks) and 20
-// (dim 5120: 8 chunks each; dim 256 and 96: blocks without any chunk).
+// (dim 5120: 8 chunks each; dim 256 and 96: blocks without any chunk), each with the FFMA dots
+// and with the tensor-core ones (HcExpandMixesParams::tensor_cores).
 struct ExpandMixesMode {
   int cw = 0, split = 0;
+  bool tc = false;
   [[nodiscard]] std::string name() const {
-    return split > 0 ? " split " + std::to_string(split) : " width " + std::to_string(cw);
+    return (split > 0 ? " split " + std::to_string(split) : " width " + std::to_string(cw)) +
+           (tc ? " tc" : "");
   }
   // The width hc_expand_mixes_cluster_width reports for a one-kernel shape.
   [[nodiscard]] int reported_width() const { return split > 0 ? 0 : cw == 0 ? 8 : cw; }
 };
-constexpr ExpandMixesMode kExpandMixesModes[] = {{0, 0}, {4, 0}, {16, 0}, {0, 3}, {0, 20}};
+constexpr ExpandMixesMode kExpandMixesModes[] = {{0, 0},  {4, 0},        {16, 0},       {0, 3},
+                                                  {0, 20}, {0, 3, true}, {0, 20, true}};
 
 // Random inputs of launch_hc_expand_mixes, drawn in this order: x, y, post, comb, the collapse
 // weights, fn (values in +-fn_range), base, scale; and their CPU results: ex = x' (cpu::hc_expand),
@@ -911,6 +915,7 @@ TEST_F(CudaV41, HcExpandMixesMatchesExpandThenMixes) {
           p.rows_per_thread = sh.rpt;
           p.cluster_width = mode.cw;
           p.split_blocks = mode.split;
+          p.tensor_cores = mode.tc;
           if (mode.split > 0)
             p.partials = nans(static_cast<size_t>(
                 cuda::hc_expand_mixes_partials_floats(t, hc, mode.split)));
@@ -930,6 +935,24 @@ TEST_F(CudaV41, HcExpandMixesMatchesExpandThenMixes) {
             }
             EXPECT_LE(mixes_worst(gpre, pre, gpost, mpost, gcomb, mcomb), 1e-4) << what;
             EXPECT_LE(mixes_worst(gpre, gupre, gpost, gupost, gcomb, gucomb), 1e-4) << what;
+            if (mode.tc) {
+              // 3xTF32: within fp32-level error of the CPU's double sums (a form that dropped
+              // the small terms, 1xTF32, lands near 1e-3 here); and not the FFMA sums' bits
+              // (the tensor-core path ran), checked where the 24 x rows mixes cannot agree by
+              // chance.
+              const double worst = mixes_worst(gpre, pre, gpost, mpost, gcomb, mcomb);
+              std::printf("tensor-core mixes, %s: worst %.3g against the CPU\n", what.c_str(),
+                          worst);
+              EXPECT_LE(worst, 1e-5) << what;
+              if (dim == 5120 && t >= 384) {
+                cuda::HcExpandMixesParams f = p;
+                f.x = up(x);
+                f.tensor_cores = false;
+                f.mix_pre = nans(pre.size());
+                cuda::launch_hc_expand_mixes(f, stream_);
+                EXPECT_NE(down(f.mix_pre, pre.size()), gpre) << "FFMA bits, " << what;
+              }
+            }
           }
           std::vector<float> all = gpre;
           all.insert(all.end(), gpost.begin(), gpost.end());
@@ -1131,6 +1154,7 @@ TEST_F(CudaV41, HcExpandMixesNormMatchesExpandMixesThenRmsNorm) {
       p.rows_per_thread = sh.rpt;
       p.cluster_width = mode.cw;
       p.split_blocks = mode.split;
+      p.tensor_cores = mode.tc;
       if (mode.split > 0)
         p.partials =
             nans(static_cast<size_t>(cuda::hc_expand_mixes_partials_floats(t, hc, mode.split)));

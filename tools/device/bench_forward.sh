@@ -282,6 +282,12 @@ args_prefill8k_prod_tune8="$args_prefill8k_prod --gemm-autotune 8"
 args_decode_s6_dspark_tune8="$args_decode_s6_dspark --gemm-autotune 8"
 args_decode_s6_r14pad="$args_decode_s6 --moe-padded-gather-quant false --moe-padded-bf16 false"
 args_decode_s6_r13="$args_decode_s6 --rank-block-replicas false"
+# The split path's mixes on FFMA dots instead of the 3xTF32 tensor-core ones
+# (GpuModelOptions::mhc_tensor_cores, r23); *_mtc_r4s22: the tensor-core form at 4 rows per
+# thread (32-row tiles, half the fn re-reads) and 22 blocks per tile.
+args_decode_s6_notc="$args_decode_s6 --mhc-tensor-cores false"
+args_decode_s1_notc="$args_decode_s1 --mhc-tensor-cores false"
+args_decode_s6_mtc_r4s22="$args_decode_s6 --mhc-fused-rows-per-thread 4 --mhc-split-blocks 22"
 args_decode_s1_r13="$args_decode_s1 --rank-block-replicas false"
 
 status=0

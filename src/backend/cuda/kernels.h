@@ -806,6 +806,13 @@ struct HcExpandMixesParams {
   // With split_blocks: scratch of hc_expand_mixes_partials_floats(rows, hc, split_blocks) floats,
   // not shared with any other operand.
   float* partials = nullptr;
+  // With split_blocks: the mixes' dots on tensor cores, mma.sync m16n8k8 TF32 in the 3xTF32 form
+  // (each fp32 operand split into a TF32 hi and the remainder; hi*hi + hi*lo + lo*hi, the big and
+  // the small terms in separate fp32 sums), instead of FFMA dots. x' and collapse_out are the same
+  // bits; the mixes are within fp32-level error of the FFMA sums (another order and the dropped
+  // lo*lo term, below 2^-22 of each product), deterministic. No effect on the cluster path or the
+  // two-launch shapes.
+  bool tensor_cores = false;
 };
 void launch_hc_expand_mixes(const HcExpandMixesParams& p, Stream stream);
 // The split_blocks the model's automatic rule takes for `rows` (0: clusters): 16 up to 128 rows;

@@ -509,6 +509,125 @@ __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, 
   staged_mixes_reduce_finish<HC, RPT>(p, acc, smem, part, cluster, rank, tile0);
 }
 
+// ---- mHC mixes on tensor cores (HcExpandMixesParams::tensor_cores) ----------------------------
+// The dots of a staged chunk as mma.sync m16n8k8 TF32 products in the 3xTF32 form: each fp32
+// operand is split as v = hi + lo (hi = v rounded to TF32, cvt.rna; lo = v - hi, exact in fp32,
+// which the tensor core reads truncated to TF32), and a product is hi_x hi_f + (hi_x lo_f +
+// lo_x hi_f): the dropped lo_x lo_f is below 2^-22 of |x f|, so the sums keep fp32-level accuracy
+// (the plain 1xTF32 form, as DeepGEMM's sm90 hc-prenorm GEMM runs it on bf16 streams, would put
+// ~1e-3 relative into each fp32 x here). The big and the small terms go to separate fp32
+// accumulators, added once at the end, so the small ones are not lost to the big sums' rounding.
+// Why: the FFMA dots (staged_chunk_dots) read a 16-byte fn quad from shared memory per 8 FMAs,
+// which made shared memory the decode launch's limit (r19 ncu: L1 59.6%, 1.1 eligible warps);
+// here a warp reads 4 + 6 words per thread per k8 step for 9 MMAs of 16 x 8 x 8.
+
+__device__ __forceinline__ uint32_t tf32_hi(float v) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(v));
+  return r;
+}
+
+// d += a b, m16n8k8, TF32 operands (fp32 bit patterns), fp32 accumulation.
+__device__ __forceinline__ void tf32_1688(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void tf32_split(float v, uint32_t& hi, uint32_t& lo) {
+  hi = tf32_hi(v);
+  lo = __float_as_uint(v - __uint_as_float(hi));
+}
+
+// Tile rows and fragment tiles of the tensor-core dots: BR = 8 RPT rows in MT m16 tiles (at RPT 1
+// the upper 8 rows of the one tile are zeros), the M = 24 mixes in 3 n8 tiles.
+template <int RPT>
+struct TcMixes {
+  static constexpr int kRows = 8 * RPT;
+  static constexpr int kMt = (kRows + 15) / 16;
+  static constexpr int kNt = 3;
+};
+
+// This warp's share of a landed chunk: chunk columns 16 warp .. 16 warp + 16 (two k8 steps) of
+// the tile's rows in `xs` (pitch kXPitch) times the 24 fn rows in `fs` (pitch kXPitch), into
+// big / small [mt][nt][4] (the m16n8 C fragments: row 16 mt + lane / 4 (+ 8 for the last two),
+// column 8 nt + 2 (lane % 4) (+ 1 for the odd ones)). The A and B fragment words are read at bank
+// 4 (lane / 4) + lane % 4 (+ a constant): conflict-free at pitch 132.
+template <int RPT>
+__device__ __forceinline__ void tc_chunk_dots(const float* xs, const float* fs,
+                                              float (&big)[TcMixes<RPT>::kMt][3][4],
+                                              float (&small)[TcMixes<RPT>::kMt][3][4]) {
+  using T = TcMixes<RPT>;
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    const int k0 = warp * 16 + ks * 8 + q;
+    uint32_t bh[T::kNt][2], bl[T::kNt][2];
+#pragma unroll
+    for (int nt = 0; nt < T::kNt; ++nt) {
+      const float* f = fs + (8 * nt + g) * kXPitch + k0;
+      tf32_split(f[0], bh[nt][0], bl[nt][0]);
+      tf32_split(f[4], bh[nt][1], bl[nt][1]);
+    }
+#pragma unroll
+    for (int mt = 0; mt < T::kMt; ++mt) {
+      const int r = 16 * mt + g;
+      const float* x0 = xs + r * kXPitch + k0;
+      const float* x1 = x0 + 8 * kXPitch;
+      const bool upper = r + 8 < T::kRows;
+      uint32_t ah[4], al[4];
+      tf32_split(x0[0], ah[0], al[0]);
+      tf32_split(upper ? x1[0] : 0.0f, ah[1], al[1]);
+      tf32_split(x0[4], ah[2], al[2]);
+      tf32_split(upper ? x1[4] : 0.0f, ah[3], al[3]);
+#pragma unroll
+      for (int nt = 0; nt < T::kNt; ++nt) {
+        tf32_1688(small[mt][nt], al, bh[nt][0], bh[nt][1]);
+        tf32_1688(small[mt][nt], ah, bl[nt][0], bl[nt][1]);
+        tf32_1688(big[mt][nt], ah, bh[nt][0], bh[nt][1]);
+      }
+    }
+  }
+}
+
+// The block's sums of its tile rows into `part` [BR][M + 1] (not followed by a barrier): each
+// warp's fragments (big + small) into `smem` (the drained ring, [kMixWarps][BR][M + 1]), a
+// barrier, then the warps in order; column M is the row's sum of squares from `msq` [BR].
+template <int RPT>
+__device__ __forceinline__ void tc_mixes_block_sums(const float (&big)[TcMixes<RPT>::kMt][3][4],
+                                                    const float (&small)[TcMixes<RPT>::kMt][3][4],
+                                                    float* smem, float* part, const float* msq) {
+  using T = TcMixes<RPT>;
+  constexpr int M = 24, MA = M + 1, BR = T::kRows;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, q = lane & 3;
+  float* red = smem;
+#pragma unroll
+  for (int mt = 0; mt < T::kMt; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < T::kNt; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = 16 * mt + g + (i >= 2 ? 8 : 0), col = 8 * nt + 2 * q + (i & 1);
+        if (row < BR) red[(warp * BR + row) * MA + col] = big[mt][nt][i] + small[mt][nt][i];
+      }
+  __syncthreads();
+  for (int e = tid; e < BR * MA; e += kThreads) {
+    const int rr = e / MA, j = e - rr * MA;
+    float s = 0.0f;
+    if (j < M) {
+#pragma unroll
+      for (int w = 0; w < kMixWarps; ++w) s += red[w * BR * MA + e];
+    } else {
+      s = msq[rr];
+    }
+    part[e] = s;
+  }
+}
+
 // ---- mHC expand + mixes, fused ----------------------------------------------------------------
 // launch_hc_expand followed by launch_hc_mixes of the updated x, for hc == 4. In the decode step
 // each mixes call reads the whole residual stream x (31.5 MB at 384 rows x 4 x 5120) that the
@@ -558,7 +677,10 @@ __global__ void __cluster_dims__(kMixCluster, 1, 1) __launch_bounds__(kThreads, 
 // 136..152 at RPT 1 (the RPT x 25 sums and the row's 24 expand coefficients are live across the
 // chunk loop). So three blocks per SM are not a cheap change; the wider clusters put more, shorter
 // blocks in flight instead.
-template <int RPT, int STAGES = kStages, int kCW = kMixCluster>
+// kFnPitch: the floats from one fn row of a ring slot to the next (kStageK; the tensor-core form,
+// HcExpandMixesParams::tensor_cores, pads them to kXPitch so that its B fragments are loaded
+// without bank conflicts).
+template <int RPT, int STAGES = kStages, int kCW = kMixCluster, int kFnPitch = kStageK>
 struct ExpandMixes {
   static constexpr int kHc = 4;
   static constexpr int kM = (2 + kHc) * kHc;
@@ -566,7 +688,8 @@ struct ExpandMixes {
   static constexpr int kRows = 8 * RPT;
   static constexpr int kCols = kStageK / kHc;  // dim columns per chunk
   static constexpr int kXFloats = kRows * kXPitch;
-  static constexpr int kFnFloats = kM * kStageK;
+  static constexpr int kFnPitchFloats = kFnPitch;
+  static constexpr int kFnFloats = kM * kFnPitch;
   static constexpr int kStageFloats = kXFloats + kFnFloats + kRows * kCols;
   static constexpr int kRedFloats = kMixWarps * kRows * kMA;
   static constexpr int kRingFloats = std::max(STAGES * kStageFloats, kRedFloats);
@@ -597,11 +720,14 @@ __device__ __forceinline__ HcMixesParams mixes_params_of(const HcExpandMixesPara
   return mp;
 }
 
-template <int RPT, bool kNorm, int STAGES, int kCW, bool kSplit = false>
+// kTc (split path only): the mixes' dots on tensor cores (tc_chunk_dots, 3xTF32), fn rows at
+// pitch kXPitch in the ring, the sum of squares of x' from the expanding threads (xsq).
+template <int RPT, bool kNorm, int STAGES, int kCW, bool kSplit = false, bool kTc = false>
 __global__ void __launch_bounds__(kThreads, RPT >= 3 ? 1 : 2)
     hc_expand_mixes_kernel(HcExpandMixesParams p) {
   pdl_wait();
-  using Cfg = ExpandMixes<RPT, STAGES, kCW>;
+  static_assert(!kTc || kSplit);
+  using Cfg = ExpandMixes<RPT, STAGES, kCW, kTc ? kXPitch : kStageK>;
   constexpr int HC = Cfg::kHc, M = Cfg::kM, MA = Cfg::kMA, BR = Cfg::kRows, CC = Cfg::kCols;
   constexpr int kQuads = CC / 4;  // float4 per stream per chunk row
   static_assert(kStageK == HC * CC && kQuads == 8 && BR * kQuads <= kThreads);
@@ -658,7 +784,8 @@ __global__ void __launch_bounds__(kThreads, RPT >= 3 ? 1 : 2)
     for (int jj = 0; jj < (M + 7) / 8; ++jj) {
       const int j = warp + 8 * jj;
       if (M % 8 != 0 && j >= M) break;
-      async::copy16(async::smem_addr(fs + j * kStageK + lane * 4), p.fn + j * width + k, true);
+      async::copy16(async::smem_addr(fs + j * Cfg::kFnPitchFloats + lane * 4), p.fn + j * width + k,
+                    true);
     }
     if (stages_y)
       async::copy16(async::smem_addr(ys + er * CC + eq * 4),
@@ -671,7 +798,17 @@ __global__ void __launch_bounds__(kThreads, RPT >= 3 ? 1 : 2)
 #pragma unroll
     for (int j = 0; j < MA; ++j) acc[r][j] = 0.0f;
   const int r0 = lane & 7, col = warp * 16 + (lane >> 3) * 4;
-  float ss = 0.0f;  // kNorm: Σ collapse^2 over this thread's values
+  float ss = 0.0f;   // kNorm: Σ collapse^2 over this thread's values
+  float xsq = 0.0f;  // kTc: Σ x'^2 over this thread's values (the mixes' norm)
+  float tbig[TcMixes<RPT>::kMt][3][4], tsmall[TcMixes<RPT>::kMt][3][4];  // kTc: the dots
+  if constexpr (kTc) {
+#pragma unroll
+    for (int mt = 0; mt < TcMixes<RPT>::kMt; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 3; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) tbig[mt][nt][e] = tsmall[mt][nt][e] = 0.0f;
+  }
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
@@ -706,6 +843,12 @@ __global__ void __launch_bounds__(kThreads, RPT >= 3 ? 1 : 2)
         }
         *reinterpret_cast<float4*>(p.x + erow * width + k * p.dim + c) = o;
         *reinterpret_cast<float4*>(xs + er * kXPitch + k * CC + eq * 4) = o;
+        if constexpr (kTc) {
+          xsq = fmaf(o.x, o.x, xsq);
+          xsq = fmaf(o.y, o.y, xsq);
+          xsq = fmaf(o.z, o.z, xsq);
+          xsq = fmaf(o.w, o.w, xsq);
+        }
         cv.x = fmaf(cpre[k], o.x, cv.x);
         cv.y = fmaf(cpre[k], o.y, cv.y);
         cv.z = fmaf(cpre[k], o.z, cv.z);
@@ -726,10 +869,21 @@ __global__ void __launch_bounds__(kThreads, RPT >= 3 ? 1 : 2)
       }
     }
     __syncthreads();  // x' of the chunk is in the slot
-    staged_chunk_dots<RPT, M>(xs, fs, r0, col, acc);
+    if constexpr (kTc)
+      tc_chunk_dots<RPT>(xs, fs, tbig, tsmall);
+    else
+      staged_chunk_dots<RPT, M>(xs, fs, r0, col, acc);
   }
   async::wait<0>();
   __syncthreads();  // the ring becomes `red`
+  if constexpr (kTc) {
+    // The row's Σ x'^2 over this block, as the norm's below: its 8 threads by a butterfly, into
+    // msq (after nsq).
+    xsq += __shfl_xor_sync(0xffffffffu, xsq, 1);
+    xsq += __shfl_xor_sync(0xffffffffu, xsq, 2);
+    xsq += __shfl_xor_sync(0xffffffffu, xsq, 4);
+    if (stages_y && eq == 0) nsq[BR + er] = xsq;
+  }
   if constexpr (kNorm) {
     // The row's partial over this block: its 8 threads (lanes 8q .. 8q + 7), by a butterfly;
     // every warp takes part (threads past 8*BR hold 0), a thread of each row stores it.
@@ -741,7 +895,10 @@ __global__ void __launch_bounds__(kThreads, RPT >= 3 ? 1 : 2)
   if constexpr (kSplit) {
     // This block's sums of its tile rows, then to p.partials [block][row][MA + 1] (the last:
     // the collapse's partial sum of squares; 0 without the norm).
-    staged_mixes_block_sums<HC, RPT>(acc, smem, part);
+    if constexpr (kTc)
+      tc_mixes_block_sums<RPT>(tbig, tsmall, smem, part, nsq + BR);
+    else
+      staged_mixes_block_sums<HC, RPT>(acc, smem, part);
     __syncthreads();
     constexpr int PA = MA + 1;
     for (int e = tid; e < BR * PA; e += kThreads) {
@@ -1303,13 +1460,24 @@ void check_expand_mixes_args(const HcExpandMixesParams& p) {
 // Rows per thread: launch_hc_mixes' rule counted with split_blocks blocks per tile. The ring is
 // kStages deep; the block's shared memory holds no collapse values (the plain collapse goes to
 // collapse_out), only the rows' partial sums of squares after `part`.
+// With p.tensor_cores the kTc kernel (fn at pitch kXPitch; msq after nsq: 2 x kRows floats).
 template <int RPT>
 void launch_expand_mixes_split_at(const HcExpandMixesParams& p, cudaStream_t s) {
-  using Cfg = ExpandMixes<RPT>;
   const bool norm = p.collapse_norm_weight != nullptr;
-  const auto kernel = norm ? hc_expand_mixes_kernel<RPT, true, kStages, kMixCluster, true>
-                           : hc_expand_mixes_kernel<RPT, false, kStages, kMixCluster, true>;
-  const size_t smem = static_cast<size_t>(Cfg::kSmemBytes) + sizeof(float) * Cfg::kRows;
+  ExpandMixesKernel kernel = nullptr;
+  size_t smem = 0;
+  if (p.tensor_cores) {
+    using Cfg = ExpandMixes<RPT, kStages, kMixCluster, kXPitch>;
+    kernel = norm ? hc_expand_mixes_kernel<RPT, true, kStages, kMixCluster, true, true>
+                  : hc_expand_mixes_kernel<RPT, false, kStages, kMixCluster, true, true>;
+    smem = static_cast<size_t>(Cfg::kSmemBytes) + 2 * sizeof(float) * Cfg::kRows;
+  } else {
+    using Cfg = ExpandMixes<RPT>;
+    kernel = norm ? hc_expand_mixes_kernel<RPT, true, kStages, kMixCluster, true>
+                  : hc_expand_mixes_kernel<RPT, false, kStages, kMixCluster, true>;
+    smem = static_cast<size_t>(Cfg::kSmemBytes) + sizeof(float) * Cfg::kRows;
+  }
+  using Cfg = ExpandMixes<RPT>;
   MS_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(smem)));
   const int64_t tiles = ceil_div(p.rows, int64_t{Cfg::kRows});

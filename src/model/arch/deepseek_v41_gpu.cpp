@@ -1322,6 +1322,7 @@ struct DeepseekV41Gpu::Impl {
         opt.mhc_split_blocks < 0 ? cu::hc_expand_mixes_auto_split(n) : opt.mhc_split_blocks;
     if (split > 0) {
       p.split_blocks = split;
+      p.tensor_cores = opt.mhc_tensor_cores;
       p.partials =
           buf<float>("mhc_partials", cu::hc_expand_mixes_partials_floats(n, c.hc_mult, split));
     }

@@ -412,6 +412,12 @@ struct GpuModelOptions {
   // 11 blocks, step 39.57 -> 38.88 ms; 64 x 1 2.00 -> 1.71 ms at 16, step 20.50 -> 20.19 ms;
   // prefill 8K slower (9.81 -> 10.15 ms at 20), hence clusters past 1024 rows.
   int mhc_split_blocks = -1;
+  // true: the split path's mixes (mhc_split_blocks) take their dots on tensor cores
+  // (cuda::HcExpandMixesParams::tensor_cores: mma.sync TF32 in the 3xTF32 form, fp32-level
+  // accuracy) instead of FFMA dots, whose 16-byte shared-memory reads per 8 FMAs bounded the
+  // decode launch (r19 ncu). x' and the collapse are the same bits; the mixes differ from the FFMA
+  // sums at the fp32 rounding level. No effect where the clusters or the two launches run.
+  bool mhc_tensor_cores = true;
   // >= 2: the cuBLASLt GEMMs (dense projections, shared expert, the padded experts, the router's
   // fp32 GEMM, the head) pick their algorithm by timing the first gemm_autotune candidates of
   // cuBLASLt's heuristic on a shape's first eager run (cuda::CublasLtGemm::set_autotune; graph

@@ -1458,14 +1458,17 @@ TEST(GpuForward, MhcFusedNormAgreesInTheForward) {
 //   first 8 blocks takes the chunk block b of width 8 takes, and its sums go through global
 //   memory to the finish launch, which adds them in block order as width 8's blocks are added in
 //   rank order (blocks 8..19 add +0.0): every traced value is bit-identical to width 8's, and the
-//   trace reports no cluster width (0).
+//   trace reports no cluster width (0). These runs take the FFMA dots (mhc_tensor_cores off);
+// - the split path at 20 blocks with the tensor-core mixes (mhc_tensor_cores, the default): the
+//   3xTF32 sums are another fp32 order, so as for width 4 the first layer with a row over 1e-5
+//   differs in at most 3 rows, and the layer outputs are not width 8's bits (the path ran).
 // Width 16 with several chunks per block (another order than 8's) and the split path with several
 // chunks per block are covered by the op tests (CudaV41.HcExpandMixes*, dim 5120), against the CPU.
 TEST(GpuForward, MhcFusedClusterWidthsAgreeInTheForward) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
   const std::filesystem::path dir = make_temp_dir("gpu_forward_mhc_cluster_width");
   ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
-  const auto run = [&](int width, arch::GpuForwardCost* cost, int split = 0) {
+  const auto run = [&](int width, arch::GpuForwardCost* cost, int split = 0, bool tc = false) {
     return traced_prefill(
         dir, 13,
         [&](arch::GpuModelOptions& o) {
@@ -1474,6 +1477,7 @@ TEST(GpuForward, MhcFusedClusterWidthsAgreeInTheForward) {
           o.mhc_fuse_norm = true;
           o.mhc_fused_cluster_width = width;
           o.mhc_split_blocks = split;
+          o.mhc_tensor_cores = tc;
         },
         cost);
   };
@@ -1524,6 +1528,18 @@ TEST(GpuForward, MhcFusedClusterWidthsAgreeInTheForward) {
     EXPECT_EQ(t8.ffn_in, ts.ffn_in) << what;
     EXPECT_EQ(t8.layer_out, ts.layer_out) << what;
     EXPECT_EQ(c8.flops, cs.flops) << what;
+  }
+  {
+    arch::GpuForwardCost ct;
+    const auto tt = run(8, &ct, 20, true);
+    const LayerDifferences dt = layer_differences(t8, tt, rows);
+    fmt::print("mhc_tensor_cores (split 20) vs width 8: rows over {:.0e} per layer "
+               "(attn_in/ffn_in/layer_out){}\n",
+               kRowAgree, dt.line);
+    EXPECT_LE(dt.first_rows, 3) << "tensor cores: the first difference (layer " << dt.first_layer
+                                << ") is in " << dt.first_rows << " rows";
+    EXPECT_NE(t8.layer_out, tt.layer_out) << "bit-identical layer outputs: tensor cores not run";
+    EXPECT_EQ(c8.flops, ct.flops);
   }
   std::filesystem::remove_all(dir);
 }
