@@ -104,6 +104,7 @@ struct BenchForwardOptions {
   int32_t mhc_fused_cluster_width = 0;
   int32_t mhc_split_blocks = -1;
   bool mhc_tensor_cores = true;
+  bool mhc_fuse_attn_quant = true;
   int32_t gemm_autotune = 0;
   int64_t mhc_fuse_min_rows = 0;
   bool mhc_fuse_norm = true;
@@ -297,6 +298,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.mhc_fused_cluster_width = opt.mhc_fused_cluster_width;
   go.mhc_split_blocks = opt.mhc_split_blocks;
   go.mhc_tensor_cores = opt.mhc_tensor_cores;
+  go.mhc_fuse_attn_quant = opt.mhc_fuse_attn_quant;
   go.gemm_autotune = opt.gemm_autotune;
   go.mhc_fuse_min_rows = opt.mhc_fuse_min_rows;
   go.mhc_fuse_norm = opt.mhc_fuse_norm;
@@ -567,6 +569,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"mhc_fused_cluster_width", opt.mhc_fused_cluster_width},
               {"mhc_split_blocks", opt.mhc_split_blocks},
               {"mhc_tensor_cores", opt.mhc_tensor_cores},
+              {"mhc_fuse_attn_quant", opt.mhc_fuse_attn_quant},
               {"gemm_autotune", opt.gemm_autotune},
               {"mhc_fuse_min_rows", opt.mhc_fuse_min_rows},
               {"mhc_fuse_norm", opt.mhc_fuse_norm},
@@ -930,6 +933,11 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--mhc-tensor-cores", opt->mhc_tensor_cores,
                   "cuda: on the split path of the fused expand + mixes (--mhc-split-blocks), the "
                   "mixes' dots as 3xTF32 tensor-core products (false: FFMA dots)")
+      ->capture_default_str();
+  cmd->add_option("--mhc-fuse-attn-quant", opt->mhc_fuse_attn_quant,
+                  "cuda: where the split expand + mixes launch writes the next layer's normalised "
+                  "attention input, it also writes the fused qkv_a GEMM's row-scaled FP8 input "
+                  "(false: a quantiser launch in the attention)")
       ->capture_default_str();
   cmd->add_option("--gemm-autotune", opt->gemm_autotune,
                   "cuda: time this many of cuBLASLt's heuristic candidates per GEMM shape on its "

@@ -1233,6 +1233,113 @@ TEST_F(CudaV41, HcExpandMixesNormRefusesBadArguments) {
   }
 }
 
+// HcExpandMixesParams::collapse_fp8 (the split path's finish also writes the normalised
+// collapse's row-scaled FP8 operand): codes and row scales bit for bit those of
+// launch_act_quant_fp8_rows on the launch's own collapse_out, and x', collapse_out and the mixes
+// bit for bit the same launch's without it; codes poisoned (0x7F) and scales NaN before the
+// launch, so an unwritten one shows. At dim 5120 (640 chunks: 3 rounds of the 256 threads, the
+// last partial) and 256 and 96 (fewer chunks than threads), rows 1, 45, 384, split 3 / 11 / 20,
+// FFMA and tensor-core mixes (the operand does not depend on them). Refused: codes without
+// scales and the reverse, without the split path, without the norm.
+TEST_F(CudaV41, HcExpandMixesFp8CollapseMatchesRowQuantiser) {
+  std::mt19937 rng(48);
+  const int hc = 4;
+  struct Shape {
+    int64_t dim, rows;
+    int split;
+    bool tc;
+  };
+  for (const Shape& sh : {Shape{5120, 384, 11, true}, Shape{5120, 45, 20, false},
+                          Shape{5120, 1, 3, true}, Shape{256, 45, 3, false},
+                          Shape{96, 384, 20, true}}) {
+    const int64_t dim = sh.dim, t = sh.rows;
+    const std::string what = "dim " + std::to_string(dim) + " rows " + std::to_string(t) +
+                             " split " + std::to_string(sh.split) + (sh.tc ? " tc" : "");
+    const ExpandMixesCase k = expand_mixes_case(rng, hc, dim, t, 0.02f);
+    const auto w = rnd(dim, rng, 0.5f, 1.5f);
+    const float *dy = up(k.y), *dpost = up(k.post), *dcomb = up(k.comb), *dcpre = up(k.cpre);
+    const float *dfn = up(k.fn), *dbase = up(k.base), *dscale = up(k.scale), *dw = up(w);
+    const auto launch = [&](bool fp8) {
+      cuda::HcExpandMixesParams p;
+      p.x = up(k.x);
+      p.y = dy;
+      p.rows = t;
+      p.hc = hc;
+      p.dim = dim;
+      p.post = dpost;
+      p.comb = dcomb;
+      p.collapse_pre = dcpre;
+      p.collapse_out = nans(k.col.size());
+      p.fn = dfn;
+      p.base = dbase;
+      p.scale = dscale;
+      p.mix_pre = nans(k.pre.size());
+      p.mix_post = nans(k.mpost.size());
+      p.mix_comb = nans(k.mcomb.size());
+      p.split_blocks = sh.split;
+      p.tensor_cores = sh.tc;
+      p.partials =
+          nans(static_cast<size_t>(cuda::hc_expand_mixes_partials_floats(t, hc, sh.split)));
+      p.collapse_norm_weight = dw;
+      p.collapse_norm_eps = 1e-6f;
+      if (fp8) {
+        p.collapse_fp8 = up(std::vector<uint8_t>(static_cast<size_t>(t * dim), 0x7F));
+        p.collapse_fp8_scale = nans(static_cast<size_t>(t));
+      }
+      cuda::launch_hc_expand_mixes(p, stream_);
+      return p;
+    };
+    const cuda::HcExpandMixesParams u = launch(false);
+    const cuda::HcExpandMixesParams f = launch(true);
+    const auto bits = [&](const float* a, const float* b, size_t n) {
+      const auto x = down(a, n), y = down(b, n);
+      return std::memcmp(x.data(), y.data(), n * sizeof(float)) == 0;
+    };
+    EXPECT_TRUE(bits(u.x, f.x, k.x.size())) << "x', " << what;
+    EXPECT_TRUE(bits(u.collapse_out, f.collapse_out, k.col.size())) << "collapse, " << what;
+    EXPECT_TRUE(bits(u.mix_pre, f.mix_pre, k.pre.size())) << "pre, " << what;
+    EXPECT_TRUE(bits(u.mix_comb, f.mix_comb, k.mcomb.size())) << "comb, " << what;
+    // The row quantiser on the launch's own normalised collapse.
+    cuda::ActQuantFp8RowsParams q;
+    q.x = f.collapse_out;
+    q.x_type = cuda::ActivationType::kF32;
+    q.ldx = dim;
+    q.rows = t;
+    q.cols = dim;
+    q.out = up(std::vector<uint8_t>(static_cast<size_t>(t * dim), 0x7F));
+    q.ldo = dim;
+    q.row_scale = nans(static_cast<size_t>(t));
+    cuda::launch_act_quant_fp8_rows(q, stream_);
+    const auto want = down(q.out, static_cast<size_t>(t * dim));
+    const auto got = down(f.collapse_fp8, static_cast<size_t>(t * dim));
+    EXPECT_EQ(got, want) << "codes, " << what;
+    EXPECT_TRUE(bits(q.row_scale, f.collapse_fp8_scale, static_cast<size_t>(t))) << "scales, "
+                                                                                << what;
+    size_t nonzero = 0;
+    for (const uint8_t c : got) nonzero += (c & 0x7F) != 0 ? 1 : 0;
+    EXPECT_GT(nonzero, got.size() / 2) << "codes mostly zero, " << what;
+  }
+  cuda::HcExpandMixesParams good = small_expand_mixes(49, true);
+  good.split_blocks = 2;
+  good.partials = nans(static_cast<size_t>(cuda::hc_expand_mixes_partials_floats(3, 4, 2)));
+  good.collapse_fp8 = up(std::vector<uint8_t>(3 * 64, 0));
+  good.collapse_fp8_scale = nans(3);
+  cuda::launch_hc_expand_mixes(good, stream_);  // accepted
+  EXPECT_TRUE(std::isfinite(down(good.collapse_fp8_scale, 3)[0]));
+  const std::vector<std::pair<const char*, std::function<void(cuda::HcExpandMixesParams&)>>> bad = {
+      {"codes without scales", [](auto& p) { p.collapse_fp8_scale = nullptr; }},
+      {"scales without codes", [](auto& p) { p.collapse_fp8 = nullptr; }},
+      {"clusters", [](auto& p) { p.split_blocks = 0; }},
+      {"no norm", [](auto& p) { p.collapse_norm_weight = nullptr; }},
+  };
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  for (const auto& [name, change] : bad) {
+    cuda::HcExpandMixesParams p = good;
+    change(p);
+    EXPECT_DEATH(cuda::launch_hc_expand_mixes(p, stream_), "bad arguments") << name;
+  }
+}
+
 // The SWA source lists against the rule of kernels.h, stated here per key: chunks of 1..300 rows
 // at random positions (some starting at 0, some past a window), replay floors below, inside and
 // above the window, several sequence slots.

@@ -288,6 +288,12 @@ args_decode_s6_r13="$args_decode_s6 --rank-block-replicas false"
 args_decode_s6_notc="$args_decode_s6 --mhc-tensor-cores false"
 args_decode_s1_notc="$args_decode_s1 --mhc-tensor-cores false"
 args_decode_s6_mtc_r4s22="$args_decode_s6 --mhc-fused-rows-per-thread 4 --mhc-split-blocks 22"
+# The attention's own quantiser of a for the fused qkv_a GEMM instead of the split expand + mixes
+# finish writing it (GpuModelOptions::mhc_fuse_attn_quant, r23); *_r22: both r23 options off.
+args_decode_s6_noaq="$args_decode_s6 --mhc-fuse-attn-quant false"
+args_decode_s1_noaq="$args_decode_s1 --mhc-fuse-attn-quant false"
+args_decode_s6_r22="$args_decode_s6 --mhc-tensor-cores false --mhc-fuse-attn-quant false"
+args_decode_s1_r22="$args_decode_s1 --mhc-tensor-cores false --mhc-fuse-attn-quant false"
 args_decode_s1_r13="$args_decode_s1 --rank-block-replicas false"
 
 status=0

@@ -90,30 +90,7 @@ __device__ __forceinline__ void quant_chunk(const ActQuantFp8RowsParams& p, int6
 #pragma unroll
     for (int e = 0; e < 8; ++e) v[e] *= rs * p.in_col_scale[c + e];
   }
-  float a = 0.0f;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) a = fmaxf(a, fabsf(v[e]));
-  a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
-  a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
-  const v41::Mxfp8Scale sc = v41::mxfp8_scale(a);
-  uint32_t lo = 0, hi = 0;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    lo |= v41::mxfp8_code(v[e], sc) << (8 * e);
-    hi |= v41::mxfp8_code(v[4 + e], sc) << (8 * e);
-  }
-  q = make_uint2(lo, hi);
-  code = sc.code;
-  // The block's reference code: the MXFP8 rule on its own output's amax (sc.code, or one less
-  // where rounding brought the amax down to 224 * s), so that R depends on the MXFP8 values only,
-  // not on which of their two encodings the input gave.
-  uint32_t mag = 0;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) mag = max(mag, max((lo >> (8 * e)) & 0x7Fu, (hi >> (8 * e)) & 0x7Fu));
-  mag = max(mag, __shfl_xor_sync(0xFFFFFFFFu, mag, 1));
-  mag = max(mag, __shfl_xor_sync(0xFFFFFFFFu, mag, 2));
-  const uint32_t ref = v41::fp8_rows_block_ref(mag, sc);
-  if (live) m = max(m, ref);
+  v41::fp8_rows_quant8(v, live, q, code, m);
 }
 
 // A chunk's codes refolded onto the row's reference code R and stored (kperm_fp8 as asked).

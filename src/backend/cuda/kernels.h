@@ -813,6 +813,13 @@ struct HcExpandMixesParams {
   // lo*lo term, below 2^-22 of each product), deterministic. No effect on the cluster path or the
   // two-launch shapes.
   bool tensor_cores = false;
+  // With split_blocks and collapse_norm_weight (both or neither set): also the row-scaled FP8
+  // operand of the normalised collapse, written by the finish launch from the values it stores
+  // into collapse_out: collapse_fp8 [rows, dim] e4m3 codes (pitch dim) and collapse_fp8_scale
+  // [rows], the same bits launch_act_quant_fp8_rows writes for collapse_out (fp32, pitch dim), so
+  // that the GEMM reading it next needs no quantiser launch (GpuModelOptions::mhc_fuse_attn_quant).
+  uint8_t* collapse_fp8 = nullptr;
+  float* collapse_fp8_scale = nullptr;
 };
 void launch_hc_expand_mixes(const HcExpandMixesParams& p, Stream stream);
 // The split_blocks the model's automatic rule takes for `rows` (0: clusters): 16 up to 128 rows;

@@ -962,13 +962,70 @@ __global__ void __launch_bounds__(kThreads) hc_expand_mixes_finish_kernel(HcExpa
   for (int b = 0; b < p.split_blocks; ++b) sum += part[b * bstride + MA];
   const float inv = 1.0f / sqrtf(sum / static_cast<float>(p.dim) + p.collapse_norm_eps);
   float* out = p.collapse_out + row * p.dim;
+  if (p.collapse_fp8 == nullptr) {
 #pragma unroll 4
-  for (int64_t c = 4 * static_cast<int64_t>(threadIdx.x); c < p.dim; c += 4 * kThreads) {
-    const float4 v = *reinterpret_cast<const float4*>(out + c);
-    const float4 w = __ldg(reinterpret_cast<const float4*>(p.collapse_norm_weight + c));
-    *reinterpret_cast<float4*>(out + c) =
-        make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
+    for (int64_t c = 4 * static_cast<int64_t>(threadIdx.x); c < p.dim; c += 4 * kThreads) {
+      const float4 v = *reinterpret_cast<const float4*>(out + c);
+      const float4 w = __ldg(reinterpret_cast<const float4*>(p.collapse_norm_weight + c));
+      *reinterpret_cast<float4*>(out + c) =
+          make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
+    }
+    return;
   }
+  // collapse_fp8: 8-column chunks (chunk c = 8 (j kThreads + t) of thread t, a 32-wide block on
+  // 4 consecutive lanes; the trip count is the same in every thread, so the shuffles of
+  // fp8_rows_quant8 see whole warps). Pass 1 normalises as above (the same operations, so the
+  // same fp32 values), stores them and folds each block's reference code into m; the row's R by a
+  // block reduction; pass 2 reads this thread's own stored values back, quantises them again (the
+  // same codes and block scales) and stores the codes refolded onto R, as act_quant_fp8_rows_kernel
+  // does for a CTA per row.
+  uint32_t m = 0;
+  for (int64_t c0 = 0; c0 < p.dim; c0 += 8 * kThreads) {
+    const int64_t c = c0 + 8 * static_cast<int64_t>(threadIdx.x);
+    const bool live = c < p.dim;
+    float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    if (live) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float4 x = *reinterpret_cast<const float4*>(out + c + 4 * h);
+        const float4 w = __ldg(reinterpret_cast<const float4*>(p.collapse_norm_weight + c + 4 * h));
+        const float4 y =
+            make_float4(x.x * inv * w.x, x.y * inv * w.y, x.z * inv * w.z, x.w * inv * w.w);
+        *reinterpret_cast<float4*>(out + c + 4 * h) = y;
+        v[4 * h] = y.x, v[4 * h + 1] = y.y, v[4 * h + 2] = y.z, v[4 * h + 3] = y.w;
+      }
+    }
+    uint2 q;
+    uint32_t code;
+    v41::fp8_rows_quant8(v, live, q, code, m);
+  }
+  __shared__ uint32_t red[kThreads / 32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+  __syncthreads();
+  uint32_t R = 0;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) R = max(R, red[w]);
+  uint8_t* codes = p.collapse_fp8 + row * p.dim;
+  for (int64_t c0 = 0; c0 < p.dim; c0 += 8 * kThreads) {
+    const int64_t c = c0 + 8 * static_cast<int64_t>(threadIdx.x);
+    const bool live = c < p.dim;
+    float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    if (live) {
+      const float4 x0 = *reinterpret_cast<const float4*>(out + c);
+      const float4 x1 = *reinterpret_cast<const float4*>(out + c + 4);
+      v[0] = x0.x, v[1] = x0.y, v[2] = x0.z, v[3] = x0.w;
+      v[4] = x1.x, v[5] = x1.y, v[6] = x1.z, v[7] = x1.w;
+    }
+    uint2 q;
+    uint32_t code, unused = 0;
+    v41::fp8_rows_quant8(v, live, q, code, unused);
+    if (live)
+      *reinterpret_cast<uint2*>(codes + c) =
+          make_uint2(v41::fp8_rows_refold4(q.x, code, R), v41::fp8_rows_refold4(q.y, code, R));
+  }
+  if (threadIdx.x == 0) p.collapse_fp8_scale[row] = v41::ue8m0_decode(R);
 }
 
 // V values per thread (4: float4 loads and stores; needs dim % 4 == 0 and aligned rows).
@@ -1446,12 +1503,19 @@ void check_expand_mixes_args(const HcExpandMixesParams& p) {
       p.base == nullptr || p.scale == nullptr || p.mix_pre == nullptr || p.mix_post == nullptr ||
       p.mix_comb == nullptr || p.rows_per_thread < 0 || p.rows_per_thread > 4 ||
       (cw != 0 && cw != 4 && cw != kMixCluster && cw != kMaxMixCluster) || p.split_blocks < 0 ||
-      p.split_blocks > kMaxSplitBlocks || (p.split_blocks > 0 && p.partials == nullptr)) {
+      p.split_blocks > kMaxSplitBlocks || (p.split_blocks > 0 && p.partials == nullptr) ||
+      (p.collapse_fp8 == nullptr) != (p.collapse_fp8_scale == nullptr) ||
+      (p.collapse_fp8 != nullptr && (p.split_blocks == 0 || !norm || p.hc != 4 || p.dim % 32 != 0 ||
+                                     !aligned16(p.collapse_out) ||
+                                     reinterpret_cast<uintptr_t>(p.collapse_fp8) % 8 != 0))) {
     detail::cuda_call_failed(__FILE__, __LINE__, "launch_hc_expand_mixes", "bad arguments",
                              "hc 1..4, dim >= 1, rows >= 0, all pointers but the collapse pair, "
                              "collapse_pre with collapse_out, collapse_norm_weight only with "
                              "collapse_out, collapse_norm_eps >= 0, rows_per_thread 0..4, "
-                             "cluster_width 0, 4, 8 or 16, split_blocks 0..256 (with partials)");
+                             "cluster_width 0, 4, 8 or 16, split_blocks 0..256 (with partials), "
+                             "collapse_fp8 with collapse_fp8_scale, only on the split path with "
+                             "the norm (hc 4, dim % 32 == 0, 16-byte aligned collapse_out, "
+                             "8-byte aligned codes)");
   }
 }
 
@@ -1570,6 +1634,19 @@ void launch_hc_expand_mixes(const HcExpandMixesParams& p, Stream stream) {
     launch_hc_expand(
         {p.x, p.y, p.rows, p.hc, p.dim, p.post, p.comb, p.collapse_pre, p.collapse_out}, stream);
     if (p.collapse_norm_weight != nullptr) norm_collapse_out(p, stream);
+    if (p.collapse_fp8 != nullptr) {
+      // The fused form's operand from the normalised collapse (the same codes).
+      ActQuantFp8RowsParams q;
+      q.x = p.collapse_out;
+      q.x_type = ActivationType::kF32;
+      q.ldx = p.dim;
+      q.rows = p.rows;
+      q.cols = p.dim;
+      q.out = p.collapse_fp8;
+      q.ldo = p.dim;
+      q.row_scale = p.collapse_fp8_scale;
+      launch_act_quant_fp8_rows(q, stream);
+    }
     HcMixesParams m{p.x,        p.hc * p.dim, p.rows,           p.hc,
                     p.dim,      p.fn,         p.base,           p.scale,
                     p.rms_eps,  p.hc_eps,     p.sinkhorn_iters, p.mix_pre,

@@ -142,6 +142,42 @@ __device__ __forceinline__ uint32_t fp8_rows_refold4(uint32_t codes, uint32_t co
   return out;
 }
 
+// Row-scaled FP8, one 8-column chunk of a row (columns 8 lane-aligned: the 4 lanes of a 32-wide
+// block are consecutive lanes of one warp, xor shuffles 1 and 2, so every lane of the warp calls
+// it together; `live`: the chunk is inside the row, else v holds zeros): the block's MXFP8 scale
+// (mxfp8_scale of its amax) and the 8 codes under it into q (the first column in q.x's low
+// byte) and code, and the block's reference code (fp8_rows_block_ref) folded into m where live.
+// The row's codes are then fp8_rows_refold4(q, code, R) with R the largest m of the row, its
+// scale ue8m0_decode(R). launch_act_quant_fp8_rows and the fused mHC norm's output
+// (HcExpandMixesParams::collapse_fp8) both go through this: the same codes.
+__device__ __forceinline__ void fp8_rows_quant8(const float (&v)[8], bool live, uint2& q,
+                                                uint32_t& code, uint32_t& m) {
+  float a = 0.0f;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) a = fmaxf(a, fabsf(v[e]));
+  a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
+  a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
+  const Mxfp8Scale sc = mxfp8_scale(a);
+  uint32_t lo = 0, hi = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    lo |= mxfp8_code(v[e], sc) << (8 * e);
+    hi |= mxfp8_code(v[4 + e], sc) << (8 * e);
+  }
+  q = make_uint2(lo, hi);
+  code = sc.code;
+  // The block's reference code: the MXFP8 rule on its own output's amax (sc.code, or one less
+  // where rounding brought the amax down to 224 * s), so that R depends on the MXFP8 values only,
+  // not on which of their two encodings the input gave.
+  uint32_t mag = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) mag = max(mag, max((lo >> (8 * e)) & 0x7Fu, (hi >> (8 * e)) & 0x7Fu));
+  mag = max(mag, __shfl_xor_sync(0xFFFFFFFFu, mag, 1));
+  mag = max(mag, __shfl_xor_sync(0xFFFFFFFFu, mag, 2));
+  const uint32_t ref = fp8_rows_block_ref(mag, sc);
+  if (live) m = max(m, ref);
+}
+
 // ---- e2m1 -> e4m3 with a power-of-two shift (the FP8 indexer, v41_select.cu; the FP8 grouped
 // GEMM probe, tools/device/moe_fp8_probe.cu) ----------------------------------------------------
 

@@ -1294,10 +1294,15 @@ struct DeepseekV41Gpu::Impl {
   // launch (mhc_fuse_expand_mixes); the cost counted as mixes() counts it (expand counts none).
   // collapse_norm set: collapse_out is rms(collapse, collapse_norm) instead (mhc_fuse_norm).
   // Returns the launch's cluster width when tracing (cuda::hc_expand_mixes_cluster_width), else 0.
+  // quant_collapse (with collapse_norm): where the launch takes its split path, it also writes
+  // the normalised collapse's row-scaled FP8 operand into the buffers attention() reads for the
+  // fused qkv_a GEMM (attn_quant_buffers); *quantised says whether it did.
   int expand_mixes(float* x, const float* y, int64_t n, const float* post, const float* comb,
                     const float* collapse_pre, float* collapse_out, const DeviceMemory& fn,
                     const DeviceMemory& base, const DeviceMemory& scale, float* pre,
-                    float* mix_post, float* mix_comb, const DeviceMemory* collapse_norm = nullptr) {
+                    float* mix_post, float* mix_comb, const DeviceMemory* collapse_norm = nullptr,
+                    bool quant_collapse = false, bool* quantised = nullptr) {
+    if (quantised != nullptr) *quantised = false;
     cu::HcExpandMixesParams p;
     set_mix_weights(p, fn, base, scale);
     p.x = x;
@@ -1323,6 +1328,12 @@ struct DeepseekV41Gpu::Impl {
     if (split > 0) {
       p.split_blocks = split;
       p.tensor_cores = opt.mhc_tensor_cores;
+      if (quant_collapse && collapse_norm != nullptr) {
+        const QuantRows qa = attn_quant_buffers(n);
+        p.collapse_fp8 = const_cast<uint8_t*>(static_cast<const uint8_t*>(qa.data));
+        p.collapse_fp8_scale = const_cast<float*>(qa.row_scale);
+        if (quantised != nullptr) *quantised = true;
+      }
       p.partials =
           buf<float>("mhc_partials", cu::hc_expand_mixes_partials_floats(n, c.hc_mult, split));
     }
@@ -1782,8 +1793,23 @@ struct DeepseekV41Gpu::Impl {
     cu::memset_async(p, 0xFF, static_cast<size_t>(n) * 4, stream);
   }
 
-  // y [n, D] = attention site output of layer l for rows s (a = attn_norm output).
-  void attention(Batch& b, const RowSet& s, int32_t l, const float* a, float* y) {
+  // The row-scaled FP8 operand of the attention input a [n, D] in quant_rows_fp8's buffers for
+  // "aq_attn" (mhc_fuse_attn_quant writes it from the expand + mixes launch).
+  QuantRows attn_quant_buffers(int64_t n) {
+    QuantRows r{buf<uint8_t>("aq_attn8r", n * c.hidden_size), cu::ActivationType::kMxfp8};
+    r.row_scale = buf<float>("aq_attnrs", n);
+    return r;
+  }
+  // Whether layer L's attention quantises a for a fused qkv_a GEMM on row-scaled FP8 (the input
+  // mhc_fuse_attn_quant can write in advance).
+  [[nodiscard]] bool attn_quant_fusable(const Layer& L) const {
+    return L.wqkv_a.kind != Linear::Kind::kNone && L.wqkv_a.act_quant && fp8_rows_fits(L.wqkv_a);
+  }
+
+  // y [n, D] = attention site output of layer l for rows s (a = attn_norm output). a_fp8_ready:
+  // a's row-scaled FP8 operand is already in attn_quant_buffers (mhc_fuse_attn_quant).
+  void attention(Batch& b, const RowSet& s, int32_t l, const float* a, float* y,
+                 bool a_fp8_ready = false) {
     Layer& L = *layers[static_cast<size_t>(l)];
     const LayerInfo& info = c.layer(l);
     const int64_t n = s.n, d = c.hidden_size, hd = c.head_dim, q = c.q_lora_rank;
@@ -1798,12 +1824,16 @@ struct DeepseekV41Gpu::Impl {
     int64_t ld_kv_raw = hd;
     const bool fused_qkv = L.wqkv_a.kind != Linear::Kind::kNone;
     if (opt.trace) trace.qkv_a[l] = fused_qkv;
+    const bool quant_ready = a_fp8_ready && fused_qkv && attn_quant_fusable(L);
+    if (opt.trace) trace.attn_quant_fused[l] = quant_ready;
     if (fused_qkv) {
       // One GEMM into [n, q + hd]; q_norm writes qr from its first q columns (below), kv_norm
       // reads the rest later. The same input and GEMM path as the two GEMMs (FP8 codes only where
       // wq_a and wkv each take them; they keep their shapes and kinds).
       float* qkv = buf<float>("qkv_a", n * (q + hd));
-      if (L.wqkv_a.act_quant) {
+      if (quant_ready) {
+        gemm_q(attn_quant_buffers(n), d, n, L.wqkv_a, qkv, q + hd);
+      } else if (L.wqkv_a.act_quant) {
         const QuantRows qa = quant_rows(a, d, n, d, L.wqkv_a.kind, "aq_attn",
                                         fp8_wgmma_fits(L.wq_a) && fp8_wgmma_fits(L.wkv),
                                         fp8_rows_fits(L.wqkv_a));
@@ -3054,6 +3084,8 @@ struct DeepseekV41Gpu::Impl {
     bool attn_mixes_ready = false;
     // true (with a_ready): that expand also applied this layer's attn_norm to "a" (mhc_fuse_norm).
     bool a_normed = false;
+    // true (with a_normed): that expand also wrote a's row-scaled FP8 operand (mhc_fuse_attn_quant).
+    bool a_quantised = false;
     for (size_t li = 0; li < layer_ids.size(); ++li) {
       const int32_t l = layer_ids[li];
       Layer& L = *layers[static_cast<size_t>(l)];
@@ -3083,8 +3115,10 @@ struct DeepseekV41Gpu::Impl {
         if (!a_ready) collapse(x, n, pre, a);
         rms(a, n, d, L.attn_norm);
       }
+      const bool a_fp8_ready = a_normed && a_quantised;
       a_ready = false;
       a_normed = false;
+      a_quantised = false;
       if (info.is_kv_source) {
         mark(GpuComponent::kAttention);
         compress(b, *s, l, a);
@@ -3120,7 +3154,7 @@ struct DeepseekV41Gpu::Impl {
       if (!mixes_ready)
         mixes(x, n, L.hc_attn_fn, L.hc_attn_base, L.hc_attn_scale, pre_a, post_a, comb_a);
       float* y = buf<float>("y", n * d);
-      attention(b, *s, l, a, y);
+      attention(b, *s, l, a, y, a_fp8_ready);
       if (opt.trace) trace_rows(trace.attn_out, l, y, n * d);
       mark(GpuComponent::kMhc, "expand");
       // The ffn site's input collapse(x', pre_a) fused into the expand (mixes does not write x).
@@ -3178,7 +3212,8 @@ struct DeepseekV41Gpu::Impl {
         expand_mixes(x, y, n, post_f, comb_f, pre_f, buf<float>("a", n * d), N.hc_attn_fn,
                      N.hc_attn_base, N.hc_attn_scale, buf<float>("pre_a", n * hc),
                      buf<float>("post_a", n * hc), buf<float>("comb_a", n * hc * hc),
-                     opt.mhc_fuse_norm ? &N.attn_norm : nullptr);
+                     opt.mhc_fuse_norm ? &N.attn_norm : nullptr,
+                     opt.mhc_fuse_attn_quant && attn_quant_fusable(N), &a_quantised);
         attn_mixes_ready = true;
         a_normed = opt.mhc_fuse_norm;
       } else {

@@ -418,6 +418,13 @@ struct GpuModelOptions {
   // decode launch (r19 ncu). x' and the collapse are the same bits; the mixes differ from the FFMA
   // sums at the fp32 rounding level. No effect where the clusters or the two launches run.
   bool mhc_tensor_cores = true;
+  // true: where the fused expand + mixes launch on its split path (mhc_split_blocks) writes the
+  // next layer's attention input a = attn_norm(collapse) (mhc_fuse_norm) and that layer's fused
+  // qkv_a GEMM takes a row-scaled FP8 input (fp8_row_scaled, fuse_qkv_a), the launch's finish
+  // also writes those codes and row scales (cuda::HcExpandMixesParams::collapse_fp8, the bits of
+  // launch_act_quant_fp8_rows on a), and the attention skips its quantiser launch (r18 ncu:
+  // 8.8 us per layer at 384 rows, on the main stream). The same results.
+  bool mhc_fuse_attn_quant = true;
   // >= 2: the cuBLASLt GEMMs (dense projections, shared expert, the padded experts, the router's
   // fp32 GEMM, the head) pick their algorithm by timing the first gemm_autotune candidates of
   // cuBLASLt's heuristic on a shape's first eager run (cuda::CublasLtGemm::set_autotune; graph
@@ -493,6 +500,9 @@ struct GpuForwardTrace {
   std::map<int32_t, bool> shared_w13;  // shared expert's w1 + w3 as one GEMM (fuse_shared_w13)
   std::map<int32_t, bool> moe_quant_once;  // f quantised once for both MoE paths (moe_quant_once)
   std::map<int32_t, bool> qkv_a;       // the attention's wq_a + wkv as one GEMM (fuse_qkv_a)
+  // The fused qkv_a GEMM's row-scaled FP8 input written by the previous expand + mixes launch
+  // (mhc_fuse_attn_quant) instead of a quantiser launch.
+  std::map<int32_t, bool> attn_quant_fused;
   // wo_a's input quantised in the attention's epilogue (attn_quant_epilogue)
   std::map<int32_t, bool> attn_quant_epilogue;
   // ... and as wo_a's row-scaled FP8 operand (attn_fp8_rows_epilogue)

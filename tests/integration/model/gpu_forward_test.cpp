@@ -2510,6 +2510,47 @@ TEST(GpuForward, MoeQuantOnceIsBitIdentical) {
   std::filesystem::remove_all(dir);
 }
 
+// GpuModelOptions::mhc_fuse_attn_quant (the split expand + mixes launch that writes the next
+// layer's attn_norm(collapse) also writes the fused qkv_a GEMM's row-scaled FP8 input, and the
+// attention skips its quantiser) on the wide model, on the split path (mhc_split_blocks 8, the
+// fused norm, the test's few rows fused too): a traced prefill with it on takes it in every layer
+// whose input such a launch wrote (not layer 0 nor the layers after Engram, whose inputs other
+// launches write), with it off in none, and every traced value is bit-identical (the same codes
+// from the same fp32 values); then the forwards of expect_option_bit_identical (decode steps and
+// CUDA graphs: a stale or unwritten operand shows in the logits).
+TEST(GpuForward, MhcFuseAttnQuantIsBitIdentical) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  const std::filesystem::path dir = make_temp_dir("gpu_mhc_fuse_attn_quant");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  const auto set = [](bool on) {
+    return [on](arch::GpuModelOptions& o) {
+      o.mhc_fuse_expand_mixes = true;
+      o.mhc_fuse_min_rows = 0;
+      o.mhc_fuse_norm = true;
+      o.mhc_split_blocks = 8;
+      o.mhc_fuse_attn_quant = on;
+    };
+  };
+  const arch::GpuForwardTrace ta = traced_prefill(dir, 14, set(false));
+  const arch::GpuForwardTrace tb = traced_prefill(dir, 14, set(true));
+  ASSERT_FALSE(tb.attn_quant_fused.empty());
+  int fused = 0;
+  for (const auto& [l, on] : ta.attn_quant_fused) EXPECT_FALSE(on) << "off, layer " << l;
+  for (const auto& [l, on] : tb.attn_quant_fused) fused += on ? 1 : 0;
+  EXPECT_FALSE(tb.attn_quant_fused.begin()->second) << "layer 0's input is not a fused launch's";
+  EXPECT_GE(fused, static_cast<int>(tb.attn_quant_fused.size()) - 3)
+      << "layers other than 0 and the two after Engram";
+  EXPECT_EQ(ta.attn_in, tb.attn_in);
+  EXPECT_EQ(ta.attn_out, tb.attn_out);
+  EXPECT_EQ(ta.ffn_in, tb.ffn_in);
+  EXPECT_EQ(ta.layer_out, tb.layer_out);
+  arch::GpuModelOptions opt;
+  set(false)(opt);
+  expect_option_bit_identical(dir, opt, set(true));
+  if (testing::Test::HasFatalFailure()) return;
+  std::filesystem::remove_all(dir);
+}
+
 // An attention-epilogue option (set(o, on)) on the wide model (64 heads: the wgmma attention),
 // off against on: a traced oracle prefill (seed `seed`) takes it in every layer (the trace map
 // `taken`) and every layer's attention output is bit-identical; then the forwards of
