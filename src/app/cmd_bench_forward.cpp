@@ -103,8 +103,8 @@ struct BenchForwardOptions {
   int32_t mhc_fused_rows_per_thread = 0;
   int32_t mhc_fused_cluster_width = 0;
   int32_t mhc_split_blocks = -1;
-  bool mhc_tensor_cores = true;
-  bool mhc_fuse_attn_quant = true;
+  bool mhc_tensor_cores = false;
+  bool mhc_fuse_attn_quant = false;
   int32_t gemm_autotune = 0;
   int64_t mhc_fuse_min_rows = 0;
   bool mhc_fuse_norm = true;

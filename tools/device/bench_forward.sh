@@ -282,18 +282,17 @@ args_prefill8k_prod_tune8="$args_prefill8k_prod --gemm-autotune 8"
 args_decode_s6_dspark_tune8="$args_decode_s6_dspark --gemm-autotune 8"
 args_decode_s6_r14pad="$args_decode_s6 --moe-padded-gather-quant false --moe-padded-bf16 false"
 args_decode_s6_r13="$args_decode_s6 --rank-block-replicas false"
-# The split path's mixes on FFMA dots instead of the 3xTF32 tensor-core ones
-# (GpuModelOptions::mhc_tensor_cores, r23); *_mtc_r4s22: the tensor-core form at 4 rows per
-# thread (32-row tiles, half the fn re-reads) and 22 blocks per tile.
-args_decode_s6_notc="$args_decode_s6 --mhc-tensor-cores false"
-args_decode_s1_notc="$args_decode_s1 --mhc-tensor-cores false"
-args_decode_s6_mtc_r4s22="$args_decode_s6 --mhc-fused-rows-per-thread 4 --mhc-split-blocks 22"
-# The attention's own quantiser of a for the fused qkv_a GEMM instead of the split expand + mixes
-# finish writing it (GpuModelOptions::mhc_fuse_attn_quant, r23); *_r22: both r23 options off.
-args_decode_s6_noaq="$args_decode_s6 --mhc-fuse-attn-quant false"
-args_decode_s1_noaq="$args_decode_s1 --mhc-fuse-attn-quant false"
-args_decode_s6_r22="$args_decode_s6 --mhc-tensor-cores false --mhc-fuse-attn-quant false"
-args_decode_s1_r22="$args_decode_s1 --mhc-tensor-cores false --mhc-fuse-attn-quant false"
+# r23 (written without a device run, off): the split path's mixes on 3xTF32 tensor cores
+# (GpuModelOptions::mhc_tensor_cores; *_tc), the split finish writing the fused qkv_a GEMM's
+# row-scaled FP8 input (mhc_fuse_attn_quant; *_aq), both (*_r23); *_tc_r4s22: the tensor-core
+# form at 4 rows per thread (32-row tiles, half the fn re-reads) and 22 blocks per tile.
+args_decode_s6_tc="$args_decode_s6 --mhc-tensor-cores true"
+args_decode_s1_tc="$args_decode_s1 --mhc-tensor-cores true"
+args_decode_s6_aq="$args_decode_s6 --mhc-fuse-attn-quant true"
+args_decode_s1_aq="$args_decode_s1 --mhc-fuse-attn-quant true"
+args_decode_s6_r23="$args_decode_s6 --mhc-tensor-cores true --mhc-fuse-attn-quant true"
+args_decode_s1_r23="$args_decode_s1 --mhc-tensor-cores true --mhc-fuse-attn-quant true"
+args_decode_s6_tc_r4s22="$args_decode_s6_tc --mhc-fused-rows-per-thread 4 --mhc-split-blocks 22"
 args_decode_s1_r13="$args_decode_s1 --rank-block-replicas false"
 
 status=0

@@ -417,14 +417,21 @@ struct GpuModelOptions {
   // accuracy) instead of FFMA dots, whose 16-byte shared-memory reads per 8 FMAs bounded the
   // decode launch (r19 ncu). x' and the collapse are the same bits; the mixes differ from the FFMA
   // sums at the fp32 rounding level. No effect where the clusters or the two launches run.
-  bool mhc_tensor_cores = true;
+  // Written in r23 and not yet run on a GPU (the device could not be reached that session): off
+  // until CudaV41.HcExpandMixes* (its "tc" modes) and GpuForward.MhcFusedClusterWidthsAgreeInThe
+  // Forward pass and bench rows *_tc / *_r23 measure it. Predicted: the split launch at 384 rows
+  // 33 -> ~20 us (r18 ncu), mhc.expand ~1 ms less per 64 x 6 step.
+  bool mhc_tensor_cores = false;
   // true: where the fused expand + mixes launch on its split path (mhc_split_blocks) writes the
   // next layer's attention input a = attn_norm(collapse) (mhc_fuse_norm) and that layer's fused
   // qkv_a GEMM takes a row-scaled FP8 input (fp8_row_scaled, fuse_qkv_a), the launch's finish
   // also writes those codes and row scales (cuda::HcExpandMixesParams::collapse_fp8, the bits of
   // launch_act_quant_fp8_rows on a), and the attention skips its quantiser launch (r18 ncu:
-  // 8.8 us per layer at 384 rows, on the main stream). The same results.
-  bool mhc_fuse_attn_quant = true;
+  // 8.8 us per layer at 384 rows, on the main stream). The same results. Written in r23 and not
+  // yet run on a GPU: off until CudaV41.HcExpandMixesFp8CollapseMatchesRowQuantiser and
+  // GpuForward.MhcFuseAttnQuantIsBitIdentical pass and rows *_aq / *_r23 measure it (predicted
+  // ~0.3 ms per 64 x 6 step).
+  bool mhc_fuse_attn_quant = false;
   // >= 2: the cuBLASLt GEMMs (dense projections, shared expert, the padded experts, the router's
   // fp32 GEMM, the head) pick their algorithm by timing the first gemm_autotune candidates of
   // cuBLASLt's heuristic on a shape's first eager run (cuda::CublasLtGemm::set_autotune; graph

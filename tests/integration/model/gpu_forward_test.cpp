@@ -1459,7 +1459,7 @@ TEST(GpuForward, MhcFusedNormAgreesInTheForward) {
 //   memory to the finish launch, which adds them in block order as width 8's blocks are added in
 //   rank order (blocks 8..19 add +0.0): every traced value is bit-identical to width 8's, and the
 //   trace reports no cluster width (0). These runs take the FFMA dots (mhc_tensor_cores off);
-// - the split path at 20 blocks with the tensor-core mixes (mhc_tensor_cores, the default): the
+// - the split path at 20 blocks with the tensor-core mixes (mhc_tensor_cores, off by default): the
 //   3xTF32 sums are another fp32 order, so as for width 4 the first layer with a row over 1e-5
 //   differs in at most 3 rows, and the layer outputs are not width 8's bits (the path ran).
 // Width 16 with several chunks per block (another order than 8's) and the split path with several
