@@ -76,6 +76,7 @@ struct BenchForwardOptions {
   bool rank_block_replicas = true;
   bool moe_padded_fp8 = true;
   bool moe_group_ordered = true;
+  bool moe_group_staged = false;
   int64_t moe_padded_min_rows = 16;
   int64_t moe_padded_group_rows = 0;
   bool moe_padded_gather_quant = true;
@@ -270,6 +271,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.moe_fp8 = opt.moe_fp8;
   go.moe_padded_fp8 = opt.moe_padded_fp8;
   go.moe_group_ordered = opt.moe_group_ordered;
+  go.moe_group_staged = opt.moe_group_staged;
   go.moe_padded_gather_quant = opt.moe_padded_gather_quant;
   go.moe_padded_bf16 = opt.moe_padded_bf16;
   go.moe_padded_warp_quant = opt.moe_padded_warp_quant;
@@ -541,6 +543,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"rank_block_replicas", opt.rank_block_replicas},
               {"moe_padded_fp8", opt.moe_padded_fp8},
               {"moe_group_ordered", opt.moe_group_ordered},
+              {"moe_group_staged", opt.moe_group_staged},
               {"moe_padded_gather_quant", opt.moe_padded_gather_quant},
               {"moe_padded_bf16", opt.moe_padded_bf16},
               {"moe_padded_warp_quant", opt.moe_padded_warp_quant},
@@ -802,6 +805,10 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--moe-group-ordered", opt->moe_group_ordered,
                   "cuda: group each expert's hits in hit order (deterministic layout; false: "
                   "in the order of the grouping's atomics)")
+      ->capture_default_str();
+  cmd->add_option("--moe-group-staged", opt->moe_group_staged,
+                  "cuda: with --moe-group-ordered, the staged grouping kernel (counts in shared "
+                  "memory, batched loads; the same layout)")
       ->capture_default_str();
   cmd->add_option("--moe-padded-gather-quant", opt->moe_padded_gather_quant,
                   "cuda: with --moe-padded-fp8, quantise each token row once and gather the codes "

@@ -3785,11 +3785,13 @@ TEST_P(CudaV41RankBlocks, MoeGroupRankBlockReplicas) {
       if (m < local)
         want[static_cast<size_t>(m)].push_back({static_cast<int32_t>(i / topk), wts[static_cast<size_t>(i)]});
     }
-  for (const bool ordered : {false, true}) {
-    SCOPED_TRACE(ordered ? "ordered" : "atomic order");
+  for (const int mode : {0, 1, 2}) {  // atomic order, ordered, ordered and staged
+    const bool ordered = mode > 0;
+    SCOPED_TRACE(mode == 0 ? "atomic order" : mode == 1 ? "ordered" : "ordered, staged");
     cuda::MoeGroupParams gp = group_params(ids, wts, tokens, topk, local, reps);
     gp.experts_total = experts;
     gp.ordered = ordered;
+    gp.staged = mode == 2;
     cuda::launch_moe_group(gp, stream_);
     const auto off = down(gp.offsets, local + 1);
     const auto perm = down(gp.perm_row, static_cast<size_t>(hits * reps));
@@ -3824,45 +3826,64 @@ TEST_P(CudaV41RankBlocks, MoeGroupRankBlockReplicas) {
   }
 }
 
-// MoeGroupParams::ordered with copies (experts_total 0): each expert's rows are its hits in hit
-// order, each hit's `replicas` copies consecutive, inv naming the first; checked entry by entry
-// (the layout is deterministic), on 300 tokens (more hits than one range thread per 4 hits of
-// 1024 threads would need: 1800 hits, several hits per range thread).
-TEST_F(CudaV41, MoeGroupOrderedCopies) {
-  const int topk = 6, experts = 24, local = 7, tokens = 300, reps = 3;
-  std::mt19937 rng(79);
+// MoeGroupParams::ordered with copies (experts_total 0), with and without `staged`: each
+// expert's rows are its hits in hit order, each hit's `replicas` copies consecutive, inv naming
+// the first; checked entry by entry (the layout is deterministic). 300 tokens x 6 over 7 local
+// experts: 1800 hits, 450 range threads of 4 hits (staged: counts in shared memory); 1100 tokens
+// over 40 local experts: 6600 hits, 1024 range threads of 7 hits (staged: the last batch of each
+// thread partial, and 40 x 1024 counts too many for shared memory, so through the scratch).
+struct OrderedGroupCase {
+  int experts, local, tokens, reps;
+  bool smem;
+};
+class CudaV41OrderedGroup : public CudaV41,
+                            public ::testing::WithParamInterface<OrderedGroupCase> {};
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaV41OrderedGroup,
+                         ::testing::Values(OrderedGroupCase{24, 7, 300, 3, true},
+                                           OrderedGroupCase{80, 40, 1100, 2, false}));
+TEST_P(CudaV41OrderedGroup, MoeGroupOrderedCopies) {
+  const int topk = 6, experts = GetParam().experts, local = GetParam().local,
+            tokens = GetParam().tokens, reps = GetParam().reps;
+  ASSERT_EQ(cuda::moe_group_ordered_smem_bytes(local, int64_t{tokens} * topk) > 0, GetParam().smem);
+  std::mt19937 rng(79 + local);
   const int64_t hits = tokens * topk;
   const std::vector<int32_t> ids = distinct_topk_ids(tokens, topk, experts, rng);
   const auto wts = rnd(hits, rng, 0.05f, 1.5f);
-  cuda::MoeGroupParams gp = group_params(ids, wts, tokens, topk, local, reps);
-  gp.ordered = true;
-  cuda::launch_moe_group(gp, stream_);
-  const auto off = down(gp.offsets, local + 1);
-  const auto perm = down(gp.perm_row, static_cast<size_t>(hits * reps));
-  const auto pw = down(gp.perm_weight, static_cast<size_t>(hits * reps));
-  const auto inv = down(gp.inv, static_cast<size_t>(hits));
-  std::vector<int32_t> want_off(local + 1, 0), cursor(local, 0);
-  for (const int32_t id : ids)
-    if (id < local) want_off[static_cast<size_t>(id) + 1] += reps;
-  for (int e = 0; e < local; ++e) want_off[e + 1] += want_off[e];
-  ASSERT_EQ(off, want_off);
-  for (int64_t i = 0; i < hits; ++i) {
-    const int32_t id = ids[static_cast<size_t>(i)];
-    if (id >= local) {
-      EXPECT_EQ(inv[i], -1) << i;
-      continue;
+  for (const bool staged : {false, true}) {
+    SCOPED_TRACE(staged ? "staged" : "one-CTA scratch");
+    cuda::MoeGroupParams gp = group_params(ids, wts, tokens, topk, local, reps);
+    gp.ordered = true;
+    gp.staged = staged;
+    cuda::launch_moe_group(gp, stream_);
+    const auto off = down(gp.offsets, local + 1);
+    const auto perm = down(gp.perm_row, static_cast<size_t>(hits * reps));
+    const auto pw = down(gp.perm_weight, static_cast<size_t>(hits * reps));
+    const auto inv = down(gp.inv, static_cast<size_t>(hits));
+    std::vector<int32_t> want_off(local + 1, 0), cursor(local, 0);
+    for (const int32_t id : ids)
+      if (id < local) want_off[static_cast<size_t>(id) + 1] += reps;
+    for (int e = 0; e < local; ++e) want_off[e + 1] += want_off[e];
+    ASSERT_EQ(off, want_off);
+    for (int64_t i = 0; i < hits; ++i) {
+      const int32_t id = ids[static_cast<size_t>(i)];
+      if (id >= local) {
+        EXPECT_EQ(inv[i], -1) << i;
+        continue;
+      }
+      const int32_t pos = want_off[id] + cursor[id];
+      cursor[id] += reps;
+      ASSERT_EQ(inv[i], pos) << i;
+      for (int c = 0; c < reps; ++c) {
+        EXPECT_EQ(perm[pos + c], i / topk);
+        EXPECT_EQ(pw[pos + c], wts[static_cast<size_t>(i)]);
+      }
     }
-    const int32_t pos = want_off[id] + cursor[id];
-    cursor[id] += reps;
-    ASSERT_EQ(inv[i], pos) << i;
-    for (int c = 0; c < reps; ++c) {
-      EXPECT_EQ(perm[pos + c], i / topk);
-      EXPECT_EQ(pw[pos + c], wts[static_cast<size_t>(i)]);
+    if (staged) {
+      GTEST_FLAG_SET(death_test_style, "threadsafe");
+      gp.scratch = nullptr;
+      EXPECT_DEATH(cuda::launch_moe_group(gp, stream_), "bad arguments");
     }
   }
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  gp.scratch = nullptr;
-  EXPECT_DEATH(cuda::launch_moe_group(gp, stream_), "bad arguments");
 }
 
 TEST_F(CudaV41, MoeGroupAndGroupedMxfp4Gemm) {

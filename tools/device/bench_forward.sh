@@ -294,6 +294,11 @@ args_decode_s6_r23="$args_decode_s6 --mhc-tensor-cores true --mhc-fuse-attn-quan
 args_decode_s1_r23="$args_decode_s1 --mhc-tensor-cores true --mhc-fuse-attn-quant true"
 args_decode_s6_tc_r4s22="$args_decode_s6_tc --mhc-fused-rows-per-thread 4 --mhc-split-blocks 22"
 args_decode_s1_r13="$args_decode_s1 --rank-block-replicas false"
+# r24 (written without a device run after it, off): the staged ordered MoE grouping
+# (GpuModelOptions::moe_group_staged).
+args_decode_s6_gstaged="$args_decode_s6 --moe-group-staged true"
+args_decode_s1_gstaged="$args_decode_s1 --moe-group-staged true"
+args_prefill8k_prod_gstaged="$args_prefill8k_prod --moe-group-staged true"
 
 status=0
 for name in $runs; do

@@ -361,9 +361,19 @@ struct MoeGroupParams {
   int experts_total = 0;
   bool ordered = false;
   int32_t* scratch = nullptr;
+  // With `ordered`: the staged kernel (the same positions): counts and offsets in shared memory
+  // where they fit (moe_group_ordered_smem_bytes), hits read a batch at a time with their loads
+  // first, each scan's counts read before it is scanned. scratch is still required. Written in
+  // r24 against the one-CTA kernel's chains of dependent global loads (12.1 us per layer at the
+  // DEP32 64 x 6 decode share, r18 ncu); not yet run on a GPU.
+  bool staged = false;
 };
 void launch_moe_group(const MoeGroupParams& p, Stream stream);
 int64_t moe_group_scratch_ints(int local);
+// With MoeGroupParams::ordered: the shared memory the launch for `local` experts and `hits` hits
+// (rows * k) takes for its counts, or 0 where they do not fit and go through scratch instead
+// (the same positions either way; tests pick shapes on both sides).
+size_t moe_group_ordered_smem_bytes(int local, int64_t hits);
 
 // The SwiGLU + MXFP8 epilogue of a grouped GEMM with two weight sets (GroupedMxfp4GemmParams::
 // swiglu): out = what launch_swiglu_quant_mxfp8 writes (bf16 output) from gate = y and up = y_b.

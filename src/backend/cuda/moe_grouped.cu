@@ -334,6 +334,33 @@ __global__ void __launch_bounds__(kGroupThreads) moe_group_kernel(MoeGroupParams
   }
 }
 
+// The ordered kernels' copies of a hit on expert id. Rank-block replicas (experts_total > local,
+// see kernels.h): copy r goes to local expert m_r = (id - r * local) mod experts_total when
+// m_r < local; m_r is stepped from m_0 = id (id < experts_total), not divided, per replica.
+// Otherwise copies of a hit on a local expert are `replicas` consecutive rows of it.
+// fn(r, m, n): n rows at expert m.
+template <class Fn>
+__device__ __forceinline__ void for_each_ordered_copy(const MoeGroupParams& p, bool blocks,
+                                                      bool clean, int32_t id, Fn&& fn) {
+  if (id < 0) return;
+  if (!blocks) {
+    if (id < p.local) fn(0, id, p.replicas);
+    return;
+  }
+  if (id >= p.experts_total) return;
+  if (clean) {  // the one copy, if any: r = id / local (see rank_blocks_clean)
+    const int32_t r = id / p.local;
+    if (r < p.replicas) fn(r, id - r * p.local, 1);
+    return;
+  }
+  int32_t m = id;
+  for (int r = 0; r < p.replicas; ++r) {
+    if (m < p.local) fn(r, m, 1);
+    m -= p.local;
+    if (m < 0) m += p.experts_total;
+  }
+}
+
 // MoeGroupParams::ordered. One CTA. Deterministic: a local expert's grouped rows are in hit order (token-major; a hit's
 // copies in replica order). Range thread t (of T, a few hits each) takes hits [t H, (t + 1) H):
 // it counts its copies per expert into scratch [local][T] (phase 1), each warp turns one expert's
@@ -350,30 +377,10 @@ __global__ void __launch_bounds__(kGroupThreads) moe_group_ordered_kernel(MoeGro
     *id = vl ? p.ids_vl[i] : p.ids[i];
     *w = vl ? p.weights_vl[i] : p.weights[i];
   };
-  // Rank-block replicas (experts_total > local, see kernels.h): copy r of a hit on expert id
-  // goes to local expert m_r = (id - r * local) mod experts_total when m_r < local; m_r is
-  // stepped from m_0 = id (id < experts_total), not divided, per replica. Otherwise copies of a
-  // hit on a local expert are `replicas` consecutive rows of it. fn(r, m, n): n rows at expert m.
   const bool blocks = p.replicas > 1 && p.experts_total > p.local;
   const bool clean = rank_blocks_clean(p);
   const auto for_each_copy = [&](int32_t id, auto&& fn) {
-    if (id < 0) return;
-    if (!blocks) {
-      if (id < p.local) fn(0, id, p.replicas);
-      return;
-    }
-    if (id >= p.experts_total) return;
-    if (clean) {  // the one copy, if any: r = id / local (see rank_blocks_clean)
-      const int32_t r = id / p.local;
-      if (r < p.replicas) fn(r, id - r * p.local, 1);
-      return;
-    }
-    int32_t m = id;
-    for (int r = 0; r < p.replicas; ++r) {
-      if (m < p.local) fn(r, m, 1);
-      m -= p.local;
-      if (m < 0) m += p.experts_total;
-    }
+    for_each_ordered_copy(p, blocks, clean, id, fn);
   };
   int32_t* mine = p.scratch + tid;  // scratch[m * T + tid]
   const int64_t h0 = static_cast<int64_t>(tid) * H, h1 = min(h0 + H, hits);
@@ -433,6 +440,132 @@ __global__ void __launch_bounds__(kGroupThreads) moe_group_ordered_kernel(MoeGro
         }
         if (r == 0) p.inv[i] = pos;  // copy 0: the hit itself (a local expert)
       });
+    }
+  }
+}
+
+// MoeGroupParams::ordered with MoeGroupParams::staged: the phases of moe_group_ordered_kernel
+// (the same positions), with
+// kSmem: counts and offsets in shared memory (local * T + local + 1 ints within
+// kGroupOrderedSmemBytes: 27.7 KB at the DEP32 decode share, 12 experts x 576 range threads),
+// else counts in p.scratch. Each range thread reads its hits kGroupBatch at a time, loads first,
+// and each warp reads its expert's whole row of counts before the scan, so no chain of dependent
+// global loads is longer than a few (r18 ncu: the global-scratch form took 12.1 us per layer at
+// 64 x 6, one CTA, on the main stream's chain). The same positions either way.
+constexpr int kGroupBatch = 4;
+constexpr size_t kGroupOrderedSmemBytes = 96 * 1024;
+
+template <bool kSmem>
+__global__ void __launch_bounds__(kGroupThreads, 1) moe_group_ordered_staged_kernel(MoeGroupParams p, int T,
+                                                                         int64_t H) {
+  pdl_wait();
+  extern __shared__ int32_t ordered_smem[];
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int64_t hits = p.rows * p.k;
+  const int local = p.local;
+  const auto pick_id = [&](int64_t i) {
+    const bool vl = p.ids_vl != nullptr && p.image[i / p.k] != 0;
+    return vl ? p.ids_vl[i] : p.ids[i];
+  };
+  const auto pick_w = [&](int64_t i) {
+    const bool vl = p.ids_vl != nullptr && p.image[i / p.k] != 0;
+    return vl ? p.weights_vl[i] : p.weights[i];
+  };
+  const bool blocks = p.replicas > 1 && p.experts_total > p.local;
+  const bool clean = rank_blocks_clean(p);
+  const auto for_each_copy = [&](int32_t id, auto&& fn) {
+    for_each_ordered_copy(p, blocks, clean, id, fn);
+  };
+  int32_t* counts = kSmem ? ordered_smem + local + 1 : p.scratch;  // counts[m * T + t]
+  int32_t* offs = kSmem ? ordered_smem : p.offsets;                 // [local + 1]
+  int32_t* mine = counts + tid;
+  const int64_t h0 = static_cast<int64_t>(tid) * H, h1 = min(h0 + H, hits);
+  if constexpr (kSmem) {
+    for (int64_t q = tid; q < static_cast<int64_t>(local) * T; q += kGroupThreads) counts[q] = 0;
+    __syncthreads();
+  } else if (tid < T) {
+    for (int e = 0; e < local; ++e) mine[static_cast<int64_t>(e) * T] = 0;
+  }
+  if (tid < T) {
+    for (int64_t i0 = h0; i0 < h1; i0 += kGroupBatch) {
+      int32_t id[kGroupBatch];
+#pragma unroll
+      for (int j = 0; j < kGroupBatch; ++j) id[j] = i0 + j < h1 ? pick_id(i0 + j) : -1;
+#pragma unroll
+      for (int j = 0; j < kGroupBatch; ++j)
+        for_each_copy(id[j], [&](int, int32_t m, int n) { mine[static_cast<int64_t>(m) * T] += n; });
+    }
+  }
+  __syncthreads();
+  // Phase 2: warp w scans experts w, w + 32, ...: exclusive prefixes over t, 32 at a time, the
+  // counts of kScanBatch such steps read before they are scanned.
+  constexpr int kScanBatch = 8;
+  for (int e = warp; e < local; e += kGroupThreads / 32) {
+    int32_t* row = counts + static_cast<int64_t>(e) * T;
+    int32_t run = 0;
+    for (int t0 = 0; t0 < T; t0 += 32 * kScanBatch) {
+      int32_t c[kScanBatch];
+#pragma unroll
+      for (int j = 0; j < kScanBatch; ++j) {
+        const int t = t0 + j * 32 + lane;
+        c[j] = t < T ? row[t] : 0;
+      }
+#pragma unroll
+      for (int j = 0; j < kScanBatch; ++j) {
+        const int t = t0 + j * 32 + lane;
+        int32_t x = c[j];
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+          const int32_t y = __shfl_up_sync(0xffffffffu, x, o);
+          if (lane >= o) x += y;
+        }
+        if (t < T) row[t] = run + x - c[j];
+        run += __shfl_sync(0xffffffffu, x, 31);
+      }
+    }
+    if (lane == 0) offs[e] = run;  // the expert's count for now
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int32_t off = 0;
+    for (int e = 0; e < local; ++e) {
+      const int32_t cnt = offs[e];
+      offs[e] = off;
+      if constexpr (kSmem) p.offsets[e] = off;
+      off += cnt;
+    }
+    offs[local] = off;
+    if constexpr (kSmem) p.offsets[local] = off;
+  }
+  __syncthreads();
+  if (tid < T) {
+    for (int64_t i0 = h0; i0 < h1; i0 += kGroupBatch) {
+      int32_t id[kGroupBatch];
+      float w[kGroupBatch];
+#pragma unroll
+      for (int j = 0; j < kGroupBatch; ++j) {
+        const bool in = i0 + j < h1;
+        id[j] = in ? pick_id(i0 + j) : -1;
+        w[j] = in ? pick_w(i0 + j) : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < kGroupBatch; ++j) {
+        const int64_t i = i0 + j;
+        if (i >= h1) break;
+        p.inv[i] = -1;
+        const int32_t row = static_cast<int32_t>(i / p.k);
+        const float wj = w[j];
+        for_each_copy(id[j], [&](int r, int32_t m, int n) {
+          int32_t& cur = mine[static_cast<int64_t>(m) * T];
+          const int32_t pos = offs[m] + cur;
+          cur += n;
+          for (int c2 = 0; c2 < n; ++c2) {
+            p.perm_row[pos + c2] = row;
+            p.perm_weight[pos + c2] = wj;
+          }
+          if (r == 0) p.inv[i] = pos;  // copy 0: the hit itself (a local expert)
+        });
+      }
     }
   }
 }
@@ -2498,8 +2631,32 @@ void launch_moe_group(const MoeGroupParams& p, Stream stream) {
   const int64_t hits = p.rows * p.k;
   const int T = static_cast<int>(std::clamp<int64_t>(ceil_div(hits, 4), 1, kGroupThreads));
   const int64_t H = std::max<int64_t>(ceil_div(hits, T), 1);
-  MS_CUDA_CHECK(launch_kernel(moe_group_ordered_kernel, 1, kGroupThreads, 0,
+  if (!p.staged) {
+    MS_CUDA_CHECK(launch_kernel(moe_group_ordered_kernel, 1, kGroupThreads, 0,
+                                as_cuda_stream(stream), p, T, H));
+    return;
+  }
+  const size_t smem = sizeof(int32_t) * (static_cast<size_t>(p.local) * T + p.local + 1);
+  if (smem <= kGroupOrderedSmemBytes) {
+    static const bool attr = [] {
+      MS_CUDA_CHECK(cudaFuncSetAttribute(moe_group_ordered_staged_kernel<true>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kGroupOrderedSmemBytes)));
+      return true;
+    }();
+    (void)attr;
+    MS_CUDA_CHECK(launch_kernel(moe_group_ordered_staged_kernel<true>, 1, kGroupThreads, smem,
+                                as_cuda_stream(stream), p, T, H));
+    return;
+  }
+  MS_CUDA_CHECK(launch_kernel(moe_group_ordered_staged_kernel<false>, 1, kGroupThreads, 0,
                               as_cuda_stream(stream), p, T, H));
+}
+
+size_t moe_group_ordered_smem_bytes(int local, int64_t hits) {
+  const int64_t T = std::clamp<int64_t>(ceil_div(hits, 4), 1, kGroupThreads);
+  const size_t smem = sizeof(int32_t) * (static_cast<size_t>(local) * T + local + 1);
+  return smem <= kGroupOrderedSmemBytes ? smem : 0;
 }
 
 int64_t moe_group_scratch_ints(int local) { return int64_t{local} * kGroupThreads; }

@@ -2593,6 +2593,7 @@ struct DeepseekV41Gpu::Impl {
     gp.replicas = static_cast<int>(reps);
     gp.experts_total = opt.moe_rank_block_replicas ? static_cast<int>(e) : 0;
     gp.ordered = opt.moe_group_ordered;
+    gp.staged = opt.moe_group_staged;
     if (gp.ordered) gp.scratch = buf<int32_t>("moe_group_scratch", cu::moe_group_scratch_ints(local));
     gp.offsets = offsets;
     gp.perm_row = perm;

@@ -65,6 +65,13 @@ struct GpuModelOptions {
   // since r15 (H200: moe.group 1.15 -> 1.52 ms per decode 64x6 step; the op and determinism tests
   // pass on the device).
   bool moe_group_ordered = true;
+  // With moe_group_ordered: the staged ordered grouping (cuda::MoeGroupParams::staged: counts in
+  // shared memory, batched loads; the same layout). Written in r24 (the one-CTA grouping takes
+  // 12.1 us per layer on the main stream at 64 x 6, r18 ncu: chains of dependent global loads);
+  // the device could not be reached after it was written, so it is off until
+  // CudaV41OrderedGroup.* / CudaV41RankBlocks.* (staged modes) pass and row decode_s6_gstaged
+  // measures it.
+  bool moe_group_staged = false;
   // Random-weight models: rows of each Engram table kept in pinned host memory (hash ids are
   // drawn uniformly over them).
   int64_t random_engram_rows = int64_t{1} << 20;
