@@ -299,6 +299,12 @@ args_decode_s1_r13="$args_decode_s1 --rank-block-replicas false"
 args_decode_s6_gstaged="$args_decode_s6 --moe-group-staged true"
 args_decode_s1_gstaged="$args_decode_s1 --moe-group-staged true"
 args_prefill8k_prod_gstaged="$args_prefill8k_prod --moe-group-staged true"
+# r25: the padded experts' slot rows C pinned (GpuModelOptions::moe_padded_group_rows; the
+# automatic rule gives 256 at 64 x 6, ~192 hits per expert): fewer padded rows per GEMM, hits past
+# C on the grouped path. cuBLASLt picks its tile per shape, so C is swept.
+for c in 160 176 192 208 224 240 288; do
+  eval "args_decode_s6_c$c=\"\$args_decode_s6 --moe-padded-group-rows $c\""
+done
 
 status=0
 for name in $runs; do
