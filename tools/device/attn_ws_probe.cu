@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -93,6 +94,17 @@ int main(int argc, char** argv) {
     }
     std::printf("rows %d: two-warpgroup %.1f us, ws %.1f us, max|ws - wg| / max|wg| %.3g\n", rows,
                 us_wg, us_ws, num / den);
+    // The pipelined consumer A (SparseAttentionParams::ws_pipeline): time and bits against ws.
+    p.ws_pipeline = true;
+    attn_wg::ws::launch<attn_wg::kOutF32>(p, nullptr);
+    std::vector<float> o_wsp(q.size());
+    MS_CUDA_CHECK(cudaMemcpy(o_wsp.data(), out, q.size() * 4, cudaMemcpyDeviceToHost));
+    const double us_wsp = time(attn_wg::ws::launch<attn_wg::kOutF32>);
+    p.ws_pipeline = false;
+    size_t ndiff = 0;
+    for (size_t i = 0; i < q.size(); ++i) ndiff += std::memcmp(&o_ws[i], &o_wsp[i], 4) != 0;
+    std::printf("rows %d: ws pipelined %.1f us (ws %.1f), %zu of %zu values differ from ws\n", rows,
+                us_wsp, us_ws, ndiff, q.size());
     std::printf("  ws cycles per item (first thread of each warpgroup):\n");
     for (int i = 0; i < 24; ++i)
       if (kNames[i][0] != '-') std::printf("    %-20s %10.0f\n", kNames[i], clk[i] / double(rows));
