@@ -77,7 +77,7 @@ struct BenchForwardOptions {
   bool rank_block_replicas = true;
   bool moe_padded_fp8 = true;
   bool moe_group_ordered = true;
-  bool moe_group_staged = false;
+  bool moe_group_staged = true;
   int64_t moe_padded_min_rows = 16;
   int64_t moe_padded_group_rows = 0;
   bool moe_padded_gather_quant = true;
@@ -106,7 +106,7 @@ struct BenchForwardOptions {
   int32_t mhc_fused_cluster_width = 0;
   int32_t mhc_split_blocks = -1;
   bool mhc_tensor_cores = false;
-  bool mhc_fuse_attn_quant = false;
+  bool mhc_fuse_attn_quant = true;
   int32_t gemm_autotune = 0;
   int64_t mhc_fuse_min_rows = 0;
   bool mhc_fuse_norm = true;

@@ -1587,6 +1587,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
         // P (fp16, times 2^8) into shared memory and alpha for WG 1, once WG 1 is done with the
         // previous tile's (and WG 0's own P . V of it is complete).
         const auto publish_p = [&](const float (&s)[32], const float (&alpha)[2]) {
+          WS_MARK(14);
           uint32_t ph[4][4];
 #pragma unroll
           for (int j = 0; j < 4; ++j)
@@ -1595,6 +1596,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
               ph[j][r] = h2_bits(__floats2half2_rn(s[8 * j + 2 * r] * kPow, s[8 * j + 2 * r + 1] * kPow));
           if (!first) named_sync(kPFree, 256);
           first = false;
+          WS_MARK(12);
           uint8_t* const ps = smem + L::kP;
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
@@ -1613,6 +1615,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
           wgmma::fence_proxy_async_smem();
           named_sync(kPOwn, 128);  // all of WG 0's P stores before its own P . V reads them
           named_arrive(kPReady, 256);
+          WS_MARK(13);
         };
         const auto rescale_o = [&](const float (&alpha)[2]) {
           if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
@@ -1625,6 +1628,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
         int b = u & 1;
         uint32_t kb = sbase + L::kK + static_cast<uint32_t>(b) * kKBuf;
         mbar_wait(bar(kFull0 + b), static_cast<uint32_t>((u >> 1) & 1));
+        WS_MARK(9);
         int meta = kmeta[b];
         bool last = (meta >> 16) != 0;
         float s[32];
@@ -1635,7 +1639,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
         wgmma::wait_group<0>();
         wgmma::fence_operands(s);
         if (last) mbar_arrive(bar(kQEmpty));
+        WS_MARK(10);
         softmax_to_p(s, meta & 0xFFFF, alpha);
+        WS_MARK(11);
         publish_p(s, alpha);
         rescale_o(alpha);
         // Then per tile u: S(u + 1) and P(u) . V(u) in flight together, softmax(u + 1) under
@@ -1648,12 +1654,14 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
             wgmma::wait_group<0>();
             wgmma::fence_operands(o);
             mbar_arrive(bar(kEmpty0 + b));
+            WS_MARK(14);
             ++u;
             break;
           }
           const int b1 = (u + 1) & 1;
           const uint32_t kb1 = sbase + L::kK + static_cast<uint32_t>(b1) * kKBuf;
           mbar_wait(bar(kFull0 + b1), static_cast<uint32_t>(((u + 1) >> 1) & 1));
+          WS_MARK(9);
           const int meta1 = kmeta[b1];
           const bool last1 = (meta1 >> 16) != 0;
           wgmma::fence();
@@ -1664,7 +1672,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
           wgmma::wait_group<1>();
           wgmma::fence_operands(s);
           if (last1) mbar_arrive(bar(kQEmpty));
+          WS_MARK(10);
           softmax_to_p(s, meta1 & 0xFFFF, alpha);
+          WS_MARK(11);
           wgmma::wait_group<0>();
           wgmma::fence_operands(o);
           mbar_arrive(bar(kEmpty0 + b));

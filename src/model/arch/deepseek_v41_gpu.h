@@ -67,11 +67,11 @@ struct GpuModelOptions {
   bool moe_group_ordered = true;
   // With moe_group_ordered: the staged ordered grouping (cuda::MoeGroupParams::staged: counts in
   // shared memory, batched loads; the same layout). Written in r24 (the one-CTA grouping takes
-  // 12.1 us per layer on the main stream at 64 x 6, r18 ncu: chains of dependent global loads);
-  // the device could not be reached after it was written, so it is off until
-  // CudaV41OrderedGroup.* / CudaV41RankBlocks.* (staged modes) pass and row decode_s6_gstaged
-  // measures it.
-  bool moe_group_staged = false;
+  // 12.1 us per layer on the main stream at 64 x 6, r18 ncu: chains of dependent global loads).
+  // On since r25: CudaV41OrderedGroup.* / CudaV41RankBlocks.* and
+  // GpuForward.MoeGroupStagedIsBitIdentical pass; measured (H100, r25 call 2): moe.group 0.855
+  // -> 0.748 ms, decode 64 x 6 38.51 -> 38.34 ms, 64 x 1 21.65 -> 21.59 ms.
+  bool moe_group_staged = true;
   // Random-weight models: rows of each Engram table kept in pinned host memory (hash ids are
   // drawn uniformly over them).
   int64_t random_engram_rows = int64_t{1} << 20;
@@ -428,21 +428,21 @@ struct GpuModelOptions {
   // accuracy) instead of FFMA dots, whose 16-byte shared-memory reads per 8 FMAs bounded the
   // decode launch (r19 ncu). x' and the collapse are the same bits; the mixes differ from the FFMA
   // sums at the fp32 rounding level. No effect where the clusters or the two launches run.
-  // Written in r23 and not yet run on a GPU (the device could not be reached that session): off
-  // until CudaV41.HcExpandMixes* (its "tc" modes) and GpuForward.MhcFusedClusterWidthsAgreeInThe
-  // Forward pass and bench rows *_tc / *_r23 measure it. Predicted: the split launch at 384 rows
-  // 33 -> ~20 us (r18 ncu), mhc.expand ~1 ms less per 64 x 6 step.
+  // Written in r23. Its tests pass (r24, r25 on the H100), but it did not measure faster:
+  // mhc.expand 3.86 -> 3.99 / 4.01 ms per 64 x 6 step, the step 38.51 -> 38.65 ms (r25 call 2) and
+  // 38.68 -> 38.17 ms (r24): no gain the runs agree on, and it changes the mixes' rounding. Off.
+  // (The H100's HBM makes the launch bandwidth-bound; the H200 is not measured yet.)
   bool mhc_tensor_cores = false;
   // true: where the fused expand + mixes launch on its split path (mhc_split_blocks) writes the
   // next layer's attention input a = attn_norm(collapse) (mhc_fuse_norm) and that layer's fused
   // qkv_a GEMM takes a row-scaled FP8 input (fp8_row_scaled, fuse_qkv_a), the launch's finish
   // also writes those codes and row scales (cuda::HcExpandMixesParams::collapse_fp8, the bits of
   // launch_act_quant_fp8_rows on a), and the attention skips its quantiser launch (r18 ncu:
-  // 8.8 us per layer at 384 rows, on the main stream). The same results. Written in r23 and not
-  // yet run on a GPU: off until CudaV41.HcExpandMixesFp8CollapseMatchesRowQuantiser and
-  // GpuForward.MhcFuseAttnQuantIsBitIdentical pass and rows *_aq / *_r23 measure it (predicted
-  // ~0.3 ms per 64 x 6 step).
-  bool mhc_fuse_attn_quant = false;
+  // 8.8 us per layer at 384 rows, on the main stream). The same results. Written in r23; on since
+  // r25: CudaV41.HcExpandMixesFp8CollapseMatchesRowQuantiser and
+  // GpuForward.MhcFuseAttnQuantIsBitIdentical pass (r24, r25); measured (H100) decode 64 x 6
+  // 38.68 -> 38.44 ms (r24), 38.51 -> 38.35 ms (r25 call 2).
+  bool mhc_fuse_attn_quant = true;
   // >= 2: the cuBLASLt GEMMs (dense projections, shared expert, the padded experts, the router's
   // fp32 GEMM, the head) pick their algorithm by timing the first gemm_autotune candidates of
   // cuBLASLt's heuristic on a shape's first eager run (cuda::CublasLtGemm::set_autotune; graph
