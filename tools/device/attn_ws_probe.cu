@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <random>
 #include <vector>
 
@@ -94,32 +93,6 @@ int main(int argc, char** argv) {
     }
     std::printf("rows %d: two-warpgroup %.1f us, ws %.1f us, max|ws - wg| / max|wg| %.3g\n", rows,
                 us_wg, us_ws, num / den);
-    // The pipelined consumer A (SparseAttentionParams::ws_pipeline): time and bits against ws.
-    p.ws_pipeline = true;
-    attn_wg::ws::launch<attn_wg::kOutF32>(p, nullptr);
-    p.ws_pipeline = false;
-    std::vector<float> o_wsp(q.size());
-    MS_CUDA_CHECK(cudaMemcpy(o_wsp.data(), out, q.size() * 4, cudaMemcpyDeviceToHost));
-    p.ws_pipeline = true;
-    const double us_wsp = time(attn_wg::ws::launch<attn_wg::kOutF32>);
-    p.ws_pipeline = false;
-#ifdef MOESERVE_ATTN_CLOCKS
-    // The pipelined launch's clocks: A's slots 9 full wait, 10 S (+ P . V issue) until S is
-    // done, 11 softmax, 14 P . V wait, 12 P_free wait, 13 P store (+ rescale before the next).
-    unsigned long long clp[24] = {};
-    MS_CUDA_CHECK(cudaMemcpyToSymbol(attn_wg::ws::g_ws_clocks, clp, sizeof(clp)));
-    p.ws_pipeline = true;
-    attn_wg::ws::launch<attn_wg::kOutF32>(p, nullptr);
-    p.ws_pipeline = false;
-    MS_CUDA_CHECK(cudaMemcpyFromSymbol(clp, attn_wg::ws::g_ws_clocks, sizeof(clp)));
-    std::printf("  ws pipelined cycles per item:\n");
-    for (int i = 0; i < 24; ++i)
-      if (kNames[i][0] != '-') std::printf("    %-20s %10.0f\n", kNames[i], clp[i] / double(rows));
-#endif
-    size_t ndiff = 0;
-    for (size_t i = 0; i < q.size(); ++i) ndiff += std::memcmp(&o_ws[i], &o_wsp[i], 4) != 0;
-    std::printf("rows %d: ws pipelined %.1f us (ws %.1f), %zu of %zu values differ from ws\n", rows,
-                us_wsp, us_ws, ndiff, q.size());
     std::printf("  ws cycles per item (first thread of each warpgroup):\n");
     for (int i = 0; i < 24; ++i)
       if (kNames[i][0] != '-') std::printf("    %-20s %10.0f\n", kNames[i], clk[i] / double(rows));

@@ -301,12 +301,7 @@ args_decode_s1_gstaged="$args_decode_s1 --moe-group-staged true"
 args_prefill8k_prod_gstaged="$args_prefill8k_prod --moe-group-staged true"
 # r25: the padded experts' slot rows C pinned (GpuModelOptions::moe_padded_group_rows; the
 # automatic rule gives 256 at 64 x 6, ~192 hits per expert): fewer padded rows per GEMM, hits past
-# C on the grouped path. cuBLASLt picks its tile per shape, so C is swept.
-# r25: the ws attention's consumer A with S(t + 1) and P . V(t) in flight together
-# (GpuModelOptions::attention_ws_pipeline).
-args_decode_s6_wsp="$args_decode_s6 --attention-ws-pipeline true"
-args_decode_s1_wsp="$args_decode_s1 --attention-ws-pipeline true"
-args_prefill8k_prod_wsp="$args_prefill8k_prod --attention-ws-pipeline true"
+# C on the grouped path. Measured (H100, r25): every pinned C from 160 to 288 is slower than 256.
 for c in 160 176 192 208 224 240 288; do
   eval "args_decode_s6_c$c=\"\$args_decode_s6 --moe-padded-group-rows $c\""
 done

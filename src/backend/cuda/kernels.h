@@ -1114,10 +1114,6 @@ struct SparseAttentionParams {
   // epilogues' outputs (fp32, out_mxfp8_bf16, out_fp8_rows) keep their definitions bit for bit
   // relative to its own fp32 values.
   bool warp_specialized = false;
-  // With warp_specialized: consumer A issues S of the next tile together with its half of P . V
-  // of this one and runs the next softmax while that P . V runs (FlashAttention-3's
-  // intra-warpgroup overlap). The same operations in the same order: the same bits.
-  bool ws_pipeline = false;
 };
 void launch_sparse_attention(const SparseAttentionParams& p, Stream stream);
 // Whether launch_sparse_attention takes the wgmma kernel for p (use_wgmma, the shape, a Hopper

@@ -1052,7 +1052,7 @@ struct Smem {
 };
 enum Bar : uint32_t { kFull0 = 0, kEmpty0 = 2, kQFull = 4, kQEmpty = 5, kListFull0 = 6, kListEmpty0 = 8 };
 // Named barriers (0 is __syncthreads).
-enum NamedBar : uint32_t { kListBar = 1, kPFree = 2, kPReady = 3, kEpi1 = 4, kEpi2 = 5, kPOwn = 6 };
+enum NamedBar : uint32_t { kListBar = 1, kPFree = 2, kPReady = 3, kEpi1 = 4, kEpi2 = 5 };
 
 __device__ __forceinline__ void named_sync(uint32_t id, uint32_t n) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
@@ -1327,12 +1327,7 @@ __device__ unsigned long long g_ws_clocks[24];
 #endif
 static_assert(kRegsA + kRegsB + 2 * kRegsP == 4 * 128, "register budget");
 
-// kPipe (SparseAttentionParams::ws_pipeline): consumer A issues S of tile u + 1 and its half of
-// P . V of tile u back to back and runs tile u + 1's softmax while that P . V is on the tensor
-// cores (the two wgmma groups complete in order: wait_group<1> is S), instead of S, softmax,
-// P . V one after another. The same operations on the same values in the same order (O is
-// rescaled by alpha(u + 1) after P(u) . V(u) is added, as before): the same bits.
-template <int kOut, bool kPipe>
+template <int kOut>
 __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(SparseAttentionParams p) {
   pdl_wait();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1534,158 +1529,6 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
       wgmma::fence_operands(o);
       mbar_wait(bar(kQFull), static_cast<uint32_t>(k & 1));
       WS_MARK(8);
-      if constexpr (kPipe) {
-        // S = q . K of buffer kb into s (issued, not committed).
-        // (The bases opaque per call: otherwise the 32 loop-invariant q descriptors are hoisted
-        // out of the tile loop and spilled.)
-        const auto issue_s = [&](float (&s)[32], uint32_t kb) {
-          uint32_t qx = qa;
-          asm volatile("" : "+r"(qx), "+r"(kb));
-#pragma unroll
-          for (int ks = 0; ks < 32; ++ks) {
-            const uint32_t off = 32u * (ks & 3);
-            const uint64_t da =
-                wgmma::desc_k_sw128_addr(qx + static_cast<uint32_t>(ks >> 2) * kQPanel + off);
-            const uint64_t db =
-                wgmma::desc_k_sw128_addr(kb + static_cast<uint32_t>(ks >> 2) * kKPanel + off);
-            if (ks == 0) {
-              wgmma::f16_ss_n64_zero(s, da, db);
-            } else {
-              wgmma::f16_ss_n64(s, da, db);
-            }
-          }
-        };
-        // o += P . V (channels [0, 256)) of buffer kb, P from shared memory as WG 1 reads it
-        // (issued, not committed): P in registers would keep 16 more of them live under S.
-        const auto issue_pv = [&](uint32_t kb) {
-          uint32_t px = sbase + L::kP;
-          asm volatile("" : "+r"(px), "+r"(kb));
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const uint64_t da = wgmma::desc_k_sw128_addr(px + 32u * j);
-#pragma unroll
-            for (int n = 0; n < 2; ++n) {
-              const uint64_t dv = wgmma::desc_mn_sw128(kb + 2 * n * kKPanel + 2048u * j, kKPanel, 1024u);
-              wgmma::f16_ss_n128_tb(*reinterpret_cast<float(*)[64]>(o + 64 * n), da, dv);
-            }
-          }
-        };
-        // The online softmax of S (kvalid keys) into P's fp16 A fragments and alpha; l_run and
-        // m_run move on.
-        const auto softmax_to_p = [&](float (&s)[32], int kvalid, float (&alpha)[2]) {
-          float sum[2] = {0.0f, 0.0f};
-          softmax_max(s, 0, kvalid, tq, m_run, alpha);
-          const float ml[2] = {m_run[0] * kLog2e, m_run[1] * kLog2e};
-#pragma unroll
-          for (int i = 0; i < 32; ++i) {
-            const int h = (i >> 1) & 1;
-            s[i] = ex2_approx(fmaf(s[i], kLog2e, -ml[h]));
-            sum[h] += s[i];
-          }
-          softmax_sum(sum, alpha, l_run);
-        };
-        // P (fp16, times 2^8) into shared memory and alpha for WG 1, once WG 1 is done with the
-        // previous tile's (and WG 0's own P . V of it is complete).
-        const auto publish_p = [&](const float (&s)[32], const float (&alpha)[2]) {
-          WS_MARK(14);
-          uint32_t ph[4][4];
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int r = 0; r < 4; ++r)
-              ph[j][r] = h2_bits(__floats2half2_rn(s[8 * j + 2 * r] * kPow, s[8 * j + 2 * r + 1] * kPow));
-          if (!first) named_sync(kPFree, 256);
-          first = false;
-          WS_MARK(12);
-          uint8_t* const ps = smem + L::kP;
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int row = r0 + 8 * h;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-              const uint32_t off = static_cast<uint32_t>(row) * 128u +
-                                   (static_cast<uint32_t>(i ^ g) << 4) + 4u * static_cast<uint32_t>(tq);
-              *reinterpret_cast<uint32_t*>(ps + off) = ph[i >> 1][2 * (i & 1) + h];
-            }
-          }
-          if (tq == 0) {
-            alpha_s[r0] = alpha[0];
-            alpha_s[r0 + 8] = alpha[1];
-          }
-          wgmma::fence_proxy_async_smem();
-          named_sync(kPOwn, 128);  // all of WG 0's P stores before its own P . V reads them
-          named_arrive(kPReady, 256);
-          WS_MARK(13);
-        };
-        const auto rescale_o = [&](const float (&alpha)[2]) {
-          if (!__all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) {
-#pragma unroll
-            for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
-          }
-          wgmma::fence_operands(o);
-        };
-        // The item's first tile: S, softmax, P out.
-        int b = u & 1;
-        uint32_t kb = sbase + L::kK + static_cast<uint32_t>(b) * kKBuf;
-        mbar_wait(bar(kFull0 + b), static_cast<uint32_t>((u >> 1) & 1));
-        WS_MARK(9);
-        int meta = kmeta[b];
-        bool last = (meta >> 16) != 0;
-        float s[32];
-        float alpha[2];
-        wgmma::fence();
-        issue_s(s, kb);
-        wgmma::commit_group();
-        wgmma::wait_group<0>();
-        wgmma::fence_operands(s);
-        if (last) mbar_arrive(bar(kQEmpty));
-        WS_MARK(10);
-        softmax_to_p(s, meta & 0xFFFF, alpha);
-        WS_MARK(11);
-        publish_p(s, alpha);
-        rescale_o(alpha);
-        // Then per tile u: S(u + 1) and P(u) . V(u) in flight together, softmax(u + 1) under
-        // P . V, P(u + 1) out once P . V(u) is done with ph.
-        for (;;) {
-          if (last) {
-            wgmma::fence();
-            issue_pv(kb);
-            wgmma::commit_group();
-            wgmma::wait_group<0>();
-            wgmma::fence_operands(o);
-            mbar_arrive(bar(kEmpty0 + b));
-            WS_MARK(14);
-            ++u;
-            break;
-          }
-          const int b1 = (u + 1) & 1;
-          const uint32_t kb1 = sbase + L::kK + static_cast<uint32_t>(b1) * kKBuf;
-          mbar_wait(bar(kFull0 + b1), static_cast<uint32_t>(((u + 1) >> 1) & 1));
-          WS_MARK(9);
-          const int meta1 = kmeta[b1];
-          const bool last1 = (meta1 >> 16) != 0;
-          wgmma::fence();
-          issue_s(s, kb1);
-          wgmma::commit_group();
-          issue_pv(kb);
-          wgmma::commit_group();
-          wgmma::wait_group<1>();
-          wgmma::fence_operands(s);
-          if (last1) mbar_arrive(bar(kQEmpty));
-          WS_MARK(10);
-          softmax_to_p(s, meta1 & 0xFFFF, alpha);
-          WS_MARK(11);
-          wgmma::wait_group<0>();
-          wgmma::fence_operands(o);
-          mbar_arrive(bar(kEmpty0 + b));
-          publish_p(s, alpha);
-          rescale_o(alpha);
-          ++u;
-          b = b1;
-          kb = kb1;
-          last = last1;
-        }
-      } else {
       for (;; ++u) {
         const int b = u & 1;
         const uint32_t kb = sbase + L::kK + static_cast<uint32_t>(b) * kKBuf;
@@ -1789,7 +1632,6 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
           break;
         }
       }
-      }  // kPipe
       // Epilogue, channels [0, 256) (no RoPE channels: rd <= 64).
       float inv[2];
 #pragma unroll
@@ -1885,10 +1727,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
 
 template <int kOut>
 void launch(const SparseAttentionParams& p, cudaStream_t stream) {
-  if (p.ws_pipeline)
-    launch_persistent<sparse_attention_ws_kernel<kOut, true>, Smem::kBytes, kThreads>(p, stream);
-  else
-    launch_persistent<sparse_attention_ws_kernel<kOut, false>, Smem::kBytes, kThreads>(p, stream);
+  launch_persistent<sparse_attention_ws_kernel<kOut>, Smem::kBytes, kThreads>(p, stream);
 }
 
 // What this kernel takes beyond sparse_attention_wgmma_fits: single fp16 precision and at most

@@ -139,10 +139,6 @@ struct GpuModelOptions {
   // (docs/perf/forward-gpu-2026-12-01-r21.md): decode 64 x 6 attention.sparse 8.75 -> 7.14 ms,
   // the attention probe (384 rows) 190 -> 110 us.
   bool attention_ws = true;
-  // With attention_ws: consumer A issues S of the next key tile together with its half of P . V
-  // of this one and runs the next softmax under that P . V (SparseAttentionParams::ws_pipeline;
-  // its P . V then reads P from shared memory, as consumer B's does). The same bits. New in r25.
-  bool attention_ws_pipeline = false;
   // true: FP8-weight linears whose shape fits (out % 128, in % 128) run as FP8 x FP8 block-scaled
   // wgmma GEMMs on the e4m3 codes of the MXFP8 inputs (launch_fp8_wgmma_gemm: the tensor core's
   // FP8 accumulation over each 32-wide block, then fp32); false: the bf16 cuBLASLt GEMM on the
