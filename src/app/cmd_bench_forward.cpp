@@ -67,6 +67,7 @@ struct BenchForwardOptions {
   bool attention_wgmma = true;
   bool attention_swa_f16_scale = false;
   bool attention_ws = true;  // GpuModelOptions::attention_ws
+  bool attention_ws_q_in_b = false;  // GpuModelOptions::attention_ws_q_in_b
   bool fp8_wgmma = false;
   bool fp8_row_scaled = true;  // GpuModelOptions::fp8_row_scaled
   bool moe_grouped_wgmma = true;
@@ -263,6 +264,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
   go.attention_wgmma = opt.attention_wgmma;
   go.attention_swa_f16_scale = opt.attention_swa_f16_scale;
   go.attention_ws = opt.attention_ws;
+  go.attention_ws_q_in_b = opt.attention_ws_q_in_b;
   go.fp8_wgmma = opt.fp8_wgmma;
   go.fp8_row_scaled = opt.fp8_row_scaled;
   go.moe_grouped_wgmma = opt.moe_grouped_wgmma;
@@ -534,6 +536,7 @@ Result<bench::BenchResult> run_cuda(const BenchForwardOptions& opt) {
               {"attention_wgmma", opt.attention_wgmma},
               {"attention_swa_f16_scale", opt.attention_swa_f16_scale},
               {"attention_ws", opt.attention_ws},
+              {"attention_ws_q_in_b", opt.attention_ws_q_in_b},
               {"fp8_wgmma", opt.fp8_wgmma},
               {"fp8_row_scaled", opt.fp8_row_scaled},
               {"moe_grouped_wgmma", opt.moe_grouped_wgmma},
@@ -769,6 +772,10 @@ void register_bench_forward(CLI::App& bench) {
   cmd->add_option("--attention-ws", opt->attention_ws,
                   "cuda: the wgmma attention (fp16) in its warp-specialised form: two producer "
                   "warpgroups dequantise 64-key tiles, two consumers run S, softmax and P . V")
+      ->capture_default_str();
+  cmd->add_option("--attention-ws-q-in-b", opt->attention_ws_q_in_b,
+                  "cuda: with --attention-ws, consumer B converts q instead of the producers "
+                  "(the same results)")
       ->capture_default_str();
   cmd->add_option("--fp8-wgmma", opt->fp8_wgmma,
                   "cuda: FP8-weight linears as FP8 x FP8 wgmma GEMMs on the MXFP8 codes (false: "

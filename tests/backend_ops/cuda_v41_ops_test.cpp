@@ -2778,6 +2778,113 @@ TEST_F(CudaV41, SparseAttentionWarpSpecialized) {
   }
 }
 
+// SparseAttentionParams::ws_q_in_b (consumer B converts q, each item's after its epilogue of the
+// item before; the producers no longer do): the same conversion of the same values, so every
+// output is bit for bit the plain ws kernel's (fp32, out_mxfp8_bf16, out_fp8_rows + row scales),
+// and the fp32 output is within the fp16 tolerance of the CPU (double) reference. Rows of 0 to
+// 640 keys (0 to 10 tiles), more rows than SMs (each CTA runs several items, so B converts q of
+// item k + 1 while the producers already fill its first tiles), 64 and 128 heads (two 64-head
+// items per row), 1 / 6 / 384 rows.
+TEST_F(CudaV41, SparseAttentionWsQInBIsBitIdentical) {
+  if (cuda::device_info(0).compute_major != 9)
+    GTEST_SKIP() << "the wgmma kernel needs sm_90a (Hopper)";
+  std::mt19937 rng(71);
+  const int hd = 512, sk = 128, gk = 512;
+  const auto f = compress_freqs();
+  const int64_t nglob = 1000;
+  auto ring = swa_records(sk, rng);
+  auto glob = fp4_records(nglob, hd, cpu::Fp4Record::kMainBlock16E4m3, rng, 6);
+  {
+    SCOPED_TRACE("persistent rows, fp32 output");
+    const int64_t t = 2 * cuda::device_info(0).sm_count + 5;
+    const auto [sidx, gidx, pos] = persistent_rows(t, sk, gk, nglob, true, rng);
+    for (int heads : {64, 128}) {
+      SCOPED_TRACE(testing::Message() << heads << " heads");
+      auto q = rnd(t * heads * hd, rng, -1, 1);
+      auto sink = rnd(heads, rng, -2, 2);
+      cuda::SparseAttentionParams p =
+          attention_params({q, t, heads, ring, sidx, glob, gidx, gk, sink, pos, f});
+      p.use_wgmma = true;
+      p.split_precision = false;
+      p.warp_specialized = true;
+      float* o_plain = nans(q.size());
+      p.out = o_plain;
+      cuda::launch_sparse_attention(p, stream_);
+      float* o_qb = nans(q.size());
+      p.out = o_qb;
+      p.ws_q_in_b = true;
+      cuda::launch_sparse_attention(p, stream_);
+      const auto plain = down(o_plain, q.size()), qb = down(o_qb, q.size());
+      size_t diff = 0, nan = 0;
+      for (size_t i = 0; i < plain.size(); ++i) {
+        diff += std::memcmp(&plain[i], &qb[i], sizeof(float)) != 0;
+        nan += std::isnan(qb[i]);
+      }
+      EXPECT_EQ(diff, 0u) << "ws_q_in_b output differs from the plain ws kernel's";
+      EXPECT_EQ(nan, 0u);
+      const size_t rsz = static_cast<size_t>(heads) * hd;
+      std::vector<float> ref(rsz), got(rsz);
+      double worst = 0;
+      for (int64_t r = 0; r < t; ++r) {
+        if (r % 13 != 0 && r > 3) continue;
+        const auto ru = static_cast<size_t>(r);
+        cpu::sparse_attention(q.data() + ru * rsz, 1, heads, hd, ring.data(), sidx.data() + ru * sk,
+                              sk, glob.data(), gidx.data() + ru * gk, gk, sink.data(),
+                              0.04419417382415922f, pos.data() + ru, f.data(), 64, ref.data());
+        std::copy(qb.begin() + static_cast<std::ptrdiff_t>(ru * rsz),
+                  qb.begin() + static_cast<std::ptrdiff_t>((ru + 1) * rsz), got.begin());
+        const double e = rel_err(got, ref);
+        worst = std::max(worst, e);
+        EXPECT_LE(e, 6e-3) << "row " << r;
+      }
+      std::printf("sparse attention ws q in B, %lld rows, %d heads: %zu values differ from the "
+                  "plain ws kernel; worst sampled row vs CPU %.3g\n",
+                  static_cast<long long>(t), heads, diff, worst);
+    }
+  }
+  {
+    SCOPED_TRACE("epilogues");
+    const int heads = 64;
+    const int64_t cols = static_cast<int64_t>(heads) * hd;
+    for (const int64_t t : {int64_t{1}, int64_t{6}, int64_t{384}}) {
+      SCOPED_TRACE(testing::Message() << t << " rows");
+      cuda::SparseAttentionParams p = epilogue_case(t, heads, ring, glob, nglob, sk, gk, rng);
+      p.freqs = up(f);
+      p.split_precision = false;
+      p.warp_specialized = true;
+      const size_t n = static_cast<size_t>(t * cols);
+      uint16_t* b_plain = up(std::vector<uint16_t>(n, 0x7FC1));
+      uint16_t* b_qb = up(std::vector<uint16_t>(n, 0x7FC1));
+      p.out = nullptr;
+      p.out_mxfp8_bf16 = b_plain;
+      cuda::launch_sparse_attention(p, stream_);
+      p.ws_q_in_b = true;
+      p.out_mxfp8_bf16 = b_qb;
+      cuda::launch_sparse_attention(p, stream_);
+      EXPECT_EQ(down(b_plain, n), down(b_qb, n)) << "out_mxfp8_bf16";
+      uint8_t* c_plain = up(std::vector<uint8_t>(n, 0x7F));
+      uint8_t* c_qb = up(std::vector<uint8_t>(n, 0x7F));
+      float* s_plain = nans(static_cast<size_t>(t));
+      float* s_qb = nans(static_cast<size_t>(t));
+      p.out_mxfp8_bf16 = nullptr;
+      p.ws_q_in_b = false;
+      p.out_fp8_rows = c_plain;
+      p.out_row_scale = s_plain;
+      cuda::launch_sparse_attention(p, stream_);
+      p.ws_q_in_b = true;
+      p.out_fp8_rows = c_qb;
+      p.out_row_scale = s_qb;
+      cuda::launch_sparse_attention(p, stream_);
+      const auto cp = down(c_plain, n), cq = down(c_qb, n);
+      EXPECT_EQ(cp, cq) << "out_fp8_rows";
+      EXPECT_EQ(down(s_plain, static_cast<size_t>(t)), down(s_qb, static_cast<size_t>(t)));
+      size_t nonzero = 0;
+      for (uint8_t c : cq) nonzero += (c & 0x7F) != 0;
+      EXPECT_GT(nonzero, n / 2) << "mostly zero codes: a weak test";
+    }
+  }
+}
+
 // out_mxfp8_bf16 where the wgmma kernel does not take the launch is refused as bad arguments
 // (only its epilogue has the output), and sparse_attention_wgmma_applies says so beforehand: 16
 // heads (the mma.sync kernel's shape), use_wgmma off, the output not 8-byte aligned; and

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -21,7 +22,7 @@ const char* const kNames[24] = {
     "P list_full wait", "P first prefetch", "P loads", "P empty wait", "P convert+store", "P q_empty wait", "P q convert",
     "-", "A q_full wait", "A full wait", "A S", "A softmax", "A P_free wait",
     "A P store+rescale", "A PV", "A epilogue", "B rope/list + full", "B P_ready wait",
-    "B rescale+PV", "B epi1 wait", "B epilogue", "-", "-", "-"};
+    "B rescale+PV", "B epi1 wait", "B epilogue", "B q convert (q_in_b)", "-", "-"};
 
 int main(int argc, char** argv) {
   std::mt19937 rng(7);
@@ -93,9 +94,29 @@ int main(int argc, char** argv) {
     }
     std::printf("rows %d: two-warpgroup %.1f us, ws %.1f us, max|ws - wg| / max|wg| %.3g\n", rows,
                 us_wg, us_ws, num / den);
+    // Consumer B converting q (SparseAttentionParams::ws_q_in_b): time, bits and clocks.
+    p.ws_q_in_b = true;
+    unsigned long long clq[24] = {};
+#ifdef MOESERVE_ATTN_CLOCKS
+    MS_CUDA_CHECK(cudaMemcpyToSymbol(attn_wg::ws::g_ws_clocks, clq, sizeof(clq)));
+#endif
+    attn_wg::ws::launch<attn_wg::kOutF32>(p, nullptr);
+#ifdef MOESERVE_ATTN_CLOCKS
+    MS_CUDA_CHECK(cudaMemcpyFromSymbol(clq, attn_wg::ws::g_ws_clocks, sizeof(clq)));
+#endif
+    std::vector<float> o_qb(q.size());
+    MS_CUDA_CHECK(cudaMemcpy(o_qb.data(), out, q.size() * 4, cudaMemcpyDeviceToHost));
+    const double us_qb = time(attn_wg::ws::launch<attn_wg::kOutF32>);
+    p.ws_q_in_b = false;
+    size_t ndiff = 0;
+    for (size_t i = 0; i < q.size(); ++i) ndiff += std::memcmp(&o_ws[i], &o_qb[i], 4) != 0;
+    std::printf("rows %d: ws q in B %.1f us (ws %.1f), %zu of %zu values differ from ws\n", rows,
+                us_qb, us_ws, ndiff, q.size());
     std::printf("  ws cycles per item (first thread of each warpgroup):\n");
     for (int i = 0; i < 24; ++i)
-      if (kNames[i][0] != '-') std::printf("    %-20s %10.0f\n", kNames[i], clk[i] / double(rows));
+      if (kNames[i][0] != '-')
+        std::printf("    %-20s %10.0f   q in B %10.0f\n", kNames[i], clk[i] / double(rows),
+                    clq[i] / double(rows));
     MS_CUDA_CHECK(cudaFree(out));
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);

@@ -302,6 +302,11 @@ args_prefill8k_prod_gstaged="$args_prefill8k_prod --moe-group-staged true"
 # r25: the padded experts' slot rows C pinned (GpuModelOptions::moe_padded_group_rows; the
 # automatic rule gives 256 at 64 x 6, ~192 hits per expert): fewer padded rows per GEMM, hits past
 # C on the grouped path. Measured (H100, r25): every pinned C from 160 to 288 is slower than 256.
+# r25 (written after the device time ran out, off): the ws attention's q converted by consumer B
+# instead of the producers (GpuModelOptions::attention_ws_q_in_b).
+args_decode_s6_wsqb="$args_decode_s6 --attention-ws-q-in-b true"
+args_decode_s1_wsqb="$args_decode_s1 --attention-ws-q-in-b true"
+args_prefill8k_prod_wsqb="$args_prefill8k_prod --attention-ws-q-in-b true"
 for c in 160 176 192 208 224 240 288; do
   eval "args_decode_s6_c$c=\"\$args_decode_s6 --moe-padded-group-rows $c\""
 done

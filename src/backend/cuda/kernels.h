@@ -1114,6 +1114,10 @@ struct SparseAttentionParams {
   // epilogues' outputs (fp32, out_mxfp8_bf16, out_fp8_rows) keep their definitions bit for bit
   // relative to its own fp32 values.
   bool warp_specialized = false;
+  // With warp_specialized: consumer B, not the producers, converts q (each item's after B's
+  // epilogue of the item before), so the producers go from an item's last key tile straight to
+  // the next item's first. The same conversion: the same bits.
+  bool ws_q_in_b = false;
 };
 void launch_sparse_attention(const SparseAttentionParams& p, Stream stream);
 // Whether launch_sparse_attention takes the wgmma kernel for p (use_wgmma, the shape, a Hopper

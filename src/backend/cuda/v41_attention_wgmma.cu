@@ -1327,7 +1327,13 @@ __device__ unsigned long long g_ws_clocks[24];
 #endif
 static_assert(kRegsA + kRegsB + 2 * kRegsP == 4 * 128, "register budget");
 
-template <int kOut>
+// kQInB (SparseAttentionParams::ws_q_in_b): consumer B converts q (both halves of the heads),
+// the first item's before its first tile and item k + 1's after its epilogue of item k, once A's
+// last S of item k is done (q_empty); the producers then go from an item's last tile straight to
+// the next item's first. r25's phase clocks (docs/perf/forward-gpu-2026-12-07-r25.md): the
+// producers are busy ~59k of ~72k cycles per 384-row item, 15.6k of them on q, while B waits
+// ~29k for P. The same conversion of the same values: the same bits.
+template <int kOut, bool kQInB>
 __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(SparseAttentionParams p) {
   pdl_wait();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1361,7 +1367,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
     mbar_init(bar(kFull0 + 1), 256);
     mbar_init(bar(kEmpty0), 256);
     mbar_init(bar(kEmpty0 + 1), 256);
-    mbar_init(bar(kQFull), 256);
+    mbar_init(bar(kQFull), kQInB ? 128 : 256);
     mbar_init(bar(kQEmpty), 128);
     mbar_init(bar(kListFull0), 128);
     mbar_init(bar(kListFull0 + 1), 128);
@@ -1407,12 +1413,14 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
       // q of the item (each producer half of the heads) as soon as WG 0's last S of the previous
       // item is done: WG 0 waits for q, then for the first tile, whose records are on their way
       // into L2 meanwhile.
-      if (k >= 1) mbar_wait(bar(kQEmpty), static_cast<uint32_t>((k - 1) & 1));
-      WS_MARK(5);
-      convert_q_half<8>(p, smem, w / nhg, static_cast<int>(w % nhg) * kHeads, pid, wtid);
-      wgmma::fence_proxy_async_smem();
-      mbar_arrive(bar(kQFull));
-      WS_MARK(6);
+      if constexpr (!kQInB) {
+        if (k >= 1) mbar_wait(bar(kQEmpty), static_cast<uint32_t>((k - 1) & 1));
+        WS_MARK(5);
+        convert_q_half<8>(p, smem, w / nhg, static_cast<int>(w % nhg) * kHeads, pid, wtid);
+        wgmma::fence_proxy_async_smem();
+        mbar_arrive(bar(kQFull));
+        WS_MARK(6);
+      }
 
       for (int ti = 0; ti < ntiles; ++ti, ++u) {
         const int t0 = ti * kTile;
@@ -1658,7 +1666,19 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
       if (wtid == 0) list_n[kl & 1] = n;
       mbar_arrive(bar(kListFull0 + (kl & 1)));
     };
-    if (static_cast<int>(blockIdx.x) < nwork) list_for(static_cast<int>(blockIdx.x), 0);
+    // kQInB: item wq's q (both halves) into the q panels, for A (q_full).
+    const auto q_for = [&](int wq) {
+      const int64_t tq_row = wq / nhg;
+      const int hq = static_cast<int>(wq % nhg) * kHeads;
+      convert_q_half<8>(p, smem, tq_row, hq, 0, wtid);
+      convert_q_half<8>(p, smem, tq_row, hq, 1, wtid);
+      wgmma::fence_proxy_async_smem();
+      mbar_arrive(bar(kQFull));
+    };
+    if (static_cast<int>(blockIdx.x) < nwork) {
+      list_for(static_cast<int>(blockIdx.x), 0);
+      if constexpr (kQInB) q_for(static_cast<int>(blockIdx.x));
+    }
     for (int w = static_cast<int>(blockIdx.x); w < nwork; w += step, ++k) {
       const int64_t t = w / nhg;
       const int h0 = static_cast<int>(w % nhg) * kHeads;
@@ -1718,6 +1738,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
                            p.freqs != nullptr ? rope + (k & 1) * (kMaxRd / 2) : nullptr, rope0,
                            red_s);
       WS_MARK(20);
+      if constexpr (kQInB) {
+        if (w + step < nwork) {
+          mbar_wait(bar(kQEmpty), static_cast<uint32_t>(k & 1));  // A's last S of item k is done
+          q_for(w + step);
+          WS_MARK(21);
+        }
+      }
     }
   }
 #else
@@ -1727,7 +1754,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
 
 template <int kOut>
 void launch(const SparseAttentionParams& p, cudaStream_t stream) {
-  launch_persistent<sparse_attention_ws_kernel<kOut>, Smem::kBytes, kThreads>(p, stream);
+  if (p.ws_q_in_b)
+    launch_persistent<sparse_attention_ws_kernel<kOut, true>, Smem::kBytes, kThreads>(p, stream);
+  else
+    launch_persistent<sparse_attention_ws_kernel<kOut, false>, Smem::kBytes, kThreads>(p, stream);
 }
 
 // What this kernel takes beyond sparse_attention_wgmma_fits: single fp16 precision and at most

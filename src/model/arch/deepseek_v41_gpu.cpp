@@ -2059,6 +2059,7 @@ struct DeepseekV41Gpu::Impl {
     p.use_wgmma = opt.attention_wgmma;
     p.swa_f16_scale = opt.attention_swa_f16_scale;
     p.warp_specialized = opt.attention_ws;
+    p.ws_q_in_b = opt.attention_ws_q_in_b;
     if (opt.f64_attention) {
       cu::launch_sparse_attention_f64(p, stream);
     } else {

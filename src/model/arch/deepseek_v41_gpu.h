@@ -139,6 +139,14 @@ struct GpuModelOptions {
   // (docs/perf/forward-gpu-2026-12-01-r21.md): decode 64 x 6 attention.sparse 8.75 -> 7.14 ms,
   // the attention probe (384 rows) 190 -> 110 us.
   bool attention_ws = true;
+  // With attention_ws: consumer B converts each item's q instead of the producers
+  // (SparseAttentionParams::ws_q_in_b), so the producers, the ws kernel's limit by r25's phase
+  // clocks (busy ~59k of ~72k cycles per item, 15.6k of them on q, while B waits ~29k for P),
+  // go from one item's last key tile straight to the next item's first. The same bits. Written
+  // in r25 after the session's device time ran out: off until
+  // CudaV41.SparseAttentionWsQInBIsBitIdentical and GpuForward.AttentionWsQInBIsBitIdentical
+  // pass and rows *_wsqb measure it.
+  bool attention_ws_q_in_b = false;
   // true: FP8-weight linears whose shape fits (out % 128, in % 128) run as FP8 x FP8 block-scaled
   // wgmma GEMMs on the e4m3 codes of the MXFP8 inputs (launch_fp8_wgmma_gemm: the tensor core's
   // FP8 accumulation over each 32-wide block, then fp32); false: the bf16 cuBLASLt GEMM on the

@@ -2693,6 +2693,25 @@ TEST(GpuForward, AttentionWsGreedyMatchesCpu) {
   });
 }
 
+// GpuModelOptions::attention_ws_q_in_b (op test CudaV41.SparseAttentionWsQInBIsBitIdentical)
+// in the forward: on the wide model (64 heads) with the ws attention, eager off, eager on and
+// CUDA graphs on give bit-identical logits and tokens over prefill and decode steps
+// (expect_option_bit_identical).
+TEST(GpuForward, AttentionWsQInBIsBitIdentical) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::no_device_reason();
+  if (!wide_wgmma_attention_runs())
+    GTEST_SKIP() << "the wgmma attention (sm_90a) does not run on this device";
+  const std::filesystem::path dir = make_temp_dir("gpu_attention_ws_q_in_b");
+  ASSERT_TRUE(write_generated_model(dir, gpu_wide_config(), 0));
+  arch::GpuModelOptions opt;
+  opt.fast_attention = true;
+  opt.attention_ws = true;
+  opt.attention_ws_q_in_b = false;
+  expect_option_bit_identical(dir, opt, [](arch::GpuModelOptions& o) { o.attention_ws_q_in_b = true; });
+  if (testing::Test::HasFatalFailure()) return;
+  std::filesystem::remove_all(dir);
+}
+
 // The DSpark draft cycle as CUDA graphs (GpuModelOptions::cuda_graphs: one graph per number of
 // inputs) against the eager draft of the same model: the same kernels on the same inputs, so
 // tokens, confidences, logits and base logits are bit-identical, and so is the cost accounting.
