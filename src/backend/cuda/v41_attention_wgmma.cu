@@ -1412,7 +1412,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_attention_ws_kernel(Sparse
       WS_MARK(1);
       // q of the item (each producer half of the heads) as soon as WG 0's last S of the previous
       // item is done: WG 0 waits for q, then for the first tile, whose records are on their way
-      // into L2 meanwhile.
+      // into L2 meanwhile. (kQInB: consumer B converts it instead.)
       if constexpr (!kQInB) {
         if (k >= 1) mbar_wait(bar(kQEmpty), static_cast<uint32_t>((k - 1) & 1));
         WS_MARK(5);
