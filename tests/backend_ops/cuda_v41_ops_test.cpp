@@ -337,6 +337,34 @@ class CudaV41 : public ::testing::Test {
     return p;
   }
 
+  // The CPU (double) reference on rows 0..3 and every stride-th row of a launch on `in` (explicit
+  // SWA indices, sidx.size() / rows per row; RoPE freqs set), one row at a time against the rows of
+  // `got` (the launch's fp32 output): each row's relative error must be at most tol. Returns the
+  // worst.
+  static double sampled_rows_vs_cpu(const AttentionInputs& in, const std::vector<float>& got,
+                                    int64_t stride, double tol) {
+    const int hd = 512;
+    const int sk = static_cast<int>(in.sidx.size() / static_cast<size_t>(in.rows));
+    const size_t rsz = static_cast<size_t>(in.heads) * hd;
+    std::vector<float> ref(rsz), row(rsz);
+    double worst = 0;
+    for (int64_t r = 0; r < in.rows; ++r) {
+      if (r % stride != 0 && r > 3) continue;
+      const auto ru = static_cast<size_t>(r);
+      cpu::sparse_attention(in.q.data() + ru * rsz, 1, in.heads, hd, in.ring.data(),
+                            in.sidx.data() + ru * sk, sk, in.glob.data(),
+                            in.gidx.data() + ru * in.gk, in.gk, in.sink.data(),
+                            0.04419417382415922f, in.pos.data() + ru, in.freqs.data(), 64,
+                            ref.data());
+      std::copy(got.begin() + static_cast<std::ptrdiff_t>(ru * rsz),
+                got.begin() + static_cast<std::ptrdiff_t>((ru + 1) * rsz), row.begin());
+      const double e = rel_err(row, ref);
+      worst = std::max(worst, e);
+      EXPECT_LE(e, tol) << "row " << r;
+    }
+    return worst;
+  }
+
   // The epilogue tests' wgmma attention launch (fp32 output, no RoPE): t rows at positions
   // 50 + 13 r, each with its SWA window of sk ring entries and gk global picks in [-1, nglob),
   // random q and sinks.
@@ -2338,21 +2366,8 @@ TEST_F(CudaV41, SparseAttentionWgmmaPersistent) {
       const auto wg = down(o_wg, q.size()), old = down(o_old, q.size());
       EXPECT_LE(rel_err(wg, old), split ? 2e-5 : 5e-4);
       // The CPU on a subset of rows (one row at a time).
-      const size_t rsz = static_cast<size_t>(heads) * hd;
-      std::vector<float> ref(rsz), got(rsz);
-      double worst = 0;
-      for (int64_t r = 0; r < t; ++r) {
-        if (r % 16 != 0 && r > 3) continue;
-        const auto ru = static_cast<size_t>(r);
-        cpu::sparse_attention(q.data() + ru * rsz, 1, heads, hd, ring.data(), sidx.data() + ru * sk,
-                              sk, glob.data(), gidx.data() + ru * gk, gk, sink.data(),
-                              0.04419417382415922f, pos.data() + ru, f.data(), 64, ref.data());
-        std::copy(wg.begin() + static_cast<std::ptrdiff_t>(ru * rsz),
-                  wg.begin() + static_cast<std::ptrdiff_t>((ru + 1) * rsz), got.begin());
-        const double e = rel_err(got, ref);
-        worst = std::max(worst, e);
-        EXPECT_LE(e, split ? 1e-5 : 1e-3) << "row " << r;
-      }
+      const double worst = sampled_rows_vs_cpu(
+          {q, t, heads, ring, sidx, glob, gidx, gk, sink, pos, f}, wg, 16, split ? 1e-5 : 1e-3);
       std::printf(
           "sparse attention wgmma persistent, %lld rows, %d heads, split %d: vs mma.sync "
           "%.3g, worst sampled row vs CPU %.3g\n",
@@ -2707,21 +2722,8 @@ TEST_F(CudaV41, SparseAttentionWarpSpecialized) {
       p.split_precision = false;
       const auto [ws, wg] = both(p, q.size());
       EXPECT_LE(rel_err(ws, wg), 5e-4);
-      const size_t rsz = static_cast<size_t>(heads) * hd;
-      std::vector<float> ref(rsz), got(rsz);
-      double worst = 0;
-      for (int64_t r = 0; r < t; ++r) {
-        if (r % 16 != 0 && r > 3) continue;
-        const auto ru = static_cast<size_t>(r);
-        cpu::sparse_attention(q.data() + ru * rsz, 1, heads, hd, ring.data(), sidx.data() + ru * sk,
-                              sk, glob.data(), gidx.data() + ru * gk, gk, sink.data(),
-                              0.04419417382415922f, pos.data() + ru, f.data(), 64, ref.data());
-        std::copy(ws.begin() + static_cast<std::ptrdiff_t>(ru * rsz),
-                  ws.begin() + static_cast<std::ptrdiff_t>((ru + 1) * rsz), got.begin());
-        const double e = rel_err(got, ref);
-        worst = std::max(worst, e);
-        EXPECT_LE(e, 1e-3) << "row " << r;
-      }
+      const double worst = sampled_rows_vs_cpu(
+          {q, t, heads, ring, sidx, glob, gidx, gk, sink, pos, f}, ws, 16, 1e-3);
       std::printf(
           "sparse attention ws persistent, %lld rows, %d heads: vs two-warpgroup %.3g, "
           "worst sampled row vs CPU %.3g\n",
@@ -2822,21 +2824,8 @@ TEST_F(CudaV41, SparseAttentionWsQInBIsBitIdentical) {
       }
       EXPECT_EQ(diff, 0u) << "ws_q_in_b output differs from the plain ws kernel's";
       EXPECT_EQ(nan, 0u);
-      const size_t rsz = static_cast<size_t>(heads) * hd;
-      std::vector<float> ref(rsz), got(rsz);
-      double worst = 0;
-      for (int64_t r = 0; r < t; ++r) {
-        if (r % 13 != 0 && r > 3) continue;
-        const auto ru = static_cast<size_t>(r);
-        cpu::sparse_attention(q.data() + ru * rsz, 1, heads, hd, ring.data(), sidx.data() + ru * sk,
-                              sk, glob.data(), gidx.data() + ru * gk, gk, sink.data(),
-                              0.04419417382415922f, pos.data() + ru, f.data(), 64, ref.data());
-        std::copy(qb.begin() + static_cast<std::ptrdiff_t>(ru * rsz),
-                  qb.begin() + static_cast<std::ptrdiff_t>((ru + 1) * rsz), got.begin());
-        const double e = rel_err(got, ref);
-        worst = std::max(worst, e);
-        EXPECT_LE(e, 6e-3) << "row " << r;
-      }
+      const double worst = sampled_rows_vs_cpu(
+          {q, t, heads, ring, sidx, glob, gidx, gk, sink, pos, f}, qb, 13, 6e-3);
       std::printf("sparse attention ws q in B, %lld rows, %d heads: %zu values differ from the "
                   "plain ws kernel; worst sampled row vs CPU %.3g\n",
                   static_cast<long long>(t), heads, diff, worst);
